@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from .formats import FloatFormat, get_format
+from .formats import get_format
 
 if TYPE_CHECKING:
     import torch
