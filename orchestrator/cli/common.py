@@ -1,0 +1,91 @@
+"""Shared CLI helpers: error translation, output formats, results option."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from enum import Enum
+from typing import Any
+
+import typer
+from rich.console import Console
+
+from orchestrator.errors import SwapcheckError
+
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
+
+RESULTS_HELP = "Results directory (the Parquet tree)."
+DEFAULT_RESULTS = "results"
+
+
+class Format(str, Enum):
+    table = "table"
+    json = "json"
+    csv = "csv"
+    markdown = "markdown"
+
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """Translate swapcheck's named errors into a message and their exit code (2 = bad input)."""
+    try:
+        yield
+    except SwapcheckError as exc:
+        err.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True)
+        raise typer.Exit(exc.exit_code) from None
+
+
+def _json_default(v: Any) -> Any:
+    if hasattr(v, "isoformat"):
+        return v.isoformat()
+    return str(v)
+
+
+def _fmt_cell(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        if v != 0 and (abs(v) < 1e-3 or abs(v) >= 1e6):
+            return f"{v:.3e}"
+        return f"{v:.6g}"
+    return str(v)
+
+
+def emit_rows(rows: list[dict[str, Any]], fmt: Format, title: str | None = None,
+              cell: Callable[[str, Any], str] | None = None) -> None:
+    """Print rows as a rich table, JSON array, CSV or Markdown table."""
+    cell = cell or (lambda _k, v: _fmt_cell(v))
+    if fmt is Format.json:
+        sys.stdout.write(json.dumps(rows, default=_json_default, indent=1) + "\n")
+        return
+    cols = list(rows[0].keys()) if rows else []
+    if fmt is Format.csv:
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=cols)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: _json_default(v) if hasattr(v, "isoformat") else v for k, v in r.items()})
+        sys.stdout.write(buf.getvalue())
+        return
+    if fmt is Format.markdown:
+        if title:
+            sys.stdout.write(f"### {title}\n\n")
+        sys.stdout.write("| " + " | ".join(cols) + " |\n|" + "|".join("---" for _ in cols) + "|\n")
+        for r in rows:
+            sys.stdout.write("| " + " | ".join(cell(k, r[k]) for k in cols) + " |\n")
+        return
+    from rich.table import Table
+
+    t = Table(title=title, show_lines=False, header_style="bold")
+    for c in cols:
+        t.add_column(c, justify="right" if rows and isinstance(rows[0][c], (int, float)) else "left")
+    for r in rows:
+        t.add_row(*(cell(k, r[k]) for k in cols))
+    out.print(t)
+    if not rows:
+        out.print("(no rows)")

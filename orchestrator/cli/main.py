@@ -1,0 +1,31 @@
+"""swapcheck: can kernel A replace kernel B without changing what the model computes?"""
+
+from __future__ import annotations
+
+import typer
+
+from orchestrator.cli import kernels, query, report, sweep
+
+app = typer.Typer(
+    name="swapcheck",
+    help=__doc__ + "\n\nStart with `swapcheck sweep launch sweeps/kdepth-demo.toml`, then `swapcheck report kdepth`.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+    add_completion=False,
+)
+app.add_typer(sweep.app, name="sweep")
+app.add_typer(kernels.app, name="kernels")
+app.add_typer(report.app, name="report")
+app.command("query")(query.query)
+
+
+@app.command("version")
+def version() -> None:
+    """Print swapcheck's version."""
+    from importlib.metadata import version as v
+
+    typer.echo(v("swapcheck"))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()

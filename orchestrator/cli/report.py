@@ -1,0 +1,71 @@
+"""``swapcheck report``: the tables people read."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from orchestrator.cli.common import DEFAULT_RESULTS, RESULTS_HELP, Format, emit_rows, out, user_errors
+
+app = typer.Typer(help="Reports over the results (tables, JSON for machines).", no_args_is_help=True)
+
+KDEPTH_TABLE_COLUMNS = ["dtype", "impl_a", "impl_b", "scale_mode", "k", "seeds", "elements", "differing",
+                        "ppm", "max_spacing", "max_spacing_significant", "hist_1", "hist_2", "hist_gt2"]
+
+
+def _results_dir(results: Path) -> None:
+    from orchestrator.errors import UsageError
+
+    if not results.is_dir():
+        raise UsageError(f"--results {results}: no such directory (run `swapcheck sweep launch` first)")
+
+
+@app.command("kdepth")
+def kdepth(
+    results: Path = typer.Option(Path(DEFAULT_RESULTS), "--results", help=RESULTS_HELP),
+    sweep: str = typer.Option(None, "--sweep", help="Only this sweep (default: all)."),
+    fmt: Format = typer.Option(Format.table, "--format", help="table, json, csv or markdown."),
+) -> None:
+    """The K-depth table by dtype, implementation pair, scale mode and K, summed over seeds.
+
+    `ppm` is differing outputs per million; `max_spacing` the largest distance in output spacings
+    (`max_spacing_significant` only over outputs with |reference| >= 5% of the largest).
+
+    Example: swapcheck report kdepth --results results --format json
+    """
+    with user_errors():
+        from storage.catalog import run_named
+
+        _results_dir(results)
+        rows = run_named(results, "kdepth_summary", sweep=sweep).to_pylist()
+        if fmt is Format.json or fmt is Format.csv:
+            emit_rows(rows, fmt)
+            return
+        groups: dict[tuple, list] = {}
+        for r in rows:
+            r["ppm"] = round(1e6 * r["differing"] / r["elements"], 3) if r["elements"] else 0.0
+            groups.setdefault((r["sweep"], r["dtype"], r["out_dtype"], r["comparison"]), []).append(r)
+        if not rows:
+            out.print("no kdepth results yet")
+        for (sw, dtype, out_dtype, comparison), grp in groups.items():
+            what = "pairs of implementations" if comparison == "pair" else "each implementation vs the reference"
+            emit_rows([{c: r[c] for c in KDEPTH_TABLE_COLUMNS} for r in grp], fmt,
+                      title=f"{sw}: {dtype} -> {out_dtype}, {what}")
+
+
+@app.command("units")
+def units(
+    results: Path = typer.Option(Path(DEFAULT_RESULTS), "--results", help=RESULTS_HELP),
+    sweep: str = typer.Option(None, "--sweep", help="Only this sweep (default: all)."),
+    fmt: Format = typer.Option(Format.table, "--format", help="table, json, csv or markdown."),
+) -> None:
+    """The ledger: units per sweep and status, attempts, rows, time, and an example error.
+
+    Example: swapcheck report units --results results
+    """
+    with user_errors():
+        from storage.catalog import run_named
+
+        _results_dir(results)
+        emit_rows(run_named(results, "unit_status", sweep=sweep).to_pylist(), fmt, title="units")

@@ -1,0 +1,63 @@
+"""Starting or joining Ray.
+
+The embedded default is a local Ray instance that listens on loopback only
+(``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` makes Ray bind to 127.0.0.1), with token authentication on
+(``RAY_AUTH_MODE=token``: ``ray.init`` generates the token) and no dashboard. ``--address`` joins an
+existing cluster instead (for example ``ray://head:10001`` or ``auto`` on a cluster node).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from orchestrator.errors import InfrastructureError
+
+LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+EMBEDDED_ENV = {**LOOPBACK_ENV, "RAY_AUTH_MODE": "token"}
+
+
+@dataclass(frozen=True)
+class Connection:
+    embedded: bool
+    address: str
+    num_cpus: float
+
+
+def set_safe_env(embedded: bool) -> None:
+    """Loopback binding is the safe default for users too; an explicit environment wins."""
+    for key, value in (EMBEDDED_ENV if embedded else LOOPBACK_ENV).items():
+        os.environ.setdefault(key, value)
+
+
+def connect(address: str | None = None, num_cpus: int | None = None) -> Connection:
+    """Start the embedded Ray instance (``address=None``) or join ``address``."""
+    set_safe_env(embedded=address is None)
+    import ray
+
+    if ray.is_initialized():
+        ctx = ray.get_runtime_context()
+        return Connection(address is None, ctx.gcs_address, ray.cluster_resources().get("CPU", 0))
+    try:
+        if address is None:
+            ray.init(
+                num_cpus=num_cpus or os.cpu_count() or 1,
+                include_dashboard=False,
+                log_to_driver=False,
+                logging_level="WARNING",
+                configure_logging=True,
+            )
+        else:
+            ray.init(address=address, log_to_driver=False, logging_level="WARNING")
+    except Exception as exc:  # noqa: BLE001 - Ray raises many types for a failed start/join
+        where = "start a local Ray instance" if address is None else f"join the Ray cluster at {address!r}"
+        raise InfrastructureError(f"could not {where}: {type(exc).__name__}: {exc}") from None
+    ctx = ray.get_runtime_context()
+    return Connection(address is None, ctx.gcs_address, ray.cluster_resources().get("CPU", 0))
+
+
+def disconnect() -> None:
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()

@@ -1,0 +1,98 @@
+"""The planner: expands a validated spec into units with content-addressed ids.
+
+A unit id is the first 20 hex digits of the SHA-256 of the canonical JSON of its task kind, the task's
+version and its parameters (kernel names, params and versions included), so the same work always has
+the same id and a changed kernel or task version is new work.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.spec import KdepthExperiment, LoadedSpec, Resources, axis_values
+
+#: Versions of each task's computation; bump when a task's rows would change for the same params.
+TASK_VERSIONS = {"kdepth": "1"}
+
+
+def canonical_json(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def unit_id(kind: str, params: dict[str, Any]) -> str:
+    payload = canonical_json({"kind": kind, "task_version": TASK_VERSIONS[kind], "params": params})
+    return hashlib.sha256(payload.encode()).hexdigest()[:20]
+
+
+@dataclass(frozen=True)
+class Unit:
+    id: str
+    kind: str
+    experiment: str
+    params: dict[str, Any]
+    resources: Resources = field(default_factory=Resources)
+
+    def describe(self) -> str:
+        p = self.params
+        if self.kind == "kdepth":
+            return f"{p['dtype']} M={p['m']} N={p['n']} K={p['k']} seed={p['seed']} scales={p['scale_mode']}"
+        return canonical_json(p)
+
+    def to_payload(self) -> dict[str, Any]:
+        return {"id": self.id, "kind": self.kind, "experiment": self.experiment, "params": self.params}
+
+
+@dataclass(frozen=True)
+class Plan:
+    sweep: str
+    spec_sha256: str
+    units: list[Unit]
+
+    def by_id(self) -> dict[str, Unit]:
+        return {u.id: u for u in self.units}
+
+
+def _impl_payload(impl: Any) -> dict[str, Any]:
+    from tasks.kernels import get_kernel
+
+    kernel = get_kernel(impl.kernel, **impl.params)
+    return {"name": impl.name, "kernel": impl.kernel, "params": dict(sorted(impl.params.items())), "version": kernel.version}
+
+
+def _kdepth_units(name: str, exp: KdepthExperiment) -> list[Unit]:
+    impls = [_impl_payload(i) for i in exp.impls()]
+    ref = _impl_payload(exp.ref())
+    units = []
+    for m, n, k, seed, mode in itertools.product(
+        axis_values(exp.m), axis_values(exp.n), axis_values(exp.k), exp.seed_values(), exp.scale_modes
+    ):
+        params = {
+            "dtype": exp.dtype,
+            "m": m,
+            "n": n,
+            "k": k,
+            "seed": seed,
+            "scale_mode": mode,
+            "out_dtype": exp.out_dtype,
+            "bias": exp.bias,
+            "implementations": impls,
+            "reference": ref,
+        }
+        units.append(Unit(unit_id("kdepth", params), "kdepth", name, params, exp.resources))
+    return units
+
+
+def make_plan(spec: LoadedSpec) -> Plan:
+    """Expand every experiment; units come out in spec order, duplicates merged."""
+    units: dict[str, Unit] = {}
+    for name, exp in spec.experiments.items():
+        if isinstance(exp, KdepthExperiment):
+            for u in _kdepth_units(name, exp):
+                units.setdefault(u.id, u)
+        else:  # pragma: no cover - guarded by EXPERIMENT_MODELS
+            raise TypeError(f"no planner for {type(exp).__name__}")
+    return Plan(sweep=spec.sweep.name, spec_sha256=spec.sha256, units=list(units.values()))

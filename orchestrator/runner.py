@@ -1,0 +1,194 @@
+"""The runner: one Ray task per unit, finished units skipped, every outcome a ledger row.
+
+Faults and what they cost:
+
+* a task raising -> the worker records a ``failed`` ledger row with the error; the sweep goes on;
+* a worker process dying -> Ray re-runs the task (``max_retries``); after the last retry the driver
+  records a ``failed`` row naming the crash;
+* the driver dying -> units already committed stay committed; relaunching the same spec skips them
+  and recomputes only units without an ``ok`` ledger row. Result files are named by unit id and
+  replaced atomically, so a unit finished twice still has one set of rows.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrator.errors import InfrastructureError, UsageError
+from orchestrator.plan import Plan, make_plan
+from orchestrator.spec import LoadedSpec
+from storage.store import ResultStore, utcnow
+
+#: Units in flight at once; Ray queues the rest cheaply, this only bounds driver memory.
+WINDOW = 2000
+
+
+@dataclass
+class LaunchSummary:
+    sweep: str
+    results: str
+    n_units: int
+    n_skipped: int
+    n_ok: int = 0
+    n_failed: int = 0
+    seconds: float = 0.0
+    failures: list[tuple[str, str]] = field(default_factory=list)
+
+
+def check_sweep_identity(store: ResultStore, plan: Plan) -> None:
+    """A sweep partition holds the results of one plan: refuse a different plan under the same name."""
+    record = store.sweep_record(plan.sweep)
+    if record is None:
+        return
+    old, new = set(record["unit_ids"] or []), {u.id for u in plan.units}
+    if old != new:
+        raise UsageError(
+            f"sweep {plan.sweep!r} in {store.root} was planned from a different spec "
+            f"({len(new - old)} new and {len(old - new)} missing units; recorded spec sha256 "
+            f"{record['spec_sha256'][:12]}). Give the changed spec a new `name`, or use another "
+            "--results directory. Nothing was written."
+        )
+
+
+def write_sweep_record(store: ResultStore, spec: LoadedSpec, plan: Plan) -> None:
+    if store.sweep_record(plan.sweep) is not None:
+        return
+    store.write(
+        "sweeps",
+        plan.sweep,
+        "spec",
+        [
+            {
+                "spec_sha256": spec.sha256,
+                "question": spec.sweep.question,
+                "spec_path": spec.path,
+                "spec_toml": spec.text,
+                "n_units": len(plan.units),
+                "unit_ids": [u.id for u in plan.units],
+                "created_at": utcnow(),
+            }
+        ],
+    )
+
+
+def launch(
+    spec: LoadedSpec,
+    results: str | Path,
+    address: str | None = None,
+    num_cpus: int | None = None,
+    on_event: Callable[[str, dict[str, Any]], None] | None = None,
+) -> LaunchSummary:
+    """Plan ``spec``, skip finished units, run the rest on Ray, and return what happened.
+
+    ``on_event(kind, info)`` receives ``start`` (total, pending), ``unit`` (one finished unit's
+    summary) and ``end`` events, for progress display.
+    """
+    from orchestrator import provenance
+    from orchestrator.cluster import connect
+
+    emit = on_event or (lambda kind, info: None)
+    plan = make_plan(spec)
+    store = ResultStore(results)
+    check_sweep_identity(store, plan)
+    t0 = time.perf_counter()
+    try:
+        write_sweep_record(store, spec, plan)
+        done = store.done_units(plan.sweep)
+    except OSError as exc:
+        raise InfrastructureError(f"cannot write under {store.root}: {exc}") from None
+    pending = [u for u in plan.units if u.id not in done]
+    summary = LaunchSummary(plan.sweep, str(results), len(plan.units), len(plan.units) - len(pending))
+    emit("start", {"total": len(plan.units), "pending": len(pending), "skipped": summary.n_skipped})
+    if not pending:
+        summary.seconds = time.perf_counter() - t0
+        emit("end", {"summary": summary})
+        return summary
+
+    conn = connect(address, num_cpus)
+    launch_id = f"{utcnow().strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
+    launch_row: dict[str, Any] = {
+        "launch_id": launch_id,
+        "spec_sha256": spec.sha256,
+        "started_at": utcnow(),
+        "finished_at": None,
+        "address": conn.address,
+        "embedded": conn.embedded,
+        "n_units": len(plan.units),
+        "n_skipped": summary.n_skipped,
+        "n_ok": 0,
+        "n_failed": 0,
+        "status": "running",
+        "provenance_json": json.dumps(provenance.collect(), sort_keys=True),
+    }
+    store.write("launches", plan.sweep, launch_id, [launch_row])
+    status = "interrupted"
+    try:
+        _run_units(spec, plan, pending, str(results), summary, emit)
+        status = "finished"
+    finally:
+        summary.seconds = time.perf_counter() - t0
+        launch_row.update(finished_at=utcnow(), n_ok=summary.n_ok, n_failed=summary.n_failed, status=status)
+        try:
+            store.write("launches", plan.sweep, launch_id, [launch_row])
+        except OSError:
+            pass
+    emit("end", {"summary": summary})
+    return summary
+
+
+def _run_units(spec: LoadedSpec, plan: Plan, pending: list, results: str, summary: LaunchSummary, emit: Callable) -> None:
+    import ray
+
+    from orchestrator.worker import execute_unit, record_lost_unit
+
+    remote = ray.remote(execute_unit)
+    queue = list(pending)
+    in_flight: dict[Any, Any] = {}
+
+    def submit(unit: Any) -> None:
+        res = unit.resources
+        opts: dict[str, Any] = {
+            "num_cpus": res.num_cpus,
+            "num_gpus": res.num_gpus,
+            "max_retries": spec.sweep.max_retries,
+            "retry_exceptions": False,
+            "name": f"{unit.kind}:{unit.id}",
+        }
+        if res.memory_gb:
+            opts["memory"] = int(res.memory_gb * 2**30)
+        payload = {**unit.to_payload(), "description": unit.describe()}
+        ref = remote.options(**opts).remote(payload, results, plan.sweep, spec.sha256)
+        in_flight[ref] = unit
+
+    while queue or in_flight:
+        while queue and len(in_flight) < WINDOW:
+            submit(queue.pop(0))
+        ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=1.0)
+        for ref in ready:
+            unit = in_flight.pop(ref)
+            try:
+                result = ray.get(ref)
+            except (ray.exceptions.RayTaskError, ray.exceptions.RayError) as exc:
+                cause = getattr(exc, "cause", None)
+                if isinstance(cause, OSError) or isinstance(exc, OSError):
+                    for other in in_flight:
+                        ray.cancel(other, force=True)
+                    raise InfrastructureError(f"unit {unit.id} could not write its results: {cause or exc}") from None
+                error = f"{type(exc).__name__}: worker lost after {spec.sweep.max_retries} retries: {str(exc)[:2000]}"
+                try:
+                    record_lost_unit(unit.to_payload(), results, plan.sweep, spec.sha256, error)
+                except OSError as os_exc:
+                    raise InfrastructureError(f"cannot record unit {unit.id}: {os_exc}") from None
+                result = {"unit_id": unit.id, "status": "failed", "error": error, "rows": 0}
+            if result["status"] == "ok":
+                summary.n_ok += 1
+            else:
+                summary.n_failed += 1
+                summary.failures.append((unit.id, (result.get("error") or "").splitlines()[0]))
+            emit("unit", {"unit": unit, "result": result})

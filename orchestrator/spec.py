@@ -1,0 +1,328 @@
+"""Sweep specs: strict pydantic models and the one loader that validates them.
+
+A spec is a TOML file that opens with the question it answers and declares named experiments::
+
+    question = "Do CUTLASS-order and Triton-order INT8 epilogues agree as K grows?"
+    name = "kdepth-demo"
+
+    [experiments.int8]
+    kind = "kdepth"
+    dtype = "int8"
+    implementations = ["int8-cutlass-order", "int8-triton-order"]
+    k = { start = 256, stop = 16384, factor = 2 }
+
+Unknown keys, wrong types, unknown kernels and impossible parameters are errors that name the file
+and the field path (``experiments.int8.k.stop``); nothing is written when a spec is invalid.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from orchestrator.errors import SpecError
+
+#: K above which an int32 accumulator of int8 products can overflow: weights in [-127, 127] and
+#: activations in [-128, 127] give |product| <= 16256, and floor((2**31 - 1) / 16256) = 132104
+#: (reference/numerics.md §3).
+INT8_MAX_K = 132104
+
+#: Exact fp8 e4m3 accumulation in the reference stays exact in int64 always; the float64 fast path
+#: of the `exact` kernel needs K * 448**2 * 2**18 < 2**53 (about 171000), beyond which it falls back.
+SWEEP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+OUT_DTYPES = ("bf16", "fp16", "fp32")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class GeometricRange(Strict):
+    """``{start, stop, factor}``: start, start*factor, ... up to stop (inclusive)."""
+
+    start: int = Field(gt=0)
+    stop: int = Field(gt=0)
+    factor: int = Field(ge=2)
+
+    @model_validator(mode="after")
+    def _order(self) -> GeometricRange:
+        if self.stop < self.start:
+            raise ValueError(f"stop ({self.stop}) must be >= start ({self.start})")
+        return self
+
+    def values(self) -> list[int]:
+        out, v = [], self.start
+        while v <= self.stop:
+            out.append(v)
+            v *= self.factor
+        return out
+
+
+class ArithmeticRange(Strict):
+    """``{start, stop, step}``: start, start+step, ... up to stop (inclusive); step defaults to 1."""
+
+    start: int = Field(ge=0)
+    stop: int = Field(ge=0)
+    step: int = Field(default=1, ge=1)
+
+    @model_validator(mode="after")
+    def _order(self) -> ArithmeticRange:
+        if self.stop < self.start:
+            raise ValueError(f"stop ({self.stop}) must be >= start ({self.start})")
+        return self
+
+    def values(self) -> list[int]:
+        return list(range(self.start, self.stop + 1, self.step))
+
+
+IntAxis = int | list[int] | GeometricRange | ArithmeticRange
+
+
+def axis_values(axis: IntAxis) -> list[int]:
+    if isinstance(axis, int):
+        return [axis]
+    if isinstance(axis, list):
+        return list(axis)
+    return axis.values()
+
+
+def _check_axis(v: Any, minimum: int) -> Any:
+    values = axis_values(v)
+    if not values:
+        raise ValueError("the axis is empty")
+    bad = [x for x in values if x < minimum]
+    if bad:
+        raise ValueError(f"values must be >= {minimum}, got {bad[:5]}")
+    if len(set(values)) != len(values):
+        raise ValueError("values must be distinct")
+    return v
+
+
+class Implementation(Strict):
+    """One kernel in an experiment: a registry name (or ``module:attr``), optional label and params."""
+
+    kernel: str
+    label: str | None = None
+    params: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.label or self.kernel
+
+
+class Resources(Strict):
+    """Ray resources one unit requests."""
+
+    num_cpus: float = Field(default=1, ge=0)
+    num_gpus: float = Field(default=0, ge=0)
+    memory_gb: float | None = Field(default=None, gt=0)
+
+
+class KdepthExperiment(Strict):
+    """K on an axis: every implementation and the exact reference on identical operands."""
+
+    kind: Literal["kdepth"]
+    dtype: Literal["int8", "fp8_e4m3"]
+    implementations: list[str | Implementation] = Field(min_length=1)
+    reference: str | Implementation = "exact"
+    scale_modes: list[Literal["real", "pow2"]] = Field(default_factory=lambda: ["real"], min_length=1)
+    m: IntAxis = 256
+    n: IntAxis = 256
+    k: IntAxis
+    seeds: IntAxis = 4
+    out_dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
+    bias: bool = False
+    resources: Resources = Field(default_factory=Resources)
+
+    @field_validator("m", "n", "k")
+    @classmethod
+    def _positive_axis(cls, v: Any) -> Any:
+        return _check_axis(v, 1)
+
+    @field_validator("seeds")
+    @classmethod
+    def _seed_axis(cls, v: Any) -> Any:
+        # `seeds = 4` means four seeds 0..3; a list or a range names them.
+        if isinstance(v, int):
+            if v < 1:
+                raise ValueError("a seed count must be >= 1")
+            return v
+        return _check_axis(v, 0)
+
+    @field_validator("scale_modes")
+    @classmethod
+    def _distinct_modes(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError("scale modes must be distinct")
+        return v
+
+    def seed_values(self) -> list[int]:
+        return list(range(self.seeds)) if isinstance(self.seeds, int) else axis_values(self.seeds)
+
+    def impls(self) -> list[Implementation]:
+        return [i if isinstance(i, Implementation) else Implementation(kernel=i) for i in self.implementations]
+
+    def ref(self) -> Implementation:
+        r = self.reference
+        return r if isinstance(r, Implementation) else Implementation(kernel=r)
+
+
+#: Experiment kinds and their models; later task kinds register here.
+EXPERIMENT_MODELS: dict[str, type[Strict]] = {"kdepth": KdepthExperiment}
+
+
+class SweepSpec(Strict):
+    """The top level of a sweep spec."""
+
+    question: str = Field(min_length=1)
+    name: str
+    description: str | None = None
+    max_retries: int = Field(default=2, ge=0, le=10)
+    experiments: dict[str, Any] = Field(min_length=1)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not SWEEP_NAME.match(v):
+            raise ValueError("use letters, digits, '.', '_' or '-' (it names a results partition)")
+        return v
+
+
+class LoadedSpec(BaseModel):
+    """A validated spec, its source text and its hash."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    path: str
+    text: str
+    sha256: str
+    sweep: SweepSpec
+    experiments: dict[str, Any]
+
+
+def _loc(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(p) for p in loc if not str(p).startswith("function-"))
+
+
+def _format_errors(err: ValidationError, prefix: tuple[Any, ...] = ()) -> list[str]:
+    problems = []
+    for e in err.errors(include_url=False):
+        loc = prefix + tuple(e["loc"])
+        # Pydantic names union members in the location (`int`, `list[int]`, ...): drop them.
+        loc = tuple(p for p in loc if not re.match(r"^(int|str|list\[.*\]|bool|float|dict\[.*\]|GeometricRange|ArithmeticRange|Implementation|literal\[.*\])$", str(p)))
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        problems.append(f"{_loc(loc) or '<top level>'}: {msg} (got {e.get('input')!r})" if e["type"] != "missing" else f"{_loc(loc)}: required field is missing")
+    # Unions report one error per member; keep each message once.
+    return list(dict.fromkeys(problems))
+
+
+def parse_spec(text: str, path: str = "<string>") -> LoadedSpec:
+    """Parse and validate spec text; raise SpecError naming every problem found."""
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(path, [f"not valid TOML: {exc}"]) from None
+    try:
+        sweep = SweepSpec.model_validate(raw)
+    except ValidationError as exc:
+        raise SpecError(path, _format_errors(exc)) from None
+    problems: list[str] = []
+    experiments: dict[str, Any] = {}
+    for name, body in sweep.experiments.items():
+        where = ("experiments", name)
+        if not isinstance(body, dict):
+            problems.append(f"{_loc(where)}: must be a table")
+            continue
+        kind = body.get("kind")
+        if kind not in EXPERIMENT_MODELS:
+            problems.append(f"{_loc(where)}.kind: unknown experiment kind {kind!r}; allowed: {', '.join(sorted(EXPERIMENT_MODELS))}")
+            continue
+        try:
+            experiments[name] = EXPERIMENT_MODELS[kind].model_validate(body)
+        except ValidationError as exc:
+            problems.extend(_format_errors(exc, where))
+    if not problems:
+        for name, exp in experiments.items():
+            problems.extend(semantic_problems(("experiments", name), exp))
+    if problems:
+        raise SpecError(path, problems)
+    return LoadedSpec(
+        path=path,
+        text=text,
+        sha256=hashlib.sha256(text.encode()).hexdigest(),
+        sweep=sweep,
+        experiments=experiments,
+    )
+
+
+def load_spec(path: str | Path) -> LoadedSpec:
+    """Read and validate a spec file."""
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError(str(path), ["file not found" if not p.exists() else "not a regular file"])
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(str(path), [f"cannot read: {exc}"]) from None
+    return parse_spec(text, str(path))
+
+
+def semantic_problems(where: tuple[Any, ...], exp: Any) -> list[str]:
+    """Cross-field rules that need the kernel registry (imported lazily: it imports torch)."""
+    if isinstance(exp, KdepthExperiment):
+        return _kdepth_problems(where, exp)
+    return []
+
+
+def _kdepth_problems(where: tuple[Any, ...], exp: KdepthExperiment) -> list[str]:
+    from tasks.kernels import KernelError, get_kernel
+
+    problems: list[str] = []
+    base = _loc(where)
+    ks = axis_values(exp.k)
+    if exp.dtype == "int8" and max(ks) > INT8_MAX_K:
+        problems.append(
+            f"{base}.k: K={max(ks)} exceeds the int32 no-overflow bound for int8 products "
+            f"(K <= {INT8_MAX_K} with weights in [-127, 127]); an int32 accumulator could wrap"
+        )
+    labels: list[str] = []
+    entries = [(f"{base}.implementations[{i}]", impl) for i, impl in enumerate(exp.impls())]
+    entries.append((f"{base}.reference", exp.ref()))
+    ms, ns = axis_values(exp.m), axis_values(exp.n)
+    for field, impl in entries:
+        labels.append(impl.name)
+        try:
+            kernel = get_kernel(impl.kernel, **impl.params)
+        except KernelError as exc:
+            problems.append(f"{field}: {exc}")
+            continue
+        except TypeError as exc:
+            problems.append(f"{field}.params: {exc}")
+            continue
+        if kernel.operand_dtype not in (exp.dtype, "any"):
+            problems.append(
+                f"{field}: kernel {impl.kernel!r} takes {kernel.operand_dtype} operands, "
+                f"but this experiment's dtype is {exp.dtype}"
+            )
+            continue
+        for m in ms:
+            for n in ns:
+                ok, why = kernel.supports(m, n, max(ks), m, n, exp.bias)
+                if not ok:
+                    problems.append(f"{field}: kernel {impl.kernel!r} cannot run M={m} N={n} with per-token/per-channel scales: {why}")
+                    break
+            else:
+                continue
+            break
+    dupes = sorted({x for x in labels if labels.count(x) > 1})
+    if dupes:
+        problems.append(f"{base}.implementations: duplicate implementation names {dupes}; give each a distinct `label`")
+    return problems

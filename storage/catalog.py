@@ -1,0 +1,105 @@
+"""DuckDB views over the Parquet tree, named queries, and a read-only query entry point.
+
+Each table of ``storage.schemas.TABLES`` is a view with the same name (``kdepth``, ``units``,
+``sweeps``, ``launches``) plus its ``sweep`` partition column; a table with no files yet is an empty
+view with the declared columns, so queries never fail for lack of results.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from storage.schemas import TABLES
+
+#: Statement kinds ``swapcheck query`` accepts: reading only (DESCRIBE and SHOW parse as SELECT).
+READ_ONLY_STATEMENTS = {"SELECT", "EXPLAIN"}
+
+
+class QueryError(ValueError):
+    """A query was refused or failed; nothing was changed."""
+
+
+def _sql_str(s: str) -> str:
+    return "'" + s.replace("'", "''") + "'"
+
+
+def connect(results: str | Path) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB connection with one view per results table."""
+    root = Path(results).resolve()
+    con = duckdb.connect(":memory:")
+    for table, schema in TABLES.items():
+        files = list((root / f"table={table}").glob("sweep=*/*.parquet"))
+        if files:
+            glob = _sql_str(str(root / f"table={table}" / "sweep=*" / "*.parquet"))
+            con.execute(
+                f'CREATE VIEW "{table}" AS SELECT * EXCLUDE ("table") FROM read_parquet({glob}, '
+                "hive_partitioning = true, union_by_name = true)"
+            )
+        else:
+            empty = pa.Table.from_pylist([], schema=schema.append(pa.field("sweep", pa.string())))
+            con.register(f"_empty_{table}", empty)
+            con.execute(f'CREATE VIEW "{table}" AS SELECT * FROM "_empty_{table}"')
+    return con
+
+
+def lock_down(con: duckdb.DuckDBPyConnection, results: str | Path) -> None:
+    """Forbid file access outside the results tree and any later change of that setting."""
+    root = str(Path(results).resolve()).rstrip("/") + "/"
+    con.execute(f"SET allowed_directories = [{_sql_str(root)}]")
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
+
+
+def read_only_query(results: str | Path, sql: str) -> pa.Table:
+    """Run ``sql`` (SELECT / EXPLAIN / DESCRIBE / SHOW only) over the results; return an Arrow table."""
+    try:
+        statements = duckdb.extract_statements(sql)
+    except duckdb.Error as exc:
+        raise QueryError(f"cannot parse the query: {exc}") from None
+    if not statements:
+        raise QueryError("the query is empty")
+    for st in statements:
+        kind = str(st.type).rsplit(".", 1)[-1]
+        if kind not in READ_ONLY_STATEMENTS:
+            raise QueryError(
+                f"refused a {kind} statement: `swapcheck query` is read-only "
+                f"(allowed: {', '.join(sorted(READ_ONLY_STATEMENTS))}, DESCRIBE, SHOW); nothing was changed"
+            )
+    con = connect(results)
+    lock_down(con, results)
+    try:
+        result: Any = None
+        for st in statements:
+            result = con.execute(st.query)
+        return result.fetch_arrow_table()
+    except duckdb.Error as exc:
+        raise QueryError(f"{type(exc).__name__}: {exc}") from None
+    finally:
+        con.close()
+
+
+def named_query(name: str) -> str:
+    """The SQL text of ``storage/queries/<name>.sql``."""
+    try:
+        return resources.files("storage.queries").joinpath(f"{name}.sql").read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise QueryError(f"no named query {name!r}; available: {', '.join(query_names())}") from None
+
+
+def query_names() -> list[str]:
+    return sorted(p.name[:-4] for p in resources.files("storage.queries").iterdir() if p.name.endswith(".sql"))
+
+
+def run_named(results: str | Path, name: str, **params: Any) -> pa.Table:
+    """Run a named query with ``$param`` placeholders bound from ``params``."""
+    con = connect(results)
+    lock_down(con, results)
+    try:
+        return con.execute(named_query(name), params or None).fetch_arrow_table()
+    finally:
+        con.close()

@@ -1,0 +1,100 @@
+"""Arrow schemas of every results table (documented column by column in docs/schema.md).
+
+Files live at ``<results>/table=<table>/sweep=<sweep>/<name>.parquet``; ``table`` and ``sweep`` are
+hive partition columns that DuckDB adds, so they are not stored inside the files.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+KDEPTH = pa.schema(
+    [
+        ("unit_id", pa.string()),
+        ("experiment", pa.string()),
+        ("dtype", pa.string()),
+        ("out_dtype", pa.string()),
+        ("m", pa.int32()),
+        ("n", pa.int32()),
+        ("k", pa.int32()),
+        ("seed", pa.int32()),
+        ("scale_mode", pa.string()),
+        ("bias", pa.bool_()),
+        ("comparison", pa.string()),
+        ("impl_a", pa.string()),
+        ("impl_b", pa.string()),
+        ("kernel_a", pa.string()),
+        ("kernel_b", pa.string()),
+        ("elements", pa.int64()),
+        ("differing", pa.int64()),
+        ("frac_differing", pa.float64()),
+        ("max_spacing", pa.int64()),
+        ("max_spacing_significant", pa.int64()),
+        ("hist_0", pa.int64()),
+        ("hist_1", pa.int64()),
+        ("hist_2", pa.int64()),
+        ("hist_gt2", pa.int64()),
+        ("nonfinite_mismatch", pa.int64()),
+        ("max_abs_error", pa.float64()),
+        ("worst_row", pa.int32()),
+        ("worst_col", pa.int32()),
+        ("worst_a", pa.float64()),
+        ("worst_b", pa.float64()),
+        ("seconds_a", pa.float64()),
+        ("seconds_b", pa.float64()),
+    ]
+)
+
+UNITS = pa.schema(
+    [
+        ("unit_id", pa.string()),
+        ("kind", pa.string()),
+        ("experiment", pa.string()),
+        ("description", pa.string()),
+        ("params_json", pa.string()),
+        ("status", pa.string()),
+        ("attempts", pa.int32()),
+        ("host", pa.string()),
+        ("pid", pa.int64()),
+        ("started_at", pa.timestamp("us", tz="UTC")),
+        ("finished_at", pa.timestamp("us", tz="UTC")),
+        ("duration_s", pa.float64()),
+        ("error", pa.string()),
+        ("tables", pa.list_(pa.string())),
+        ("rows", pa.int64()),
+        ("spec_sha256", pa.string()),
+        ("swapcheck_version", pa.string()),
+        ("torch_version", pa.string()),
+    ]
+)
+
+SWEEPS = pa.schema(
+    [
+        ("spec_sha256", pa.string()),
+        ("question", pa.string()),
+        ("spec_path", pa.string()),
+        ("spec_toml", pa.string()),
+        ("n_units", pa.int64()),
+        ("unit_ids", pa.list_(pa.string())),
+        ("created_at", pa.timestamp("us", tz="UTC")),
+    ]
+)
+
+LAUNCHES = pa.schema(
+    [
+        ("launch_id", pa.string()),
+        ("spec_sha256", pa.string()),
+        ("started_at", pa.timestamp("us", tz="UTC")),
+        ("finished_at", pa.timestamp("us", tz="UTC")),
+        ("address", pa.string()),
+        ("embedded", pa.bool_()),
+        ("n_units", pa.int64()),
+        ("n_skipped", pa.int64()),
+        ("n_ok", pa.int64()),
+        ("n_failed", pa.int64()),
+        ("status", pa.string()),
+        ("provenance_json", pa.string()),
+    ]
+)
+
+TABLES: dict[str, pa.Schema] = {"kdepth": KDEPTH, "units": UNITS, "sweeps": SWEEPS, "launches": LAUNCHES}
