@@ -78,7 +78,9 @@ def round_to_format(hi: ArrayLike, fmt: FormatLike, lo: ArrayLike | None = None)
         q = np.ldexp(1.0, np.maximum(e - 1, f.emin) - f.mantissa_bits)
         r = h / q  # exact: division by a power of two, r < 2**precision in magnitude
         n = np.rint(r)  # round half to even; keeps the sign of zero
-        tie = (r - np.floor(r) == 0.5) & (low != 0)
+        # r - n is exact (a multiple of ulp(r) no larger than 1/2, or Sterbenz when |r| < 1);
+        # r - floor(r) is NOT: for r = -(1/2 - 2**-54) it rounds to exactly 0.5.
+        tie = (np.abs(r - n) == 0.5) & (low != 0)
         if np.any(tie):
             # ceil/floor keep -0.0 for a negative value rounding to zero (ceil(-0.5) == -0.0).
             n = np.where(tie, np.where(low > 0, np.ceil(r), np.floor(r)), n)
