@@ -24,6 +24,15 @@ class QueryError(ValueError):
     """A query was refused or failed; nothing was changed."""
 
 
+def _arrow(result: Any) -> pa.Table:
+    """The result as an Arrow table (DuckDB 2 calls it ``to_arrow_table``, 1.x ``fetch_arrow_table``)."""
+    if result is None:  # a statement without a result set
+        return pa.table({})
+    fetch = getattr(result, "to_arrow_table", None) or result.arrow
+    table = fetch()
+    return table if isinstance(table, pa.Table) else table.read_all()
+
+
 def _sql_str(s: str) -> str:
     return "'" + s.replace("'", "''") + "'"
 
@@ -73,10 +82,9 @@ def read_only_query(results: str | Path, sql: str) -> pa.Table:
     con = connect(results)
     lock_down(con, results)
     try:
-        result: Any = None
-        for st in statements:
-            result = con.execute(st.query)
-        return result.fetch_arrow_table()
+        for st in statements[:-1]:
+            con.execute(st.query)
+        return _arrow(con.sql(statements[-1].query))
     except duckdb.Error as exc:
         raise QueryError(f"{type(exc).__name__}: {exc}") from None
     finally:
@@ -100,6 +108,6 @@ def run_named(results: str | Path, name: str, **params: Any) -> pa.Table:
     con = connect(results)
     lock_down(con, results)
     try:
-        return con.execute(named_query(name), params or None).fetch_arrow_table()
+        return _arrow(con.sql(named_query(name), params=params or None))
     finally:
         con.close()

@@ -1,0 +1,36 @@
+# Quick start: `make demo` runs the K-depth demo sweep on an embedded Ray instance; `make test` runs the tests.
+# Both create .venv and install swapcheck into it (quietly; a stamp file makes a second run instant).
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.swapcheck-installed
+RESULTS ?= results
+PIP_QUIET := --quiet --disable-pip-version-check --no-input
+
+.PHONY: demo test test-fast lint install clean
+
+$(STAMP): pyproject.toml constraints.txt
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@echo "installing swapcheck into $(VENV) (CPU torch pinned by constraints.txt)..."
+	@$(BIN)/python -m pip install $(PIP_QUIET) -c constraints.txt -e '.[dev]' 2>&1 | grep -v "is ignored: it is neither" || true
+	@$(BIN)/python -c "import torch, ray, duckdb, orchestrator, tasks, storage" 
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/swapcheck sweep launch sweeps/kdepth-demo.toml --results $(RESULTS)
+	$(BIN)/swapcheck report kdepth --results $(RESULTS) --sweep kdepth-demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow"
+
+lint: $(STAMP)
+	$(BIN)/ruff check orchestrator tasks storage tests benchmarks
+
+clean:
+	rm -rf $(RESULTS) .pytest_cache .ruff_cache .mypy_cache .hypothesis

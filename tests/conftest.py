@@ -1,0 +1,54 @@
+"""Shared fixtures: real Ray (embedded, loopback only), real Parquet and DuckDB, tiny specs."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import textwrap
+from pathlib import Path
+
+import pytest
+
+# Tests talk only to 127.0.0.1: make Ray bind to loopback before anything imports it.
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+os.environ.setdefault("RAY_AUTH_MODE", "token")
+# Ray workers inherit the environment of the instance's start, so fixtures' env is set here.
+os.environ.setdefault("SWAPCHECK_TEST_CRASH_DIR", tempfile.mkdtemp(prefix="swapcheck-crash-"))
+
+REPO = Path(__file__).resolve().parents[1]
+
+TINY_SPEC = """
+question = "Do the INT8 epilogue orders agree on tiny shapes?"
+name = "{name}"
+
+[experiments.int8]
+kind = "kdepth"
+dtype = "int8"
+implementations = {impls}
+scale_modes = ["real", "pow2"]
+m = 16
+n = 24
+k = {{ start = 32, stop = 128, factor = 2 }}
+seeds = {seeds}
+"""
+
+
+def tiny_spec_text(name: str = "tiny", impls: str = '["int8-cutlass-order", "int8-triton-order"]', seeds: int = 2) -> str:
+    return textwrap.dedent(TINY_SPEC.format(name=name, impls=impls, seeds=seeds))
+
+
+@pytest.fixture
+def tiny_spec(tmp_path: Path) -> Path:
+    p = tmp_path / "tiny.toml"
+    p.write_text(tiny_spec_text())
+    return p
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """One embedded Ray instance for the in-process tests (starting Ray costs seconds)."""
+    from orchestrator.cluster import connect, disconnect
+
+    conn = connect(num_cpus=2)
+    yield conn
+    disconnect()

@@ -1,0 +1,161 @@
+"""The runner end to end on a real embedded Ray instance: launch, resume, failures, crashes, SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from orchestrator.cli.main import app
+from storage.catalog import read_only_query
+from storage.store import ResultStore
+from tests.conftest import REPO, tiny_spec_text
+
+runner = CliRunner()
+TIMING = {"seconds_a", "seconds_b"}
+
+
+def launch(spec: Path, results: Path, *extra: str):
+    return runner.invoke(app, ["sweep", "launch", str(spec), "--results", str(results), "--no-progress", *extra])
+
+
+def kdepth_rows(results: Path) -> list[dict]:
+    rows = read_only_query(results, "SELECT * FROM kdepth ORDER BY unit_id, impl_a, impl_b").to_pylist()
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
+
+
+def test_launch_report_and_resume(ray_local, tiny_spec: Path, tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    res = launch(tiny_spec, results)
+    assert res.exit_code == 0, res.output
+    assert "12 ok, 0 failed" in res.output
+    rows = kdepth_rows(results)
+    assert len(rows) == 12 * 3  # one pair + two implementations vs exact, per unit
+    assert all(r["differing"] == 0 for r in rows if r["scale_mode"] == "pow2")
+    assert all(r["max_spacing"] <= 1 for r in rows)
+    files = sorted(p.relative_to(results) for p in results.rglob("*.parquet"))
+
+    again = launch(tiny_spec, results)
+    assert again.exit_code == 0 and "12 skipped" in again.output and "0 ok" in again.output
+    assert kdepth_rows(results) == rows
+    assert sorted(p.relative_to(results) for p in results.rglob("*.parquet")) == files
+
+    rep = runner.invoke(app, ["report", "kdepth", "--results", str(results), "--format", "json"])
+    assert rep.exit_code == 0, rep.output
+    summary = json.loads(rep.stdout)
+    need = {"dtype", "impl_a", "impl_b", "scale_mode", "k", "elements", "differing", "max_spacing"}
+    assert summary and all(need <= set(r) for r in summary)
+    assert {r["impl_b"] for r in summary} == {"int8-triton-order", "exact"}
+    assert {r["k"] for r in summary} == {32, 64, 128}
+    first = next(r for r in summary if r["k"] == 32 and r["impl_b"] == "exact" and r["scale_mode"] == "real")
+    assert first["elements"] == 2 * 16 * 24  # summed over both seeds
+
+    table = runner.invoke(app, ["report", "kdepth", "--results", str(results)])
+    assert table.exit_code == 0 and "int8-cutlass-order" in table.output
+
+
+def test_changed_spec_under_the_same_name_is_refused(ray_local, tiny_spec: Path, tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    assert launch(tiny_spec, results).exit_code == 0
+    changed = tmp_path / "changed.toml"
+    changed.write_text(tiny_spec_text().replace("n = 24", "n = 8"))
+    before = sorted(results.rglob("*"))
+    res = launch(changed, results)
+    assert res.exit_code == 2 and "different spec" in res.output
+    assert sorted(results.rglob("*")) == before
+
+
+def test_failing_unit_is_a_row_and_the_sweep_goes_on(ray_local, tmp_path: Path) -> None:
+    spec = tmp_path / "fail.toml"
+    spec.write_text(tiny_spec_text(name="fails", impls='["int8-cutlass-order", "tests.kernel_fixtures:failing_kernel"]'))
+    results = tmp_path / "results"
+    res = launch(spec, results)
+    assert res.exit_code == 1, res.output
+    units = read_only_query(results, "SELECT status, error, attempts FROM units").to_pylist()
+    assert len(units) == 12 and all(u["status"] == "failed" for u in units)
+    assert all("planted failure" in u["error"] for u in units)
+    assert read_only_query(results, "SELECT count(*) AS n FROM kdepth").to_pylist() == [{"n": 0}]
+    # Relaunching retries failed units; the ledger still has one row per unit.
+    assert launch(spec, results).exit_code == 1
+    again = read_only_query(results, "SELECT count(*) AS n, max(attempts) AS a FROM units").to_pylist()
+    assert again == [{"n": 12, "a": 2}]
+    rep = runner.invoke(app, ["report", "units", "--results", str(results), "--format", "json"])
+    assert json.loads(rep.stdout)[0]["status"] == "failed"
+
+
+def test_worker_crash_is_retried_by_ray(ray_local, tmp_path: Path) -> None:
+    spec = tmp_path / "crash.toml"
+    spec.write_text(tiny_spec_text(name="crash", impls='["int8-cutlass-order", "tests.kernel_fixtures:crash_once_kernel"]', seeds=1))
+    results = tmp_path / "results"
+    res = launch(spec, results)
+    assert res.exit_code == 0, res.output
+    units = read_only_query(results, "SELECT status, attempts FROM units").to_pylist()
+    assert len(units) == 6 and all(u["status"] == "ok" for u in units)
+    assert max(u["attempts"] for u in units) == 2
+
+
+KILL_SPEC = """
+question = "Does a sweep survive its driver being killed?"
+name = "killme"
+
+[experiments.int8]
+kind = "kdepth"
+dtype = "int8"
+implementations = ["int8-cutlass-order", "int8-triton-order", "int8-torch-channelwise"]
+scale_modes = ["real", "pow2"]
+m = 64
+n = 64
+k = {{ start = 64, stop = 8192, factor = 2 }}
+seeds = {seeds}
+"""
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "orchestrator.cli.main", *args]
+
+
+@pytest.mark.slow
+def test_sigkill_of_the_driver_then_relaunch(tmp_path: Path) -> None:
+    spec = tmp_path / "kill.toml"
+    spec.write_text(KILL_SPEC.format(seeds=4))
+    total = 8 * 4 * 2
+    killed, clean = tmp_path / "killed", tmp_path / "clean"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(_cli("sweep", "launch", str(spec), "--results", str(killed), "--no-progress", "--num-cpus", "2"),
+                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    store = ResultStore(killed)
+    deadline = time.time() + 240
+    while time.time() < deadline and len(store.done_units("killme")) < 8:
+        assert proc.poll() is None, "the sweep ended before it could be killed"
+        time.sleep(0.2)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    done_before = store.done_units("killme")
+    assert 8 <= len(done_before) < total
+    mtimes = {u: (killed / "table=units" / "sweep=killme" / f"{u}.parquet").stat().st_mtime_ns for u in done_before}
+    time.sleep(2)  # let any orphaned worker finish
+
+    out = subprocess.run(_cli("sweep", "launch", str(spec), "--results", str(killed), "--no-progress", "--num-cpus", "2"),
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    # No finished unit was recomputed: their ledger files are untouched.
+    for u, m in mtimes.items():
+        assert (killed / "table=units" / "sweep=killme" / f"{u}.parquet").stat().st_mtime_ns == m
+    assert len(store.done_units("killme")) == total
+
+    ref = subprocess.run(_cli("sweep", "launch", str(spec), "--results", str(clean), "--no-progress", "--num-cpus", "2"),
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert ref.returncode == 0, ref.stderr
+    dupes = read_only_query(killed, "SELECT unit_id, impl_a, impl_b, count(*) AS c FROM kdepth GROUP BY ALL HAVING c > 1")
+    assert dupes.num_rows == 0
+    assert kdepth_rows(killed) == kdepth_rows(clean)
+    rep = [subprocess.run(_cli("report", "kdepth", "--results", str(d), "--format", "json"), cwd=REPO, env=env,
+                          capture_output=True, text=True, check=True).stdout for d in (killed, clean)]
+    assert json.loads(rep[0]) == json.loads(rep[1])
