@@ -118,3 +118,15 @@ def test_formats_are_frozen() -> None:
     with pytest.raises(AttributeError):
         FORMATS["bf16"].mantissa_bits = 8  # type: ignore[misc]
     assert str(FORMATS["bf16"]) == "bf16"
+
+
+def test_docs_example_runs() -> None:
+    """docs/numerics.md's example is executable and stays true."""
+    import pathlib
+    import re
+
+    doc = pathlib.Path(__file__).resolve().parents[1] / "docs" / "numerics.md"
+    blocks = re.findall(r"```python\n(.*?)```", doc.read_text(), re.S)
+    assert blocks
+    for code in blocks:
+        exec(compile(code, str(doc), "exec"), {})

@@ -190,7 +190,7 @@ def get_format(x: str | torch.dtype | np.dtype[Any] | type | FloatFormat) -> Flo
         key = str(x).removeprefix("torch.")
     else:
         try:
-            key = np.dtype(x).name
+            key = np.dtype(x).name  # type: ignore[arg-type]
         except TypeError:
             key = None
     if key is not None and key in _ALIASES:
