@@ -5,17 +5,29 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-
-def failing_kernel(a, b, scale_a, scale_b, out_dtype, bias=None):
-    raise RuntimeError("planted failure: this kernel always raises")
+from tasks.kernels import Kernel, get_kernel
 
 
-def crash_once_kernel(a, b, scale_a, scale_b, out_dtype, bias=None):
-    """Kill the worker process the first time each (shape) is seen; behave like exact afterwards."""
-    marker = Path(os.environ["SWAPCHECK_TEST_CRASH_DIR"]) / f"{a.shape[1]}-{scale_a.flatten()[0].item()!r}"
-    if not marker.exists():
-        marker.write_text("crashed")
-        os._exit(17)
-    from tasks.kernels import get_kernel
+class FailingKernel(Kernel):
+    """Always raises: a unit running it must become a failed ledger row, and the sweep go on."""
 
-    return get_kernel("exact")(a, b, scale_a, scale_b, out_dtype, bias)
+    operand_dtype = "any"
+    description = "test fixture: raises"
+
+    def compute(self, ops):
+        raise RuntimeError("planted failure: this kernel always raises")
+
+
+class CrashOnceKernel(Kernel):
+    """Kills its worker process the first time it sees a problem; behaves like `exact` afterwards."""
+
+    operand_dtype = "any"
+    description = "test fixture: kills the worker process once per problem"
+
+    def compute(self, ops):
+        key = f"{ops.a.shape[1]}-{ops.scale_a.flatten()[0].item()!r}"
+        marker = Path(os.environ["SWAPCHECK_TEST_CRASH_DIR"]) / key
+        if not marker.exists():
+            marker.write_text("crashed")
+            os._exit(17)
+        return get_kernel("exact")(ops.a, ops.b, ops.scale_a, ops.scale_b, ops.out_dtype, ops.bias)

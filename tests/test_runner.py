@@ -57,8 +57,8 @@ def test_launch_report_and_resume(ray_local, tiny_spec: Path, tmp_path: Path) ->
     first = next(r for r in summary if r["k"] == 32 and r["impl_b"] == "exact" and r["scale_mode"] == "real")
     assert first["elements"] == 2 * 16 * 24  # summed over both seeds
 
-    table = runner.invoke(app, ["report", "kdepth", "--results", str(results)])
-    assert table.exit_code == 0 and "int8-cutlass-order" in table.output
+    table = runner.invoke(app, ["report", "kdepth", "--results", str(results)], env={"COLUMNS": "200"})
+    assert table.exit_code == 0 and "int8-cutlass-order vs int8-triton-order" in table.output
 
 
 def test_changed_spec_under_the_same_name_is_refused(ray_local, tiny_spec: Path, tmp_path: Path) -> None:
@@ -74,7 +74,7 @@ def test_changed_spec_under_the_same_name_is_refused(ray_local, tiny_spec: Path,
 
 def test_failing_unit_is_a_row_and_the_sweep_goes_on(ray_local, tmp_path: Path) -> None:
     spec = tmp_path / "fail.toml"
-    spec.write_text(tiny_spec_text(name="fails", impls='["int8-cutlass-order", "tests.kernel_fixtures:failing_kernel"]'))
+    spec.write_text(tiny_spec_text(name="fails", impls='["int8-cutlass-order", "tests.kernel_fixtures:FailingKernel"]'))
     results = tmp_path / "results"
     res = launch(spec, results)
     assert res.exit_code == 1, res.output
@@ -92,7 +92,7 @@ def test_failing_unit_is_a_row_and_the_sweep_goes_on(ray_local, tmp_path: Path) 
 
 def test_worker_crash_is_retried_by_ray(ray_local, tmp_path: Path) -> None:
     spec = tmp_path / "crash.toml"
-    spec.write_text(tiny_spec_text(name="crash", impls='["int8-cutlass-order", "tests.kernel_fixtures:crash_once_kernel"]', seeds=1))
+    spec.write_text(tiny_spec_text(name="crash", impls='["int8-cutlass-order", "tests.kernel_fixtures:CrashOnceKernel"]', seeds=1))
     results = tmp_path / "results"
     res = launch(spec, results)
     assert res.exit_code == 0, res.output

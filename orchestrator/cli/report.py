@@ -10,8 +10,19 @@ from orchestrator.cli.common import DEFAULT_RESULTS, RESULTS_HELP, Format, emit_
 
 app = typer.Typer(help="Reports over the results (tables, JSON for machines).", no_args_is_help=True)
 
-KDEPTH_TABLE_COLUMNS = ["dtype", "impl_a", "impl_b", "scale_mode", "k", "seeds", "elements", "differing",
-                        "ppm", "max_spacing", "max_spacing_significant", "hist_1", "hist_2", "hist_gt2"]
+def _human_row(r: dict) -> dict:
+    """The K-depth table as people read it: one line per pair, scale mode and K."""
+    return {
+        "pair": f"{r['impl_a']} vs {r['impl_b']}",
+        "scales": r["scale_mode"],
+        "K": r["k"],
+        "outputs": r["elements"],
+        "differing": r["differing"],
+        "ppm": r["ppm"],
+        "max sp": r["max_spacing"],
+        "max sp >5%": r["max_spacing_significant"],
+        "1 / 2 / >2 sp": f"{r['hist_1']} / {r['hist_2']} / {r['hist_gt2']}",
+    }
 
 
 def _results_dir(results: Path) -> None:
@@ -29,8 +40,9 @@ def kdepth(
 ) -> None:
     """The K-depth table by dtype, implementation pair, scale mode and K, summed over seeds.
 
-    `ppm` is differing outputs per million; `max_spacing` the largest distance in output spacings
-    (`max_spacing_significant` only over outputs with |reference| >= 5% of the largest).
+    `ppm` is differing outputs per million; `max sp` the largest distance in output spacings
+    (`max sp >5%` only over outputs with |reference| >= 5% of the largest); the last column counts
+    outputs 1, 2 and more than 2 spacings apart. JSON and CSV carry every column of the summary.
 
     Example: swapcheck report kdepth --results results --format json
     """
@@ -50,8 +62,9 @@ def kdepth(
             out.print("no kdepth results yet")
         for (sw, dtype, out_dtype, comparison), grp in groups.items():
             what = "pairs of implementations" if comparison == "pair" else "each implementation vs the reference"
-            emit_rows([{c: r[c] for c in KDEPTH_TABLE_COLUMNS} for r in grp], fmt,
-                      title=f"{sw}: {dtype} -> {out_dtype}, {what}")
+            seeds = max(r["seeds"] for r in grp)
+            emit_rows([_human_row(r) for r in grp], fmt,
+                      title=f"{sw}: {dtype} -> {out_dtype}, {what} ({seeds} seeds summed)")
 
 
 @app.command("units")
