@@ -1,0 +1,52 @@
+"""Scaled-GEMM implementations ("kernels") behind one call and one registry.
+
+``kernel(a, b, scale_a, scale_b, out_dtype, bias=None) -> Tensor [M, N]`` (DESIGN.md contract;
+operand rules in :mod:`.operands`).  Get one with :func:`get_kernel`::
+
+    from tasks.kernels import get_kernel
+    k = get_kernel("fp8-blocked-128")          # == get_kernel("fp8-blocked", block_size=128)
+    out = k(a, b, scale_a, scale_b, torch.bfloat16)
+
+Built-in CPU kernels (importing this package registers them):
+
+=========================  ==========  =======================================================
+name                       operands    what it computes
+=========================  ==========  =======================================================
+int8-cutlass-order         int8        exact int32 acc, CUTLASS epilogue (:mod:`.int8`)
+int8-triton-order          int8        exact int32 acc, Triton epilogue, ``bias_mode``
+int8-torch-channelwise     int8        exact int32 acc, torch channel-wise epilogue
+int8-onednn                int8        oneDNN qlinear_pointwise (:mod:`.onednn`), ``act_scale``
+fp8-torch-scaled-mm        fp8_e4m3    torch._scaled_mm on the CPU (:mod:`.scaled_mm`)
+fp8-sequential             fp8_e4m3    exact emulation, fp32 sequential sum (:mod:`.fp8`)
+fp8-pairwise               fp8_e4m3    exact emulation, fp32 pairwise tree
+fp8-blocked[-<b>]          fp8_e4m3    exact emulation, fp32 blocked sum, ``block_size``
+exact                      any         correctly rounded reference (:mod:`.exact`)
+=========================  ==========  =======================================================
+
+Users add kernels with ``register_kernel``, the entry-point group ``swapcheck.kernels``, or by
+naming ``"package.module:attr"`` directly.
+"""
+
+from . import exact, fp8, int8, onednn, scaled_mm  # noqa: F401  (registers the built-ins)
+from .operands import Operands, check_operands
+from .registry import (
+    ENTRY_POINT_GROUP,
+    Kernel,
+    KernelError,
+    get_kernel,
+    kernel_names,
+    list_kernels,
+    register_kernel,
+)
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "Kernel",
+    "KernelError",
+    "Operands",
+    "check_operands",
+    "get_kernel",
+    "kernel_names",
+    "list_kernels",
+    "register_kernel",
+]

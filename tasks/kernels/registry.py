@@ -1,0 +1,456 @@
+"""The registry of scaled-GEMM implementations ("kernels").
+
+One small registry in the shape of lm-eval's ``api/registry.py``:
+
+* ``@register_kernel("name")`` on a :class:`Kernel` subclass (or a factory returning a Kernel);
+* ``register_kernel("name", "package.module:attr")`` registers a lazy entry, imported on first use;
+* duplicate names are refused (:class:`KernelError`);
+* an unknown name is answered with "did you mean ..." and the list of valid names;
+* installed distributions add kernels through the entry-point group ``swapcheck.kernels``
+  (``name = "package.module:attr"``), discovered lazily and never allowed to shadow a built-in;
+* a name containing ``:`` is a user's own kernel, ``"package.module:attr"``, imported directly.
+
+A registered name may declare a *suffix parameter*: ``fp8-blocked`` declares ``block_size``, so
+``get_kernel("fp8-blocked-128")`` is ``get_kernel("fp8-blocked", block_size=128)``.
+
+Every kernel shares one call (DESIGN.md): ``kernel(a, b, scale_a, scale_b, out_dtype, bias=None)``
+returns the ``[M, N]`` output.  :class:`Kernel.__call__` validates the operands (see
+:mod:`.operands`), asks :meth:`Kernel.supports` and :meth:`Kernel.available`, and only then runs
+:meth:`Kernel.compute`; anything unsupported is a :class:`KernelError` whose message says what is
+allowed.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import re
+import warnings
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    import torch
+
+    from .operands import Operands
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "Kernel",
+    "KernelError",
+    "get_kernel",
+    "kernel_names",
+    "list_kernels",
+    "register_kernel",
+]
+
+ENTRY_POINT_GROUP = "swapcheck.kernels"
+OPERAND_DTYPES = ("int8", "fp8_e4m3", "any")
+DEVICES = ("cpu", "cuda")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+
+
+class KernelError(ValueError):
+    """A bad kernel name, bad kernel parameters, or operands the kernel does not accept.
+
+    The message always says what is allowed (the valid names, parameters, dtypes or layouts).
+    """
+
+
+class Kernel:
+    """Base class of every scaled-GEMM implementation.
+
+    Subclasses set the class attributes below, optionally ``param_defaults`` (the parameters they
+    accept, with defaults), and implement :meth:`compute`.  They may override :meth:`available`,
+    :meth:`supports` and :meth:`check_params`.
+
+    Attributes:
+        name: the name the kernel reports (and the name that ``get_kernel`` resolves back to it).
+        operand_dtype: "int8", "fp8_e4m3" or "any" (int8 or fp8 e4m3, both operands alike).
+        device: "cpu" or "cuda": where the operands must live.
+        description: one line naming the formula and the reference section it follows.
+        version: bump when the numerics change; it goes into unit ids.
+        params: the parameters this instance was built with (defaults filled in).
+    """
+
+    name: str = ""
+    operand_dtype: str = "any"
+    device: str = "cpu"
+    description: str = ""
+    version: str = "1"
+    param_defaults: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, **params: Any) -> None:
+        unknown = sorted(set(params) - set(self.param_defaults))
+        if unknown:
+            allowed = ", ".join(f"{k}={v!r}" for k, v in self.param_defaults.items()) or "none"
+            raise KernelError(
+                f"kernel {_class_name(type(self))!r} got unknown parameter(s) "
+                f"{', '.join(unknown)}; allowed parameters (with defaults): {allowed}"
+            )
+        merged = {**self.param_defaults, **params}
+        self.params: dict[str, Any] = self.check_params(merged)
+
+    # -- hooks for subclasses -------------------------------------------------------------------
+    def check_params(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Validate (and normalise) the merged parameters; raise KernelError on a bad value."""
+        return params
+
+    def available(self) -> tuple[bool, str | None]:
+        """(True, None) if the kernel can run in this process, else (False, reason)."""
+        return True, None
+
+    def supports(
+        self,
+        m: int,
+        n: int,
+        k: int,
+        scale_a_numel: int,
+        scale_b_numel: int,
+        has_bias: bool,
+    ) -> tuple[bool, str | None]:
+        """(True, None) if the kernel handles this problem and scale layout, else (False, reason)."""
+        return True, None
+
+    def compute(self, ops: Operands) -> torch.Tensor:
+        """Compute the ``[M, N]`` output from validated operands (see :class:`.operands.Operands`)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement compute()")
+
+    # -- the shared call ------------------------------------------------------------------------
+    def __call__(
+        self,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        scale_a: torch.Tensor,
+        scale_b: torch.Tensor,
+        out_dtype: torch.dtype,
+        bias: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        from .operands import check_operands
+
+        ops = check_operands(self, a, b, scale_a, scale_b, out_dtype, bias)
+        ok, reason = self.supports(
+            ops.m, ops.n, ops.k, ops.scale_a_numel, ops.scale_b_numel, ops.bias is not None
+        )
+        if not ok:
+            raise KernelError(f"kernel {self.name!r} does not support this problem: {reason}")
+        ok, reason = self.available()
+        if not ok:
+            raise KernelError(f"kernel {self.name!r} is not available here: {reason}")
+        return self.compute(ops)
+
+    # -- identity ---------------------------------------------------------------------------------
+    @property
+    def identity(self) -> dict[str, Any]:
+        """What identifies this kernel's numerics: name, version and parameters."""
+        return {"name": self.name, "version": self.version, "params": dict(self.params)}
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Kernel):
+            return NotImplemented
+        return type(self) is type(other) and self.identity == other.identity
+
+    def __hash__(self) -> int:
+        return hash((type(self), self.name, self.version, tuple(sorted(self.params.items()))))
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.params.items())
+        return f"<Kernel {self.name}({args}) v{self.version}>"
+
+
+def _class_name(cls: type) -> str:
+    """The registered name of a kernel class, even when ``name`` is a per-instance property."""
+    for klass in cls.__mro__:
+        value = klass.__dict__.get("name")
+        if isinstance(value, str) and value:
+            return value
+    for entry in _REGISTRY.values():
+        if entry.target is cls:
+            return entry.name
+    return cls.__name__
+
+
+# ---------------------------------------------------------------------------------------------
+# registry proper
+
+
+@dataclass
+class _Entry:
+    name: str
+    target: Any  # Kernel subclass, factory, Kernel instance, or "module:attr" (lazy)
+    info: dict[str, Any] = field(default_factory=dict)
+    source: str = "builtin"  # "builtin" | "entry point <dist>" | "lazy"
+
+    @property
+    def suffix_param(self) -> str | None:
+        return self.info.get("suffix_param")
+
+
+_REGISTRY: dict[str, _Entry] = {}
+_ENTRY_POINTS_LOADED = False
+_REFUSED_ENTRY_POINTS: dict[str, str] = {}
+
+
+def _check_name(name: str) -> None:
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise KernelError(
+            f"invalid kernel name {name!r}: use letters, digits and . _ + - "
+            "(no ':' -- that form means 'module:attr')"
+        )
+
+
+def register_kernel(name: str, target: Any = None, **info: Any) -> Any:
+    """Register a kernel under ``name``.
+
+    Three forms::
+
+        @register_kernel("my-kernel")             # decorator on a Kernel subclass or factory
+        class MyKernel(Kernel): ...
+
+        register_kernel("my-kernel", MyKernel)    # direct
+        register_kernel("my-kernel", "pkg.mod:MyKernel")   # lazy: imported on first use
+
+    ``info`` is stored with the entry; ``suffix_param="block_size"`` makes ``"<name>-<int>"`` mean
+    ``block_size=<int>``.  A name that is already registered raises :class:`KernelError`.
+    """
+    _check_name(name)
+    if name in _REGISTRY:
+        raise KernelError(
+            f"kernel name {name!r} is already registered (by {_describe_target(_REGISTRY[name])}); "
+            "pick another name"
+        )
+    sp = info.get("suffix_param")
+    if sp is not None and not isinstance(sp, str):
+        raise KernelError(f"suffix_param must be a parameter name, got {sp!r}")
+
+    def _add(obj: Any) -> Any:
+        if name in _REGISTRY:  # re-checked: the decorator may run later than the call
+            raise KernelError(f"kernel name {name!r} is already registered")
+        if isinstance(obj, str):
+            if ":" not in obj:
+                raise KernelError(f"lazy kernel target must be 'module:attr', got {obj!r}")
+            _REGISTRY[name] = _Entry(name, obj, dict(info), "lazy")
+            return obj
+        if not (
+            (isinstance(obj, type) and issubclass(obj, Kernel))
+            or isinstance(obj, Kernel)
+            or callable(obj)
+        ):
+            raise KernelError(
+                f"cannot register {obj!r} as kernel {name!r}: expected a Kernel subclass, a Kernel "
+                "instance, a factory returning a Kernel, or a 'module:attr' string"
+            )
+        if isinstance(obj, type) and issubclass(obj, Kernel) and "name" not in obj.__dict__:
+            obj.name = name
+        _REGISTRY[name] = _Entry(name, obj, dict(info), "builtin")
+        return obj
+
+    if target is None:
+        return _add
+    return _add(target)
+
+
+def _unregister(name: str) -> None:
+    """Remove an entry (tests only)."""
+    _REGISTRY.pop(name, None)
+
+
+def _describe_target(entry: _Entry) -> str:
+    t = entry.target
+    if isinstance(t, str):
+        return t
+    if isinstance(t, type):
+        return f"{t.__module__}:{t.__qualname__}"
+    return repr(t)
+
+
+def _load_entry_points() -> None:
+    """Add the ``swapcheck.kernels`` entry points as lazy entries (once per process)."""
+    global _ENTRY_POINTS_LOADED
+    if _ENTRY_POINTS_LOADED:
+        return
+    _ENTRY_POINTS_LOADED = True
+    try:
+        eps = metadata.entry_points(group=ENTRY_POINT_GROUP)
+    except Exception as exc:  # a broken installation must not break the built-ins
+        warnings.warn(f"could not read entry points {ENTRY_POINT_GROUP!r}: {exc}", stacklevel=2)
+        return
+    for ep in eps:
+        dist = getattr(getattr(ep, "dist", None), "name", None) or "unknown distribution"
+        if ep.name in _REGISTRY:
+            existing = _REGISTRY[ep.name]
+            if existing.target == ep.value:
+                continue
+            _REFUSED_ENTRY_POINTS[ep.name] = (
+                f"entry point {ep.name}={ep.value} from {dist} refused: the name is already "
+                f"registered by {_describe_target(existing)}"
+            )
+            warnings.warn(_REFUSED_ENTRY_POINTS[ep.name], stacklevel=2)
+            continue
+        if not _NAME_RE.match(ep.name) or ":" not in ep.value:
+            _REFUSED_ENTRY_POINTS[ep.name] = (
+                f"entry point {ep.name}={ep.value} from {dist} refused: expected name = "
+                "'module:attr'"
+            )
+            warnings.warn(_REFUSED_ENTRY_POINTS[ep.name], stacklevel=2)
+            continue
+        _REGISTRY[ep.name] = _Entry(ep.name, ep.value, {}, f"entry point from {dist}")
+
+
+def _import_target(spec: str, what: str) -> Any:
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise KernelError(f"{what}: expected 'package.module:attr', got {spec!r}")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except Exception as exc:
+        raise KernelError(f"{what}: cannot import module {module_name!r}: {exc}") from exc
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError as exc:
+            raise KernelError(f"{what}: module {module_name!r} has no attribute {attr!r}") from exc
+    return obj
+
+
+def _build(target: Any, params: dict[str, Any], what: str, default_name: str) -> Kernel:
+    if isinstance(target, Kernel):
+        if params:
+            raise KernelError(f"{what} is a ready-made kernel instance and takes no parameters")
+        return target
+    if isinstance(target, type) and issubclass(target, Kernel):
+        kernel = target(**params)
+    elif callable(target):
+        try:
+            kernel = target(**params)
+        except TypeError as exc:
+            raise KernelError(f"{what}: bad parameters {params!r}: {exc}") from exc
+    else:
+        raise KernelError(
+            f"{what} is {target!r}, not a Kernel subclass, Kernel instance or factory"
+        )
+    if not isinstance(kernel, Kernel):
+        raise KernelError(
+            f"{what} returned {type(kernel).__name__}, not a tasks.kernels.Kernel; subclass Kernel "
+            "and implement compute()"
+        )
+    if not kernel.name:
+        kernel.name = default_name  # a user's class without a name reports how it was asked for
+    return kernel
+
+
+def _resolve(entry: _Entry) -> Any:
+    if isinstance(entry.target, str):
+        entry.target = _import_target(entry.target, f"kernel {entry.name!r} ({entry.source})")
+    return entry.target
+
+
+def _split_suffix(name: str) -> tuple[_Entry, str, int] | None:
+    base, sep, suffix = name.rpartition("-")
+    if not sep or not suffix.isdigit():
+        return None
+    entry = _REGISTRY.get(base)
+    if entry is None or entry.suffix_param is None:
+        return None
+    return entry, entry.suffix_param, int(suffix)
+
+
+def get_kernel(name: str, **params: Any) -> Kernel:
+    """Build the kernel called ``name`` with ``params`` (defaults for the rest).
+
+    ``name`` is a registered name, a registered name with its integer suffix parameter
+    (``"fp8-blocked-128"``), an entry-point name (group ``swapcheck.kernels``), or
+    ``"package.module:attr"`` naming a user's Kernel subclass, factory or instance.
+    """
+    if not isinstance(name, str) or not name:
+        raise KernelError(f"kernel name must be a non-empty string, got {name!r}")
+    if ":" in name:
+        target = _import_target(name, f"kernel {name!r}")
+        return _build(target, params, f"kernel {name!r}", name)
+    if name not in _REGISTRY:
+        _load_entry_points()
+    entry = _REGISTRY.get(name)
+    if entry is not None:
+        return _build(_resolve(entry), params, f"kernel {name!r}", name)
+    split = _split_suffix(name)
+    if split is not None:
+        entry, pname, value = split
+        if pname in params and params[pname] != value:
+            raise KernelError(
+                f"kernel {name!r} names {pname}={value} but {pname}={params[pname]!r} was also given"
+            )
+        return _build(_resolve(entry), {**params, pname: value}, f"kernel {name!r}", name)
+    raise KernelError(_unknown_message(name))
+
+
+def _unknown_message(name: str) -> str:
+    names = kernel_names()
+    close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
+    hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+    refused = f" ({_REFUSED_ENTRY_POINTS[name]})" if name in _REFUSED_ENTRY_POINTS else ""
+    suffixed = [e.name for e in _REGISTRY.values() if e.suffix_param]
+    extra = (
+        f"; {', '.join(suffixed)} also take an integer suffix (e.g. '{suffixed[0]}-128')"
+        if suffixed
+        else ""
+    )
+    return (
+        f"unknown kernel {name!r}{refused}. {hint}Valid kernels: {', '.join(names)}{extra}; "
+        "or give 'package.module:attr' for your own Kernel"
+    )
+
+
+def kernel_names() -> list[str]:
+    """Every registered name (built-ins, lazy entries and entry points), sorted."""
+    _load_entry_points()
+    return sorted(_REGISTRY)
+
+
+def list_kernels() -> list[dict[str, Any]]:
+    """One row per registered kernel, built with its default parameters.
+
+    Fields: name, operand_dtype, device, available, reason, description, version, params, source.
+    A kernel that cannot even be built (import error, bad factory) is a row with available False
+    and the error as its reason.
+    """
+    rows: list[dict[str, Any]] = []
+    for name in kernel_names():
+        entry = _REGISTRY[name]
+        row: dict[str, Any] = {
+            "name": name,
+            "operand_dtype": None,
+            "device": None,
+            "available": False,
+            "reason": None,
+            "description": "",
+            "version": None,
+            "params": {},
+            "source": entry.source,
+        }
+        try:
+            kernel = _build(_resolve(entry), {}, f"kernel {name!r}", name)
+            ok, reason = kernel.available()
+            row.update(
+                operand_dtype=kernel.operand_dtype,
+                device=kernel.device,
+                available=bool(ok),
+                reason=reason,
+                description=kernel.description,
+                version=kernel.version,
+                params=dict(kernel.params),
+            )
+        except Exception as exc:  # a failure is a row too
+            row["reason"] = f"{type(exc).__name__}: {exc}"
+        rows.append(row)
+    return rows
+
+
+def check_choice(kernel: str, param: str, value: Any, choices: tuple[Any, ...]) -> Any:
+    """Helper for check_params: ``value`` must be one of ``choices``."""
+    if value not in choices:
+        raise KernelError(
+            f"kernel {kernel!r}: {param}={value!r} is not allowed; choose one of "
+            f"{', '.join(repr(c) for c in choices)}"
+        )
+    return value
