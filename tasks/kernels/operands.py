@@ -32,8 +32,11 @@ if TYPE_CHECKING:
 __all__ = ["Operands", "check_operands", "OUT_DTYPES", "OPERAND_TORCH_DTYPES"]
 
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-OPERAND_TORCH_DTYPES = {"int8": (torch.int8,), "fp8_e4m3": (torch.float8_e4m3fn,)}
-OPERAND_TORCH_DTYPES["any"] = OPERAND_TORCH_DTYPES["int8"] + OPERAND_TORCH_DTYPES["fp8_e4m3"]
+OPERAND_TORCH_DTYPES: dict[str, tuple[torch.dtype, ...]] = {
+    "int8": (torch.int8,),
+    "fp8_e4m3": (torch.float8_e4m3fn,),
+    "any": (torch.int8, torch.float8_e4m3fn),
+}
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ _PROBE: tuple[bool, str | None] | None = None
 def cpu_scaled_mm_path() -> str:
     """Which CPU implementation ``torch._scaled_mm`` takes in this process (ATen dispatch rule)."""
     try:
-        amx = bool(torch._C._cpu._is_amx_tile_supported())
+        amx = bool(torch._C._cpu._is_amx_tile_supported())  # type: ignore[attr-defined]
     except Exception:
         amx = False
     if amx and torch.backends.mkldnn.is_available():
