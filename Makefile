@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.swapcheck-installed
 RESULTS ?= results
 PIP_QUIET := --quiet --disable-pip-version-check --no-input
 
-.PHONY: demo test test-fast lint install clean
+.PHONY: demo test test-fast lint install clean docs
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -34,3 +34,6 @@ lint: $(STAMP)
 
 clean:
 	rm -rf $(RESULTS) .pytest_cache .ruff_cache .mypy_cache .hypothesis
+
+docs: $(STAMP)
+	$(BIN)/typer orchestrator.cli.main utils docs --name swapcheck --title "swapcheck CLI reference" --output docs/cli.md

@@ -13,6 +13,7 @@ app = typer.Typer(help="Kernels swapcheck can run (built-ins, entry points, modu
 def list_(
     fmt: Format = typer.Option(Format.table, "--format", help="table, json, csv or markdown."),
     all_: bool = typer.Option(True, "--all/--available", help="Show unavailable kernels too (with the reason)."),
+    long: bool = typer.Option(False, "--long", "-l", help="Add each kernel's formula (always in JSON)."),
 ) -> None:
     """Show each kernel's name, operand dtype, device, availability and, when unavailable, why.
 
@@ -24,7 +25,7 @@ def list_(
         rows = [
             {"name": k["name"], "operands": k["operand_dtype"], "device": k["device"],
              "available": "yes" if k["available"] else "no", "reason": k.get("reason") or "",
-             "description": k.get("description", "")}
+             **({"description": k.get("description", "")} if long or fmt is Format.json else {})}
             for k in list_kernels()
             if all_ or k["available"]
         ]
