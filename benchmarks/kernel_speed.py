@@ -44,15 +44,15 @@ def main() -> None:
             call = (ops["a"], ops["b"], ops["scale_a"], ops["scale_b"], torch.bfloat16)
             if dtype == "int8":
                 base_name = "torch._int_mm"
-                base = best_of(lambda: torch._int_mm(ops["a"], ops["b"]), args.repeat)
+                base = best_of(lambda ops=ops: torch._int_mm(ops["a"], ops["b"]), args.repeat)
             else:
                 base_name = "fp8-torch-scaled-mm"
                 kern = get_kernel(base_name)
-                base = best_of(lambda: kern(*call), args.repeat)
+                base = best_of(lambda kern=kern, call=call: kern(*call), args.repeat)
             print(f"{dtype:8} {k:>6} {base_name:24} {base:9.4f} {1.0:7.2f}  (baseline)")
             for name in names:
                 kern = get_kernel(name)
-                t = best_of(lambda: kern(*call), args.repeat)
+                t = best_of(lambda kern=kern, call=call: kern(*call), args.repeat)
                 print(f"{dtype:8} {k:>6} {name:24} {t:9.4f} {t / base:7.2f}  {base_name}")
 
 

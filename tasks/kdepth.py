@@ -82,7 +82,8 @@ def compare(out_a: torch.Tensor, out_b: torch.Tensor, fmt: Any) -> dict[str, Any
     nonfinite = differs & ~(np.isfinite(va) & np.isfinite(vb))
     comparable = d >= 0
     finite = np.isfinite(va) & np.isfinite(vb)
-    abs_err = np.where(finite, np.abs(va - vb), 0.0)
+    abs_err = np.zeros_like(va)
+    abs_err[finite] = np.abs(va[finite] - vb[finite])
     big = np.abs(vb) >= SIGNIFICANT * np.max(np.abs(np.where(np.isfinite(vb), vb, 0.0)), initial=0.0)
     worst = int(np.argmax(np.where(comparable, d, -1))) if d.size else 0
     n_cols = out_a.shape[-1] if out_a.dim() > 1 else 1

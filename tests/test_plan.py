@@ -18,7 +18,7 @@ def test_demo_plan_size_and_axes() -> None:
     plan = make_plan(load_spec(REPO / "sweeps" / "kdepth-demo.toml"))
     kinds = {(u.params["dtype"], u.params["scale_mode"]) for u in plan.units}
     assert kinds == {("int8", "real"), ("int8", "pow2"), ("fp8_e4m3", "real")}
-    assert len(plan.units) == 7 * 4 * 2 + 7 * 4
+    assert len(plan.units) == 7 * 16 * 2 + 7 * 4
     assert len({u.id for u in plan.units}) == len(plan.units)
 
 

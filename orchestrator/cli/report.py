@@ -6,7 +6,14 @@ from pathlib import Path
 
 import typer
 
-from orchestrator.cli.common import DEFAULT_RESULTS, RESULTS_HELP, Format, emit_rows, out, user_errors
+from orchestrator.cli.common import (
+    DEFAULT_RESULTS,
+    RESULTS_HELP,
+    Format,
+    emit_rows,
+    out,
+    user_errors,
+)
 
 app = typer.Typer(help="Reports over the results (tables, JSON for machines).", no_args_is_help=True)
 

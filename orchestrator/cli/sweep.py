@@ -6,7 +6,15 @@ from pathlib import Path
 
 import typer
 
-from orchestrator.cli.common import DEFAULT_RESULTS, RESULTS_HELP, Format, emit_rows, err, out, user_errors
+from orchestrator.cli.common import (
+    DEFAULT_RESULTS,
+    RESULTS_HELP,
+    Format,
+    emit_rows,
+    err,
+    out,
+    user_errors,
+)
 
 app = typer.Typer(help="Validate, plan and launch sweeps (specs are TOML files under sweeps/).", no_args_is_help=True)
 
@@ -74,7 +82,13 @@ def launch(
     Example: swapcheck sweep launch sweeps/kdepth-demo.toml --results results
     """
     with user_errors():
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
 
         from orchestrator.runner import launch as run_launch
         from orchestrator.spec import load_spec
