@@ -39,17 +39,29 @@ def _results_dir(results: Path) -> None:
         raise UsageError(f"--results {results}: no such directory (run `swapcheck sweep launch` first)")
 
 
+def _wide_rows(grp: list[dict]) -> list[dict]:
+    ks = sorted({r["k"] for r in grp})
+    lines: dict[tuple, dict] = {}
+    for r in grp:
+        line = lines.setdefault((r["impl_a"], r["impl_b"], r["scale_mode"]), {
+            "pair": f"{r['impl_a']} vs {r['impl_b']}", "scales": r["scale_mode"], **{f"K={k}": "" for k in ks}})
+        line[f"K={r['k']}"] = f"{r['ppm']:.3g} · {r['max_spacing']}"
+    return list(lines.values())
+
+
 @app.command("kdepth")
 def kdepth(
     results: Path = typer.Option(Path(DEFAULT_RESULTS), "--results", help=RESULTS_HELP),
     sweep: str = typer.Option(None, "--sweep", help="Only this sweep (default: all)."),
     fmt: Format = typer.Option(Format.table, "--format", help="table, json, csv or markdown."),
+    long: bool = typer.Option(False, "--long", help="One line per (pair, scale mode, K) with the spacing histogram."),
 ) -> None:
     """The K-depth table by dtype, implementation pair, scale mode and K, summed over seeds.
 
-    `ppm` is differing outputs per million; `max sp` the largest distance in output spacings
-    (`max sp >5%` only over outputs with |reference| >= 5% of the largest); the last column counts
-    outputs 1, 2 and more than 2 spacings apart. JSON and CSV carry every column of the summary.
+    By default one line per pair and scale mode, one column per K, each cell `ppm · max`: differing
+    outputs per million and the largest distance in output spacings. `--long` gives one line per K
+    with `max sp >5%` (the largest distance over outputs with |reference| >= 5% of the largest) and
+    the counts of outputs 1, 2 and more than 2 spacings apart. JSON and CSV carry every column.
 
     Example: swapcheck report kdepth --results results --format json
     """
@@ -70,8 +82,11 @@ def kdepth(
         for (sw, dtype, out_dtype, comparison), grp in groups.items():
             what = "pairs of implementations" if comparison == "pair" else "each implementation vs the reference"
             seeds = max(r["seeds"] for r in grp)
-            emit_rows([_human_row(r) for r in grp], fmt,
-                      title=f"{sw}: {dtype} -> {out_dtype}, {what} ({seeds} seeds summed)")
+            title = f"{sw}: {dtype} -> {out_dtype}, {what} ({seeds} seeds summed)"
+            if long:
+                emit_rows([_human_row(r) for r in grp], fmt, title=title)
+            else:
+                emit_rows(_wide_rows(grp), fmt, title=title + " — cells: ppm differing · max spacings")
 
 
 @app.command("units")
