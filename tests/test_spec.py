@@ -137,3 +137,17 @@ def test_cli_missing_spec_exits_2(tmp_path: Path) -> None:
     res = runner.invoke(app, ["sweep", "launch", str(tmp_path / "nope.toml"), "--results", str(tmp_path / "r")])
     assert res.exit_code == 2 and "file not found" in res.output
     assert not (tmp_path / "r").exists()
+
+
+def test_user_kernel_from_the_current_directory(tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "my_kernels_cwd.py").write_text(
+        "import torch\nfrom tasks.kernels import Kernel\n\n"
+        "class Mine(Kernel):\n    operand_dtype = 'int8'\n    description = 'user kernel'\n\n"
+        "    def compute(self, ops):\n        return (torch._int_mm(ops.a, ops.b).float() * ops.scale_a * ops.scale_b).to(ops.out_dtype)\n"
+    )
+    spec = tmp_path / "mine.toml"
+    spec.write_text(tiny_spec_text(impls='["int8-cutlass-order", "my_kernels_cwd:Mine"]'))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.path", [p for p in __import__("sys").path if p not in ("", str(tmp_path))])
+    res = runner.invoke(app, ["sweep", "validate", str(spec)])
+    assert res.exit_code == 0, res.output

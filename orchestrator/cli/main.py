@@ -13,6 +13,19 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
     add_completion=False,
 )
+
+
+@app.callback()
+def _main() -> None:
+    # A user's kernel named "module:attr" lives in their project: import it from the current
+    # directory, as `python -m` would (Ray workers of the embedded instance run there too).
+    import os
+    import sys
+
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+
+
 app.add_typer(sweep.app, name="sweep")
 app.add_typer(kernels.app, name="kernels")
 app.add_typer(report.app, name="report")
