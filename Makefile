@@ -31,6 +31,7 @@ test-fast: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check orchestrator tasks storage tests benchmarks
+	$(BIN)/mypy orchestrator storage tasks
 
 clean:
 	rm -rf $(RESULTS) .pytest_cache .ruff_cache .mypy_cache .hypothesis

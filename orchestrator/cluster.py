@@ -8,6 +8,7 @@ existing cluster instead (for example ``ray://head:10001`` or ``auto`` on a clus
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 
@@ -44,11 +45,11 @@ def connect(address: str | None = None, num_cpus: int | None = None) -> Connecti
                 num_cpus=num_cpus or os.cpu_count() or 1,
                 include_dashboard=False,
                 log_to_driver=False,
-                logging_level="WARNING",
+                logging_level=logging.WARNING,
                 configure_logging=True,
             )
         else:
-            ray.init(address=address, log_to_driver=False, logging_level="WARNING")
+            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
     except Exception as exc:  # noqa: BLE001 - Ray raises many types for a failed start/join
         where = "start a local Ray instance" if address is None else f"join the Ray cluster at {address!r}"
         raise InfrastructureError(f"could not {where}: {type(exc).__name__}: {exc}") from None

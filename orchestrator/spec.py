@@ -124,6 +124,9 @@ class Resources(Strict):
     memory_gb: float | None = Field(default=None, gt=0)
 
 
+ScaleMode = Literal["real", "pow2"]
+
+
 class KdepthExperiment(Strict):
     """K on an axis: every implementation and the exact reference on identical operands."""
 
@@ -131,7 +134,7 @@ class KdepthExperiment(Strict):
     dtype: Literal["int8", "fp8_e4m3"]
     implementations: list[str | Implementation] = Field(min_length=1)
     reference: str | Implementation = "exact"
-    scale_modes: list[Literal["real", "pow2"]] = Field(default_factory=lambda: ["real"], min_length=1)
+    scale_modes: list[ScaleMode] = Field(default_factory=lambda: list[ScaleMode](["real"]), min_length=1)
     m: IntAxis = 256
     n: IntAxis = 256
     k: IntAxis
