@@ -13,10 +13,18 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.spec import KdepthExperiment, LoadedSpec, Resources, axis_values
+from orchestrator.spec import (
+    FilePrompts,
+    Implementation,
+    KdepthExperiment,
+    LoadedSpec,
+    ReplayExperiment,
+    Resources,
+    axis_values,
+)
 
 #: Versions of each task's computation; bump when a task's rows would change for the same params.
-TASK_VERSIONS = {"kdepth": "1"}
+TASK_VERSIONS = {"kdepth": "1", "replay": "1"}
 
 
 def canonical_json(obj: Any) -> str:
@@ -40,6 +48,9 @@ class Unit:
         p = self.params
         if self.kind == "kdepth":
             return f"{p['dtype']} M={p['m']} N={p['n']} K={p['k']} seed={p['seed']} scales={p['scale_mode']}"
+        if self.kind == "replay":
+            pairs = ", ".join(f"{a['name']}~{b['name']}" for a, b in p["pairs"])
+            return f"replay {p['model']} (captured with {p['capture_kernel']['name']}): {pairs}; scales {'/'.join(p['scale_modes'])}"
         return canonical_json(p)
 
     def to_payload(self) -> dict[str, Any]:
@@ -86,12 +97,63 @@ def _kdepth_units(name: str, exp: KdepthExperiment) -> list[Unit]:
     return units
 
 
+def model_fingerprint(model: str) -> str:
+    """Identity of a model for unit ids: the name, or a hash of a checkpoint's config and file list."""
+    from pathlib import Path
+
+    if model == "tiny-qwen3":
+        return model
+    d = Path(model)
+    h = hashlib.sha256((d / "config.json").read_bytes())
+    for f in sorted(d.glob("*.safetensors")):
+        h.update(f"{f.name}:{f.stat().st_size}".encode())
+    return f"{d.name}@{h.hexdigest()[:16]}"
+
+
+def read_prompt_file(path: str) -> list[list[int]]:
+    """Token-id prompts from JSONL: each line a JSON list of ints or an object with "tokens"."""
+    prompts = []
+    with open(path, encoding="utf-8") as fh:
+        for i, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            obj = json.loads(line)
+            tokens = obj.get("tokens") if isinstance(obj, dict) else obj
+            if not (isinstance(tokens, list) and tokens and all(isinstance(t, int) and t >= 0 for t in tokens)):
+                raise ValueError(f"{path}:{i}: expected a non-empty list of token ids (ints >= 0)")
+            prompts.append(tokens)
+    if not prompts:
+        raise ValueError(f"{path}: no prompts")
+    return prompts
+
+
+def _replay_units(name: str, exp: ReplayExperiment) -> list[Unit]:
+    if isinstance(exp.prompts, FilePrompts):
+        prompts: dict[str, Any] = {"tokens": read_prompt_file(exp.prompts.file)}
+    else:
+        prompts = {"synthetic": exp.prompts.model_dump()}
+    params = {
+        "model": exp.model,
+        "model_fingerprint": model_fingerprint(exp.model),
+        "model_seed": exp.model_seed,
+        "capture_kernel": _impl_payload(Implementation(kernel=exp.capture_kernel)),
+        "pairs": [[_impl_payload(a), _impl_payload(b)] for a, b in exp.impl_pairs()],
+        "scale_modes": list(exp.scale_modes),
+        "prompts": prompts,
+        "out_dtype": exp.out_dtype,
+    }
+    return [Unit(unit_id("replay", params), "replay", name, params, exp.resources)]
+
+
 def make_plan(spec: LoadedSpec) -> Plan:
     """Expand every experiment; units come out in spec order, duplicates merged."""
     units: dict[str, Unit] = {}
     for name, exp in spec.experiments.items():
         if isinstance(exp, KdepthExperiment):
             for u in _kdepth_units(name, exp):
+                units.setdefault(u.id, u)
+        elif isinstance(exp, ReplayExperiment):
+            for u in _replay_units(name, exp):
                 units.setdefault(u.id, u)
         else:  # pragma: no cover - guarded by EXPERIMENT_MODELS
             raise TypeError(f"no planner for {type(exp).__name__}")

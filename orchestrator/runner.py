@@ -96,9 +96,14 @@ def launch(
     plan = make_plan(spec)
     store = ResultStore(results)
     check_sweep_identity(store, plan)
+    from orchestrator import prereg
+
+    # Predictions are validated and hashed before anything is written or run.
+    prereg_rows = prereg.plan_registration(store, plan.sweep, spec.prereg_paths)
     t0 = time.perf_counter()
     try:
         write_sweep_record(store, spec, plan)
+        prereg.write_registrations(store, plan.sweep, prereg_rows)
         done = store.done_units(plan.sweep)
     except OSError as exc:
         raise InfrastructureError(f"cannot write under {store.root}: {exc}") from None

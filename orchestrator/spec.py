@@ -176,8 +176,50 @@ class KdepthExperiment(Strict):
         return r if isinstance(r, Implementation) else Implementation(kernel=r)
 
 
+class SyntheticPrompts(Strict):
+    """``count`` prompts of ``length`` token ids drawn uniformly from the model's vocabulary."""
+
+    count: int = Field(default=4, ge=1, le=4096)
+    length: int = Field(default=16, ge=1, le=32768)
+    seed: int = Field(default=0, ge=0)
+
+
+class FilePrompts(Strict):
+    """A JSONL file, one prompt per line: a JSON list of token ids, or ``{"tokens": [...]}``."""
+
+    file: str
+
+
+class ReplayExperiment(Strict):
+    """Capture every W8A8 layer's operands in a forward pass, then replay them through kernel pairs."""
+
+    kind: Literal["replay"]
+    model: str = "tiny-qwen3"
+    model_seed: int = Field(default=0, ge=0)
+    capture_kernel: str = "int8-cutlass-order"
+    pairs: list[list[str | Implementation]] = Field(min_length=1)
+    scale_modes: list[ScaleMode] = Field(default_factory=lambda: list[ScaleMode](["real", "pow2"]), min_length=1)
+    prompts: SyntheticPrompts | FilePrompts = Field(default_factory=SyntheticPrompts)
+    out_dtype: Literal["bf16", "fp16"] = "bf16"
+    resources: Resources = Field(default_factory=Resources)
+
+    @field_validator("pairs")
+    @classmethod
+    def _pairs(cls, v: list[list[Any]]) -> list[list[Any]]:
+        for i, pair in enumerate(v):
+            if len(pair) != 2:
+                raise ValueError(f"pair {i} must name exactly two kernels, got {len(pair)}")
+        return v
+
+    def impl_pairs(self) -> list[tuple[Implementation, Implementation]]:
+        def as_impl(x: str | Implementation) -> Implementation:
+            return x if isinstance(x, Implementation) else Implementation(kernel=x)
+
+        return [(as_impl(a), as_impl(b)) for a, b in self.pairs]
+
+
 #: Experiment kinds and their models; later task kinds register here.
-EXPERIMENT_MODELS: dict[str, type[Strict]] = {"kdepth": KdepthExperiment}
+EXPERIMENT_MODELS: dict[str, type[Strict]] = {"kdepth": KdepthExperiment, "replay": ReplayExperiment}
 
 
 class SweepSpec(Strict):
@@ -187,6 +229,9 @@ class SweepSpec(Strict):
     name: str
     description: str | None = None
     max_retries: int = Field(default=2, ge=0, le=10)
+    #: Pre-registered prediction files (paths relative to the spec), hashed at launch before any unit
+    #: runs; amendments are new files appended here that name the hash they amend.
+    preregistration: list[str] = Field(default_factory=list)
     experiments: dict[str, Any] = Field(min_length=1)
 
     @field_validator("name")
@@ -207,6 +252,24 @@ class LoadedSpec(BaseModel):
     sha256: str
     sweep: SweepSpec
     experiments: dict[str, Any]
+    prereg_paths: list[str] = []
+
+
+def _resolve(p: str, base_dir: Path) -> Path:
+    q = Path(p).expanduser()
+    return q if q.is_absolute() else (base_dir / q).resolve()
+
+
+def _resolve_paths(exp: Any, base_dir: Path) -> Any:
+    """Paths in a spec are relative to the spec's directory."""
+    if isinstance(exp, ReplayExperiment):
+        update: dict[str, Any] = {}
+        if exp.model != "tiny-qwen3":
+            update["model"] = str(_resolve(exp.model, base_dir))
+        if isinstance(exp.prompts, FilePrompts):
+            update["prompts"] = FilePrompts(file=str(_resolve(exp.prompts.file, base_dir)))
+        return exp.model_copy(update=update) if update else exp
+    return exp
 
 
 def _loc(loc: tuple[Any, ...]) -> str:
@@ -252,6 +315,12 @@ def parse_spec(text: str, path: str = "<string>") -> LoadedSpec:
             experiments[name] = EXPERIMENT_MODELS[kind].model_validate(body)
         except ValidationError as exc:
             problems.extend(_format_errors(exc, where))
+    base_dir = Path(path).parent if path != "<string>" else Path.cwd()
+    experiments = {name: _resolve_paths(exp, base_dir) for name, exp in experiments.items()}
+    prereg = [str(_resolve(p, base_dir)) for p in sweep.preregistration]
+    for i, p in enumerate(prereg):
+        if not Path(p).is_file():
+            problems.append(f"preregistration[{i}]: {sweep.preregistration[i]!r} not found (relative to the spec's directory)")
     if not problems:
         for name, exp in experiments.items():
             problems.extend(semantic_problems(("experiments", name), exp))
@@ -263,6 +332,7 @@ def parse_spec(text: str, path: str = "<string>") -> LoadedSpec:
         sha256=hashlib.sha256(text.encode()).hexdigest(),
         sweep=sweep,
         experiments=experiments,
+        prereg_paths=prereg,
     )
 
 
@@ -282,7 +352,50 @@ def semantic_problems(where: tuple[Any, ...], exp: Any) -> list[str]:
     """Cross-field rules that need the kernel registry (imported lazily: it imports torch)."""
     if isinstance(exp, KdepthExperiment):
         return _kdepth_problems(where, exp)
+    if isinstance(exp, ReplayExperiment):
+        return _replay_problems(where, exp)
     return []
+
+
+def _kernel_problem(field: str, impl: Implementation, dtype: str) -> str | None:
+    from tasks.kernels import KernelError, get_kernel
+
+    try:
+        kernel = get_kernel(impl.kernel, **impl.params)
+    except KernelError as exc:
+        return f"{field}: {exc}"
+    except TypeError as exc:
+        return f"{field}.params: {exc}"
+    if kernel.operand_dtype not in (dtype, "any"):
+        return f"{field}: kernel {impl.kernel!r} takes {kernel.operand_dtype} operands, but this experiment's dtype is {dtype}"
+    return None
+
+
+def _replay_problems(where: tuple[Any, ...], exp: ReplayExperiment) -> list[str]:
+    base = _loc(where)
+    problems = []
+    p = _kernel_problem(f"{base}.capture_kernel", Implementation(kernel=exp.capture_kernel), "int8")
+    if p:
+        problems.append(p)
+    for i, (a, b) in enumerate(exp.impl_pairs()):
+        for j, impl in enumerate((a, b)):
+            p = _kernel_problem(f"{base}.pairs[{i}][{j}]", impl, "int8")
+            if p:
+                problems.append(p)
+        if a.name == b.name:
+            problems.append(f"{base}.pairs[{i}]: both sides are {a.name!r}; give one a distinct `label`")
+    if exp.model != "tiny-qwen3" and not (Path(exp.model) / "config.json").is_file():
+        problems.append(f"{base}.model: {exp.model!r} is neither 'tiny-qwen3' nor a directory with a config.json")
+    if isinstance(exp.prompts, FilePrompts):
+        from orchestrator.plan import read_prompt_file
+
+        try:
+            read_prompt_file(exp.prompts.file)
+        except FileNotFoundError:
+            problems.append(f"{base}.prompts.file: {exp.prompts.file!r} not found")
+        except (ValueError, OSError) as exc:
+            problems.append(f"{base}.prompts.file: {exc}")
+    return problems
 
 
 def _kdepth_problems(where: tuple[Any, ...], exp: KdepthExperiment) -> list[str]:

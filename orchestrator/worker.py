@@ -17,8 +17,9 @@ from typing import Any
 from orchestrator.plan import canonical_json
 from storage.store import ResultStore, utcnow
 
-#: Task kind -> "module:function" computing a unit's rows: fn(params) -> {table: rows}.
-TASK_FUNCTIONS = {"kdepth": "tasks.kdepth:run"}
+#: Task kind -> "module:function" computing a unit's rows: fn(params, context) -> {table: rows}, where
+#: context names the results root, sweep and unit id (for units that also write artifacts).
+TASK_FUNCTIONS = {"kdepth": "tasks.kdepth:run", "replay": "tasks.replay:run"}
 
 
 def _version() -> str:
@@ -50,7 +51,8 @@ def execute_unit(payload: dict[str, Any], results: str, sweep: str, spec_sha256:
     rows = 0
     error = None
     try:
-        produced = _task_function(payload["kind"])(payload["params"])
+        context = {"results": results, "sweep": sweep, "unit_id": unit_id}
+        produced = _task_function(payload["kind"])(payload["params"], context)
         for table, table_rows in produced.items():
             rows += store.write(table, sweep, unit_id, [{"unit_id": unit_id, "experiment": payload["experiment"], **r} for r in table_rows])
             tables.append(table)

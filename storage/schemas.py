@@ -45,6 +45,81 @@ KDEPTH = pa.schema(
     ]
 )
 
+_COMPARE = [
+    ("elements", pa.int64()),
+    ("differing", pa.int64()),
+    ("frac_differing", pa.float64()),
+    ("max_spacing", pa.int64()),
+    ("max_spacing_significant", pa.int64()),
+    ("hist_0", pa.int64()),
+    ("hist_1", pa.int64()),
+    ("hist_2", pa.int64()),
+    ("hist_gt2", pa.int64()),
+    ("nonfinite_mismatch", pa.int64()),
+    ("max_abs_error", pa.float64()),
+    ("worst_row", pa.int32()),
+    ("worst_col", pa.int32()),
+    ("worst_a", pa.float64()),
+    ("worst_b", pa.float64()),
+]
+
+REPLAY = pa.schema(
+    [
+        ("unit_id", pa.string()),
+        ("experiment", pa.string()),
+        ("model", pa.string()),
+        ("layer", pa.string()),
+        ("layer_index", pa.int32()),
+        ("layer_type", pa.string()),
+        ("scale_mode", pa.string()),
+        ("comparison", pa.string()),
+        ("impl_a", pa.string()),
+        ("impl_b", pa.string()),
+        ("m", pa.int32()),
+        ("n", pa.int32()),
+        ("k", pa.int32()),
+        *_COMPARE,
+        ("bitwise_equal", pa.bool_()),
+        ("accumulators_equal", pa.bool_()),
+        ("accumulators_exact", pa.bool_()),
+        ("accumulator_check", pa.string()),
+        ("max_abs_accumulator", pa.int64()),
+    ]
+)
+
+CAPTURES = pa.schema(
+    [
+        ("unit_id", pa.string()),
+        ("experiment", pa.string()),
+        ("model", pa.string()),
+        ("layer", pa.string()),
+        ("layer_index", pa.int32()),
+        ("layer_type", pa.string()),
+        ("m", pa.int32()),
+        ("n", pa.int32()),
+        ("k", pa.int32()),
+        ("x_dtype", pa.string()),
+        ("out_dtype", pa.string()),
+        ("x_scale_layout", pa.string()),
+        ("w_scale_layout", pa.string()),
+        ("has_bias", pa.bool_()),
+        ("capture_kernel", pa.string()),
+        ("kernel_calls", pa.int64()),
+        ("file", pa.string()),
+    ]
+)
+
+PREREGISTRATIONS = pa.schema(
+    [
+        ("path", pa.string()),
+        ("sha256", pa.string()),
+        ("amends", pa.string()),
+        ("registered_at", pa.timestamp("us", tz="UTC")),
+        ("results_existed", pa.bool_()),
+        ("text", pa.string()),
+    ]
+)
+
 UNITS = pa.schema(
     [
         ("unit_id", pa.string()),
@@ -97,4 +172,12 @@ LAUNCHES = pa.schema(
     ]
 )
 
-TABLES: dict[str, pa.Schema] = {"kdepth": KDEPTH, "units": UNITS, "sweeps": SWEEPS, "launches": LAUNCHES}
+TABLES: dict[str, pa.Schema] = {
+    "kdepth": KDEPTH,
+    "replay": REPLAY,
+    "captures": CAPTURES,
+    "preregistrations": PREREGISTRATIONS,
+    "units": UNITS,
+    "sweeps": SWEEPS,
+    "launches": LAUNCHES,
+}

@@ -106,7 +106,7 @@ def compare(out_a: torch.Tensor, out_b: torch.Tensor, fmt: Any) -> dict[str, Any
     }
 
 
-def run(params: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+def run(params: dict[str, Any], context: dict[str, Any] | None = None) -> dict[str, list[dict[str, Any]]]:
     """Compute one unit's rows: every pair of implementations, and each against the reference."""
     from tasks.kernels import get_kernel
     from tasks.numerics import get_format

@@ -104,3 +104,91 @@ def units(
 
         _results_dir(results)
         emit_rows(run_named(results, "unit_status", sweep=sweep).to_pylist(), fmt, title="units")
+
+
+@app.command("replay")
+def replay(
+    results: Path = typer.Option(Path(DEFAULT_RESULTS), "--results", help=RESULTS_HELP),
+    sweep: str = typer.Option(None, "--sweep", help="Only this sweep (default: all)."),
+    fmt: Format = typer.Option(Format.table, "--format", help="table, json, csv or markdown."),
+    by: str = typer.Option("both", "--by", help="type, layer or both (tables); JSON is always per layer."),
+) -> None:
+    """Per-layer operand replay: bitwise agreement of each kernel pair on identical captured operands.
+
+    Per layer type: how many layers are bit-identical, the differing fraction and the largest
+    distance in output spacings; per layer: the same plus the integer alibi (the int32 accumulators
+    of both kernels agree). `capture` rows check that the capture kernel reproduces the model's own
+    outputs from the saved operands.
+
+    Example: swapcheck report replay --results results --format json
+    """
+    with user_errors():
+        from orchestrator.errors import UsageError
+        from storage.catalog import run_named
+
+        _results_dir(results)
+        if by not in ("type", "layer", "both"):
+            raise UsageError(f"--by {by!r}: allowed: type, layer, both")
+        per_layer = run_named(results, "replay_by_layer", sweep=sweep).to_pylist()
+        if fmt in (Format.json, Format.csv):
+            emit_rows(per_layer, fmt)
+            return
+        if not per_layer:
+            out.print("no replay results yet")
+            return
+        if by in ("type", "both"):
+            rows = run_named(results, "replay_by_type", sweep=sweep).to_pylist()
+            emit_rows([{"pair": f"{r['impl_a']} vs {r['impl_b']}", "scales": r["scale_mode"], "type": r["layer_type"],
+                        "identical": f"{r['identical_layers']}/{r['layers']} layers", "outputs": r["elements"],
+                        "differing": r["differing"], "ppm": round(1e6 * r["frac_differing"], 3),
+                        "max sp": r["max_spacing"],
+                        "acc equal": "" if r["accumulators_equal"] is None else ("yes" if r["accumulators_equal"] else "NO")}
+                       for r in rows], fmt, title="replay by layer type")
+        if by in ("layer", "both"):
+            emit_rows([{"pair": f"{r['impl_a']} vs {r['impl_b']}", "scales": r["scale_mode"], "layer": r["layer"],
+                        "outputs": r["elements"], "differing": r["differing"], "max sp": r["max_spacing"],
+                        "identical": "yes" if r["bitwise_equal"] else "no",
+                        "acc equal": "" if r["accumulators_equal"] is None else ("yes" if r["accumulators_equal"] else "NO")}
+                       for r in per_layer], fmt, title="replay by layer")
+
+
+@app.command("predictions")
+def predictions(
+    results: Path = typer.Option(Path(DEFAULT_RESULTS), "--results", help=RESULTS_HELP),
+    sweep: str = typer.Option(None, "--sweep", help="Only this sweep (default: every sweep with predictions)."),
+    fmt: Format = typer.Option(Format.table, "--format", help="table, json, csv or markdown."),
+) -> None:
+    """Score the pre-registered predictions against the results: confirmed or refuted, with support.
+
+    Each prediction was hashed into the sweep before any unit ran; amended predictions are marked,
+    and so are amendments registered after results existed. A registered file edited on disk after
+    registration is reported and makes the command exit 1 (the registered text is what is scored).
+
+    Example: swapcheck report predictions --results results --format json
+    """
+    with user_errors():
+        from orchestrator import prereg
+        from storage.store import ResultStore
+
+        _results_dir(results)
+        store = ResultStore(results)
+        sweeps = [sweep] if sweep else store.sweeps()
+        rows = [r for s in sweeps for r in prereg.score(results, store, s)]
+        edited = sorted({r["file"] for r in rows if r["file_edited_after_registration"]})
+        if fmt in (Format.json, Format.csv):
+            emit_rows(rows, fmt)
+        elif not rows:
+            out.print("no pre-registered predictions")
+        else:
+            emit_rows([{"sweep": r["sweep"], "prediction": r["prediction"],
+                        "status": r["status"].upper(),
+                        "support": f"{r['support']} {r['noun']}" if r["noun"] else r["support"],
+                        "measured": r["measured"], "counterexample": r["counterexample"] or "",
+                        "amended": ("after results" if r["amended_after_results"] else "yes") if r["amended"] else ""}
+                       for r in rows], fmt, title="pre-registered predictions")
+        if edited:
+            from orchestrator.cli.common import err
+
+            err.print(f"[bold red]error:[/] registered prediction file(s) edited after registration: {', '.join(edited)}; "
+                      "the registered text was scored. Restore them and put changes in an amendment file.")
+            raise typer.Exit(1)

@@ -1,0 +1,136 @@
+"""The ``replay`` task: capture every W8A8 layer's operands in a real forward pass, replay them.
+
+One unit builds the CPU W8A8 model (``tasks.models``) with the capture kernel, runs the prompts
+through it once while recording each linear layer's exact operands (``x_q``, ``x_scale``, ``w_q``,
+``w_scale``, bias) and output, saves them to one safetensors file, and then feeds each layer's
+operands to both kernels of every pair:
+
+* ``real`` scales: the operands exactly as captured;
+* ``pow2`` scales: the same integer operands with both scales rounded up to powers of two (the
+  paper's intervention): every multiplication by a scale is then exact, so any two correct INT8
+  kernels must agree bit for bit.
+
+Each layer also gets a ``capture`` row comparing the captured output with the capture kernel's
+replay of the captured operands: it must be identical, which shows that replay measures the kernels
+and nothing else. The "integer alibi" columns run each kernel with unit scales and fp32 output: the
+accumulators of two correct INT8 kernels agree exactly below the no-overflow bound.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tasks.kdepth import OUT_DTYPES, compare
+
+#: fp32 holds every integer up to 2**24 exactly: below it the unit-scale output *is* the accumulator.
+FP32_EXACT_INT = 2**24
+
+
+def pow2_up(s: torch.Tensor) -> torch.Tensor:
+    """Scales rounded up to powers of two (so quantized values never saturate)."""
+    return torch.exp2(torch.ceil(torch.log2(s.double()))).float()
+
+
+def _scales(layer: Any, mode: str) -> tuple[torch.Tensor, torch.Tensor]:
+    sa, sb = layer.x_scale.float().reshape(-1, 1), layer.w_scale.float().reshape(-1)
+    if mode == "pow2":
+        return pow2_up(sa), pow2_up(sb)
+    return sa, sb
+
+
+def accumulator_rows(kernels: dict[str, Any], layer: Any) -> dict[str, Any]:
+    """Each kernel's int32 accumulator, read through unit scales and fp32 output, vs the exact one."""
+    a, b = layer.x_q, layer.w_q.t()
+    m, n = a.shape[0], b.shape[1]
+    exact = a.to(torch.float64) @ b.to(torch.float64)
+    peak = int(exact.abs().max().item()) if exact.numel() else 0
+    ones_a, ones_b = torch.ones(m, 1), torch.ones(n)
+    accs = [k(a, b, ones_a, ones_b, torch.float32, None) for k in kernels.values()]
+    equal = all(torch.equal(accs[0], x) for x in accs[1:])
+    exact_ok = all(torch.equal(x.double(), exact) for x in accs) if peak <= FP32_EXACT_INT else None
+    return {
+        "accumulators_equal": equal,
+        "accumulators_exact": exact_ok,
+        "accumulator_check": "exact" if peak <= FP32_EXACT_INT else "fp32-rounded",
+        "max_abs_accumulator": peak,
+    }
+
+
+def replay_layers(layers: list[Any], capture_kernel: dict[str, Any], pairs: list[list[dict[str, Any]]],
+                  scale_modes: list[str], out_dtype: str) -> list[dict[str, Any]]:
+    """Rows of the ``replay`` table for captured layers (see docs/schema.md)."""
+    from tasks.kernels import get_kernel
+    from tasks.numerics import get_format
+
+    dtype = OUT_DTYPES[out_dtype]
+    fmt = get_format(dtype)
+    cap = get_kernel(capture_kernel["kernel"], **capture_kernel["params"])
+    rows: list[dict[str, Any]] = []
+    for layer in layers:
+        a, b = layer.x_q, layer.w_q.t()
+        base = {"layer": layer.name, "layer_index": layer.index, "layer_type": layer.layer_type,
+                "m": a.shape[0], "n": b.shape[1], "k": a.shape[1]}
+        # Replaying through the kernel the model ran with must reproduce the captured output.
+        cap_fmt = get_format(layer.output.dtype)
+        again = cap(a, b, layer.x_scale, layer.w_scale, layer.output.dtype, layer.bias)
+        stats = compare(layer.output.reshape(again.shape), again, cap_fmt)
+        rows.append({**base, "scale_mode": "real", "comparison": "capture", "impl_a": "captured-output",
+                     "impl_b": capture_kernel["name"], **stats, "bitwise_equal": stats["differing"] == 0,
+                     "accumulators_equal": None, "accumulators_exact": None, "accumulator_check": None,
+                     "max_abs_accumulator": None})
+        bias = layer.bias.to(dtype) if layer.bias is not None else None
+        for pa, pb in pairs:
+            ka = get_kernel(pa["kernel"], **pa["params"])
+            kb = get_kernel(pb["kernel"], **pb["params"])
+            alibi = accumulator_rows({pa["name"]: ka, pb["name"]: kb}, layer)
+            for mode in scale_modes:
+                sa, sb = _scales(layer, mode)
+                oa = ka(a, b, sa, sb, dtype, bias)
+                ob = kb(a, b, sa, sb, dtype, bias)
+                stats = compare(oa, ob, fmt)
+                rows.append({**base, "scale_mode": mode, "comparison": "pair", "impl_a": pa["name"],
+                             "impl_b": pb["name"], **stats, "bitwise_equal": stats["differing"] == 0, **alibi})
+    return rows
+
+
+def synthetic_prompts(count: int, length: int, seed: int, vocab_size: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab_size, (count, length), generator=g).tolist()
+
+
+def artifact_dir(results: str, sweep: str, unit_id: str) -> Path:
+    return Path(results) / "_artifacts" / f"sweep={sweep}" / unit_id
+
+
+def run(params: dict[str, Any], context: dict[str, Any] | None = None) -> dict[str, list[dict[str, Any]]]:
+    """Capture, save, reload and replay; rows for the ``replay`` and ``captures`` tables."""
+    from tasks.models import build_model, capture_manifest, load_capture, save_capture
+
+    model = build_model(params["model"], kernel=params["capture_kernel"]["kernel"], scales="real",
+                        seed=params["model_seed"])
+    if "tokens" in params["prompts"]:
+        prompts = params["prompts"]["tokens"]
+    else:
+        p = params["prompts"]["synthetic"]
+        prompts = synthetic_prompts(p["count"], p["length"], p["seed"], model.vocab_size)
+    cap = model.capture(prompts)
+    ctx = context or {}
+    if ctx.get("results"):
+        out_dir = artifact_dir(ctx["results"], ctx["sweep"], ctx["unit_id"])
+        out_dir.mkdir(parents=True, exist_ok=True)
+        path = out_dir / "capture.safetensors"
+        tmp = out_dir / f".capture.{os.getpid()}.tmp"
+        save_capture(cap, tmp)
+        os.replace(tmp, path)
+        layers = load_capture(path)  # replay what was saved, so the file is the evidence
+        rel = str(path.relative_to(ctx["results"]))
+    else:
+        layers, rel = list(cap), None
+    manifest = [{**row, "model": params["model"], "capture_kernel": params["capture_kernel"]["name"], "file": rel}
+                for row in capture_manifest(cap)]
+    rows = replay_layers(layers, params["capture_kernel"], params["pairs"], params["scale_modes"], params["out_dtype"])
+    return {"replay": [{**r, "model": params["model"]} for r in rows], "captures": manifest}
