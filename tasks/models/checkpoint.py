@@ -1,0 +1,243 @@
+"""Where the engine's weights come from: the seeded ``tiny-qwen3`` model or a local checkpoint.
+
+* :func:`tiny_qwen3_float` builds the float32 ``tiny-qwen3`` (a ``transformers``
+  ``Qwen3ForCausalLM``; config :data:`TINY_QWEN3`) with weights drawn deterministically from the
+  seed: every parameter from its own ``torch.Generator`` seeded by ``sha256(("tiny-qwen3", seed,
+  parameter name))``, so the weights depend on the seed and the name only (not on the global RNG,
+  the parameter order or the transformers version's own init).
+* :func:`read_checkpoint` reads a local checkpoint directory: ``config.json`` plus every
+  ``*.safetensors`` file in it.  A ``quantization_config`` with ``quant_method ==
+  "compressed-tensors"`` is checked to be W8A8 INT8 (8-bit symmetric int weights per channel or
+  per tensor; 8-bit symmetric dynamic per-token int activations) and its int8 ``weight`` +
+  ``weight_scale`` tensors are used as they are.  Anything else with a ``quantization_config`` is
+  refused; a checkpoint without one is a plain float checkpoint, quantized on load.
+* :func:`save_compressed` writes a :class:`~tasks.models.W8A8Model` as a compressed-tensors W8A8
+  INT8 checkpoint (``config.json`` with ``quantization_config``, ``model.safetensors`` with int8
+  ``weight`` ``[N, K]`` and fp32 ``weight_scale`` ``[N, 1]`` per decoder linear, everything else
+  in fp32), which :func:`read_checkpoint` loads back bit for bit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from .engine import W8A8Model
+
+__all__ = [
+    "TINY_QWEN3",
+    "INIT_STD",
+    "Checkpoint",
+    "tiny_qwen3_config",
+    "tiny_qwen3_float",
+    "read_checkpoint",
+    "save_compressed",
+    "COMPRESSED_TENSORS_W8A8",
+]
+
+#: The ``tiny-qwen3`` architecture (transformers ``Qwen3Config`` keyword arguments).  4 decoder
+#: layers x 7 linears = 28 W8A8 layers.
+TINY_QWEN3: dict[str, Any] = {
+    "vocab_size": 1024,
+    "hidden_size": 128,
+    "intermediate_size": 384,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "hidden_act": "silu",
+    "max_position_embeddings": 1024,
+    "rms_norm_eps": 1e-6,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+    "attention_bias": False,
+    "tie_word_embeddings": False,
+    "pad_token_id": 0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "use_sliding_window": False,
+}
+
+#: Standard deviations of the seeded init, by parameter kind.  Norm weights are ``1 + std * z``.
+INIT_STD = {"embed": 1.0, "linear": 0.08, "lm_head": 0.1, "norm": 0.1}
+
+#: The ``quantization_config`` :func:`save_compressed` writes (llm-compressor's W8A8 INT8 scheme).
+COMPRESSED_TENSORS_W8A8: dict[str, Any] = {
+    "quant_method": "compressed-tensors",
+    "format": "int-quantized",
+    "quantization_status": "compressed",
+    "config_groups": {
+        "group_0": {
+            "targets": ["Linear"],
+            "weights": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel", "dynamic": False},
+            "input_activations": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "token", "dynamic": True},
+        }
+    },
+    "ignore": ["lm_head"],
+}
+
+
+def _stable_seed(*parts: Any) -> int:
+    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "little") & (2**63 - 1)
+
+
+def tiny_qwen3_config(**overrides: Any) -> Any:
+    """The ``tiny-qwen3`` ``Qwen3Config`` (:data:`TINY_QWEN3`, updated by ``overrides``)."""
+    from transformers import Qwen3Config
+
+    unknown = sorted(set(overrides) - set(Qwen3Config().to_dict()))
+    if unknown:
+        raise ValueError(f"unknown Qwen3Config field(s) in overrides: {', '.join(unknown)}")
+    return Qwen3Config(**{**TINY_QWEN3, **overrides})
+
+
+def _build_float(config: Any) -> Any:
+    """A float32 causal LM for ``config`` with eager attention; the global RNG is left untouched."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.random.fork_rng(devices=[]):
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32)
+    return model.eval()
+
+
+def _init_kind(name: str) -> str:
+    if name.endswith("norm.weight"):
+        return "norm"
+    if "embed_tokens" in name:
+        return "embed"
+    if name.startswith("lm_head"):
+        return "lm_head"
+    return "linear"
+
+
+def tiny_qwen3_float(seed: int = 0, **overrides: Any) -> Any:
+    """The float32 ``tiny-qwen3`` ``Qwen3ForCausalLM`` with seeded weights (module docstring).
+
+    Linear weights and biases ~ N(0, 0.08²), embeddings ~ N(0, 1), lm_head ~ N(0, 0.1²), RMSNorm
+    weights ~ 1 + N(0, 0.1²) (:data:`INIT_STD`).
+    """
+    model = _build_float(tiny_qwen3_config(**overrides))
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            g = torch.Generator().manual_seed(_stable_seed("tiny-qwen3", seed, name))
+            kind = _init_kind(name)
+            z = torch.randn(p.shape, generator=g, dtype=torch.float32)
+            p.copy_(1.0 + INIT_STD[kind] * z if kind == "norm" else INIT_STD[kind] * z)
+    return model
+
+
+@dataclass
+class Checkpoint:
+    """A checkpoint read from disk: ``config`` (transformers config, ``quantization_config``
+    removed), ``tensors`` (name -> tensor, every safetensors file merged), ``quantized`` (a
+    compressed-tensors W8A8 INT8 checkpoint?), ``path`` and ``notes``."""
+
+    path: Path
+    config: Any
+    tensors: dict[str, torch.Tensor]
+    quantized: bool
+    quantization_config: dict[str, Any] | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def _check_compressed_tensors(qc: dict[str, Any], where: Path) -> None:
+    def bad(msg: str) -> ValueError:
+        return ValueError(f"{where / 'config.json'}: quantization_config: {msg}")
+
+    if qc.get("quant_method") != "compressed-tensors":
+        raise bad(
+            f"quant_method {qc.get('quant_method')!r} is not supported; allowed: 'compressed-tensors' "
+            "(W8A8 INT8), or no quantization_config (a float checkpoint, quantized on load)"
+        )
+    fmt = qc.get("format")
+    if fmt not in (None, "int-quantized", "naive-quantized"):
+        raise bad(f"format {fmt!r} is not supported; allowed: 'int-quantized', 'naive-quantized'")
+    groups = qc.get("config_groups") or {}
+    if not groups:
+        raise bad("config_groups is empty; a W8A8 INT8 scheme is required")
+    for gname, group in groups.items():
+        w = group.get("weights") or {}
+        a = group.get("input_activations")
+        path = f"config_groups.{gname}"
+        if w.get("num_bits") != 8 or w.get("type", "int") != "int" or not w.get("symmetric", True):
+            raise bad(f"{path}.weights must be 8-bit symmetric int, got {w}")
+        if w.get("strategy") not in ("channel", "tensor"):
+            raise bad(f"{path}.weights.strategy must be 'channel' or 'tensor', got {w.get('strategy')!r}")
+        if not a:
+            raise bad(f"{path}.input_activations is missing: only W8A8 (int8 activations) is supported")
+        if a.get("num_bits") != 8 or a.get("type", "int") != "int" or not a.get("symmetric", True):
+            raise bad(f"{path}.input_activations must be 8-bit symmetric int, got {a}")
+        if not a.get("dynamic") or a.get("strategy") != "token":
+            raise bad(
+                f"{path}.input_activations must be dynamic per-token (strategy 'token', dynamic true); "
+                f"got strategy {a.get('strategy')!r}, dynamic {a.get('dynamic')!r}"
+            )
+
+
+def read_checkpoint(path: str | Path) -> Checkpoint:
+    """Read ``config.json`` and every ``*.safetensors`` of the directory ``path`` (module docstring)."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    root = Path(path)
+    if not root.is_dir():
+        raise ValueError(
+            f"model {str(path)!r} is neither 'tiny-qwen3' nor a checkpoint directory "
+            "(a directory with config.json and *.safetensors)"
+        )
+    cfg_path = root / "config.json"
+    if not cfg_path.is_file():
+        raise ValueError(f"{root}: no config.json (a checkpoint directory needs config.json and *.safetensors)")
+    cfg = json.loads(cfg_path.read_text())
+    files = sorted(root.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{root}: no *.safetensors files")
+    qc = cfg.pop("quantization_config", None)
+    if qc is not None:
+        _check_compressed_tensors(qc, root)
+    model_type = cfg.pop("model_type", None)
+    if not model_type:
+        raise ValueError(f"{cfg_path}: model_type is missing")
+    for key in ("transformers_version", "_name_or_path", "architectures"):
+        cfg.pop(key, None)
+    config = AutoConfig.for_model(model_type, **cfg)
+    tensors: dict[str, torch.Tensor] = {}
+    for f in files:
+        for name, t in load_file(str(f)).items():
+            if name in tensors:
+                raise ValueError(f"{root}: tensor {name!r} appears in more than one safetensors file")
+            tensors[name] = t
+    return Checkpoint(root, config, tensors, qc is not None, qc)
+
+
+def save_compressed(model: W8A8Model, path: str | Path) -> Path:
+    """Write ``model`` as a compressed-tensors W8A8 INT8 checkpoint directory (module docstring)."""
+    from safetensors.torch import save_file
+
+    root = Path(path)
+    root.mkdir(parents=True, exist_ok=True)
+    linears = model.linears()
+    prefixes = {f"model.{name}." for name in linears}
+    tensors: dict[str, torch.Tensor] = {}
+    for name, t in model.hf.state_dict().items():
+        if any(name.startswith(p) for p in prefixes):
+            continue
+        tensors[name] = t.detach().to(torch.float32).contiguous().clone()
+    for name, lin in linears.items():
+        tensors[f"model.{name}.weight"] = lin.weight.contiguous().clone()
+        tensors[f"model.{name}.weight_scale"] = lin.weight_scale.reshape(-1, 1).contiguous().clone()
+        if lin.bias is not None:
+            tensors[f"model.{name}.bias"] = lin.bias.to(torch.float32).contiguous().clone()
+    if model.hf.config.tie_word_embeddings:
+        tensors.pop("lm_head.weight", None)
+    save_file(tensors, str(root / "model.safetensors"), metadata={"format": "pt"})
+    cfg = model.hf.config.to_dict()
+    cfg["quantization_config"] = json.loads(json.dumps(COMPRESSED_TENSORS_W8A8))
+    cfg.pop("_attn_implementation_autoset", None)
+    (root / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True, default=str) + "\n")
+    return root

@@ -1,0 +1,123 @@
+"""Per-position predictions: what greedy generation and teacher-forced scoring return.
+
+Both results hold, per sequence and position, the top-k token ids in order (largest logit first;
+equal logits by lower token id first, so ``topk_ids[..][0]`` is ``argmax``, the first maximal id),
+their fp32 logits, and the top-1/top-2 margin ``float64(l1) - float64(l2)`` (exact for fp32 logits of
+similar magnitude; 0.0 at an exact tie).  ``rows()`` flattens them to one dict per position, the
+shape the ``generate`` and ``teacher_forced`` tasks write.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = ["GenerationResult", "ScoreResult", "predict", "sequence_hash"]
+
+
+def sequence_hash(tokens: list[int]) -> str:
+    """sha256 (hex) of a token list's canonical JSON: equal hashes <=> equal token sequences."""
+    return hashlib.sha256(json.dumps([int(t) for t in tokens]).encode()).hexdigest()
+
+
+def predict(logits: torch.Tensor, top_k: int) -> tuple[list[int], list[list[int]], list[list[float]], list[float]]:
+    """``(argmax, topk_ids, topk_logits, margins)`` for logits ``[P, V]`` (one entry per row).
+
+    Sorted with a stable descending sort, so ties keep the lower token id first (module docstring).
+    """
+    if logits.dim() != 2:
+        raise ValueError(f"predict takes [P, V] logits, got shape {tuple(logits.shape)}")
+    vocab = int(logits.shape[1])
+    if not 1 <= top_k <= vocab:
+        raise ValueError(f"top_k must be between 1 and the vocabulary size {vocab}, got {top_k}")
+    values, ids = torch.sort(logits.to(torch.float32), dim=-1, descending=True, stable=True)
+    v64 = values[:, :2].to(torch.float64)
+    margins = (v64[:, 0] - v64[:, 1]) if vocab >= 2 else torch.full_like(v64[:, 0], float("inf"))
+    return (
+        ids[:, 0].tolist(),
+        ids[:, :top_k].tolist(),
+        values[:, :top_k].tolist(),
+        margins.tolist(),
+    )
+
+
+@dataclass
+class GenerationResult:
+    """Greedy generation of one batch.
+
+    ``tokens[b][t]`` is the token chosen at generated position ``t`` of prompt ``b`` (always
+    ``max_new_tokens`` of them: end-of-sequence tokens do not stop generation, so arms stay
+    comparable position by position); ``topk_ids``/``topk_logits`` ``[b][t][k]``; ``margins[b][t]``.
+    """
+
+    prompts: list[list[int]]
+    tokens: list[list[int]]
+    topk_ids: list[list[list[int]]]
+    topk_logits: list[list[list[float]]]
+    margins: list[list[float]]
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def sequences(self) -> list[list[int]]:
+        """Prompt + generated tokens, per prompt (what ``score`` takes for teacher forcing)."""
+        return [list(p) + list(t) for p, t in zip(self.prompts, self.tokens, strict=True)]
+
+    def sequence_hashes(self) -> list[str]:
+        """:func:`sequence_hash` of each generated continuation (prompt excluded)."""
+        return [sequence_hash(t) for t in self.tokens]
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One dict per (sequence, generated position)."""
+        out = []
+        for b, toks in enumerate(self.tokens):
+            for t, tok in enumerate(toks):
+                out.append({
+                    "sequence": b,
+                    "position": t,
+                    "prompt_len": len(self.prompts[b]),
+                    "token": tok,
+                    "topk_ids": self.topk_ids[b][t],
+                    "topk_logits": self.topk_logits[b][t],
+                    "margin": self.margins[b][t],
+                })
+        return out
+
+
+@dataclass
+class ScoreResult:
+    """Teacher-forced scores: one forward pass per sequence, every position scored.
+
+    Position ``i`` of sequence ``s`` is the prediction after reading ``sequences[s][: i + 1]``:
+    ``argmax[s][i]``, ``topk_ids``/``topk_logits`` ``[s][i][k]``, ``margins[s][i]``;
+    ``targets[s][i]`` is the token that follows (``sequences[s][i + 1]``, -1 at the last
+    position) and ``target_logits[s][i]`` its logit (NaN at the last position).
+    """
+
+    sequences: list[list[int]]
+    argmax: list[list[int]]
+    topk_ids: list[list[list[int]]]
+    topk_logits: list[list[list[float]]]
+    margins: list[list[float]]
+    targets: list[list[int]]
+    target_logits: list[list[float]]
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One dict per (sequence, position)."""
+        out = []
+        for s, am in enumerate(self.argmax):
+            for i, a in enumerate(am):
+                out.append({
+                    "sequence": s,
+                    "position": i,
+                    "argmax": a,
+                    "target": self.targets[s][i],
+                    "target_logit": self.target_logits[s][i],
+                    "topk_ids": self.topk_ids[s][i],
+                    "topk_logits": self.topk_logits[s][i],
+                    "margin": self.margins[s][i],
+                })
+        return out
