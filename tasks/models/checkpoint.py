@@ -96,12 +96,21 @@ def tiny_qwen3_config(**overrides: Any) -> Any:
     return Qwen3Config(**{**TINY_QWEN3, **overrides})
 
 
-def _build_float(config: Any) -> Any:
-    """A float32 causal LM for ``config`` with eager attention; the global RNG is left untouched."""
+def _build_float(config: Any, reductions: str = "fp64") -> Any:
+    """A float32 causal LM for ``config``; ``reductions`` "fp64" (attention and lm_head in float64,
+    :mod:`.invariance`; default) or "fp32" (transformers' own).  The global RNG is left untouched."""
     from transformers import AutoModelForCausalLM
 
+    from . import invariance
+
+    if reductions not in invariance.REDUCTIONS:
+        raise ValueError(f"reductions must be one of {', '.join(invariance.REDUCTIONS)}; got {reductions!r}")
+    invariance.register()
     with torch.random.fork_rng(devices=[]):
-        model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(
+            config, attn_implementation=invariance.REDUCTIONS[reductions], dtype=torch.float32
+        )
+    invariance.apply(model, reductions)
     return model.eval()
 
 
@@ -115,13 +124,13 @@ def _init_kind(name: str) -> str:
     return "linear"
 
 
-def tiny_qwen3_float(seed: int = 0, **overrides: Any) -> Any:
+def tiny_qwen3_float(seed: int = 0, reductions: str = "fp64", **overrides: Any) -> Any:
     """The float32 ``tiny-qwen3`` ``Qwen3ForCausalLM`` with seeded weights (module docstring).
 
     Linear weights and biases ~ N(0, 0.08²), embeddings ~ N(0, 1), lm_head ~ N(0, 0.1²), RMSNorm
-    weights ~ 1 + N(0, 0.1²) (:data:`INIT_STD`).
+    weights ~ 1 + N(0, 0.1²) (:data:`INIT_STD`).  ``reductions``: see :mod:`.invariance`.
     """
-    model = _build_float(tiny_qwen3_config(**overrides))
+    model = _build_float(tiny_qwen3_config(**overrides), reductions)
     with torch.no_grad():
         for name, p in sorted(model.named_parameters()):
             g = torch.Generator().manual_seed(_stable_seed("tiny-qwen3", seed, name))

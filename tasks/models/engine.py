@@ -3,8 +3,9 @@
 A ``transformers`` causal LM (Qwen3 architecture for ``tiny-qwen3``; any checkpoint whose decoder
 layers have ``self_attn.{q,k,v,o}_proj`` and ``mlp.{gate,up,down}_proj``) in which those seven
 linears of every decoder layer are :class:`~tasks.models.W8A8Linear` (int8 weights, per-token
-int8 activations, the GEMM through a registry kernel).  Embeddings, RMSNorms, rotary embeddings,
-attention (eager: explicit matmul + softmax), SiLU, residual adds and ``lm_head`` run in fp32.
+int8 activations, the GEMM through a registry kernel).  Embeddings, RMSNorms, rotary embeddings, SiLU
+and residual adds run in fp32; attention and ``lm_head`` run in float64 and are rounded once to fp32
+(:mod:`tasks.models.invariance` says why: prefill, decode and padded runs then agree bit for bit).
 
 Dtype between layers: **fp32**.  Each W8A8 GEMM writes its output in ``out_dtype`` (bf16 by
 default, as a bf16 vLLM model's linears do) and the engine up-casts it exactly to fp32, so the
@@ -85,6 +86,7 @@ class W8A8Model:
         seed: int,
         out_dtype: torch.dtype,
         threads: int | None,
+        reductions: str = "fp64",
         notes: list[str] | None = None,
     ) -> None:
         self.hf = hf.eval()
@@ -95,6 +97,7 @@ class W8A8Model:
         self.seed = seed
         self.out_dtype = out_dtype
         self.threads = threads
+        self.reductions = reductions
         self.notes = list(notes or [])
         self._linears: dict[str, W8A8Linear] = {
             m.name: m for m in hf.modules() if isinstance(m, W8A8Linear)
@@ -159,6 +162,7 @@ class W8A8Model:
             "seed": self.seed,
             "out_dtype": str(self.out_dtype).removeprefix("torch."),
             "activation_dtype": "float32",
+            "reductions": self.reductions,
             "threads": self.threads,
             "weights_sha256": self.weights_sha256(),
             "torch": torch.__version__,
@@ -294,9 +298,9 @@ class W8A8Model:
         )
 
 
-def _from_checkpoint(ck: Checkpoint, make: Any, scales: str) -> tuple[Any, list[str]]:
+def _from_checkpoint(ck: Checkpoint, make: Any, scales: str, reductions: str) -> tuple[Any, list[str]]:
     """Build the float model for ``ck``, load its non-linear tensors, install W8A8 linears."""
-    hf = _build_float(ck.config)
+    hf = _build_float(ck.config, reductions)
     notes: list[str] = []
     consumed: set[str] = set()
     prefixes = tuple(f"model.layers.{i}.{p}." for i in range(len(_decoder_layers(hf))) for p in PROJECTIONS)
@@ -377,6 +381,7 @@ def build_model(
     seed: int = 0,
     out_dtype: str = "bf16",
     threads: int | None = 1,
+    reductions: str = "fp64",
     overrides: dict[str, Any] | None = None,
 ) -> W8A8Model:
     """Build the W8A8 engine.
@@ -393,6 +398,9 @@ def build_model(
         seed: the weight seed of ``tiny-qwen3`` (recorded, unused, for a checkpoint).
         out_dtype: the GEMM output dtype, ``"bf16"`` (default), ``"fp16"`` or ``"fp32"``.
         threads: torch intra-op threads while the model runs (None: leave torch's setting).
+        reductions: ``"fp64"`` (default: attention and lm_head in float64, rounded once to fp32, so
+            prefill, decode and padded runs agree bit for bit; :mod:`tasks.models.invariance`) or
+            ``"fp32"`` (transformers' eager fp32 attention and lm_head).
         overrides: ``Qwen3Config`` fields changed from the tiny config (``tiny-qwen3`` only),
             e.g. ``{"attention_bias": True}`` or ``{"num_hidden_layers": 2}``.
     """
@@ -409,7 +417,7 @@ def build_model(
                           layer_type=PROJECTIONS[path])
 
     if model == TINY_MODEL:
-        hf = tiny_qwen3_float(seed, **(overrides or {}))
+        hf = tiny_qwen3_float(seed, reductions, **(overrides or {}))
 
         def from_float(i: int, path: str, name: str, old: Any) -> W8A8Linear:
             q, s = quantize_weight(old.weight.detach(), scales)
@@ -417,11 +425,12 @@ def build_model(
             return make(name, i, path, q, s, b)
 
         _install(hf, from_float)
-        return W8A8Model(hf, model=model, source="seeded", scales=scales, seed=seed, out_dtype=odt, threads=threads)
+        return W8A8Model(hf, model=model, source="seeded", scales=scales, seed=seed, out_dtype=odt,
+                         threads=threads, reductions=reductions)
     if overrides:
         raise ValueError("overrides apply to 'tiny-qwen3' only; a checkpoint's config.json is used as it is")
     ck = read_checkpoint(Path(model))
-    hf, notes = _from_checkpoint(ck, make, scales)
+    hf, notes = _from_checkpoint(ck, make, scales, reductions)
     source = "compressed-tensors" if ck.quantized else "float-checkpoint"
     return W8A8Model(hf, model=str(model), source=source, scales=scales, seed=seed, out_dtype=odt,
-                     threads=threads, notes=notes)
+                     threads=threads, reductions=reductions, notes=notes)
