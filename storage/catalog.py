@@ -14,14 +14,13 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
+from storage.errors import QueryError
 from storage.schemas import TABLES
+
+__all__ = ["QueryError", "connect", "lock_down", "named_query", "query_names", "read_only_query", "run_named"]
 
 #: Statement kinds ``swapcheck query`` accepts: reading only (DESCRIBE and SHOW parse as SELECT).
 READ_ONLY_STATEMENTS = {"SELECT", "EXPLAIN"}
-
-
-class QueryError(ValueError):
-    """A query was refused or failed; nothing was changed."""
 
 
 def _arrow(result: Any) -> pa.Table:
@@ -109,5 +108,7 @@ def run_named(results: str | Path, name: str, **params: Any) -> pa.Table:
     lock_down(con, results)
     try:
         return _arrow(con.sql(named_query(name), params=params or None))
+    except duckdb.Error as exc:
+        raise QueryError(f"named query {name!r} failed: {type(exc).__name__}: {exc}") from None
     finally:
         con.close()

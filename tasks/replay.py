@@ -72,7 +72,8 @@ def replay_layers(layers: list[Any], capture_kernel: dict[str, Any], pairs: list
     rows: list[dict[str, Any]] = []
     for layer in layers:
         a, b = layer.x_q, layer.w_q.t()
-        base = {"layer": layer.name, "layer_index": layer.index, "layer_type": layer.layer_type,
+        base = {"layer": _layer_key(layer.name, getattr(layer, "call", 0)), "layer_index": layer.index,
+                "layer_type": layer.layer_type,
                 "m": a.shape[0], "n": b.shape[1], "k": a.shape[1]}
         # Replaying through the kernel the model ran with must reproduce the captured output.
         cap_fmt = get_format(layer.output.dtype)
@@ -102,6 +103,15 @@ def synthetic_prompts(count: int, length: int, seed: int, vocab_size: int) -> li
     return torch.randint(0, vocab_size, (count, length), generator=g).tolist()
 
 
+MANIFEST_KEYS = ("layer_index", "layer_type", "m", "n", "k", "x_dtype", "out_dtype", "x_scale_layout",
+                 "w_scale_layout", "has_bias")
+
+
+def _layer_key(name: str, call: int) -> str:
+    """A layer called more than once in a capture (decode steps) gets ``#call`` appended."""
+    return f"{name}#{call}" if call else name
+
+
 def artifact_dir(results: str, sweep: str, unit_id: str) -> Path:
     return Path(results) / "_artifacts" / f"sweep={sweep}" / unit_id
 
@@ -116,8 +126,11 @@ def run(params: dict[str, Any], context: dict[str, Any] | None = None) -> dict[s
         prompts = params["prompts"]["tokens"]
     else:
         p = params["prompts"]["synthetic"]
-        prompts = synthetic_prompts(p["count"], p["length"], p["seed"], model.vocab_size)
-    cap = model.capture(prompts)
+        prompts = synthetic_prompts(p["count"], p["length"], p["seed"], int(model.config.vocab_size))
+    model.reset_kernel_calls()
+    with model.capture() as cap:
+        model.forward_tokens(prompts)
+    calls = model.kernel_calls()
     ctx = context or {}
     if ctx.get("results"):
         out_dir = artifact_dir(ctx["results"], ctx["sweep"], ctx["unit_id"])
@@ -129,8 +142,11 @@ def run(params: dict[str, Any], context: dict[str, Any] | None = None) -> dict[s
         layers = load_capture(path)  # replay what was saved, so the file is the evidence
         rel = str(path.relative_to(ctx["results"]))
     else:
-        layers, rel = list(cap), None
-    manifest = [{**row, "model": params["model"], "capture_kernel": params["capture_kernel"]["name"], "file": rel}
-                for row in capture_manifest(cap)]
+        layers, rel = list(cap.layers), None
+    manifest = [
+        {**{k: row[k] for k in MANIFEST_KEYS}, "layer": _layer_key(row["layer"], row["call"]), "model": params["model"],
+         "capture_kernel": row["kernel"], "kernel_calls": sum(calls.get(row["layer"], {}).values()), "file": rel}
+        for row in capture_manifest(cap)
+    ]
     rows = replay_layers(layers, params["capture_kernel"], params["pairs"], params["scale_modes"], params["out_dtype"])
     return {"replay": [{**r, "model": params["model"]} for r in rows], "captures": manifest}

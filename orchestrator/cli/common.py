@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 
 from orchestrator.errors import SwapcheckError
+from storage.errors import QueryError
 
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
@@ -38,6 +39,9 @@ def user_errors() -> Iterator[None]:
     except SwapcheckError as exc:
         err.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True)
         raise typer.Exit(exc.exit_code) from None
+    except QueryError as exc:
+        err.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True)
+        raise typer.Exit(2) from None
 
 
 def _json_default(v: Any) -> Any:

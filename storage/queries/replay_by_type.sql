@@ -16,6 +16,6 @@ SELECT
     bool_and(accumulators_equal)                               AS accumulators_equal
 FROM replay
 WHERE $sweep IS NULL OR sweep = $sweep
-GROUP BY ALL
+GROUP BY sweep, comparison, impl_a, impl_b, scale_mode, layer_type
 ORDER BY sweep, comparison DESC, impl_a, impl_b, scale_mode,
     list_position(['q', 'k', 'v', 'o', 'gate', 'up', 'down'], layer_type), layer_type
