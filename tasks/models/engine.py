@@ -103,6 +103,7 @@ class W8A8Model:
             m.name: m for m in hf.modules() if isinstance(m, W8A8Linear)
         }
         self._capturing = False
+        self._weights_sha256: str | None = None
 
     # -- layers and kernels ---------------------------------------------------------------------
     def linears(self) -> dict[str, W8A8Linear]:
@@ -134,13 +135,19 @@ class W8A8Model:
 
     # -- identity -------------------------------------------------------------------------------
     def weights_sha256(self) -> str:
-        """sha256 over every parameter and buffer (name, dtype, shape, bytes), sorted by name."""
+        """sha256 over every parameter and buffer (name, dtype, shape, bytes), sorted by name.
+
+        Computed once and cached: the engine never changes weights after building.
+        """
+        if self._weights_sha256 is not None:
+            return self._weights_sha256
         h = hashlib.sha256()
         for name, t in sorted(self.hf.state_dict().items()):
             t = t.detach().contiguous()
             h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
             h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-        return h.hexdigest()
+        self._weights_sha256 = h.hexdigest()
+        return self._weights_sha256
 
     def identity(self) -> dict[str, Any]:
         """Provenance: model, source, config, kernel(s), scales, seed, dtypes, threads, weight hash."""
