@@ -108,8 +108,8 @@ MANIFEST_KEYS = ("layer_index", "layer_type", "m", "n", "k", "x_dtype", "out_dty
 
 
 def _layer_key(name: str, call: int) -> str:
-    """A layer called more than once in a capture (decode steps) gets ``#call`` appended."""
-    return f"{name}#{call}" if call else name
+    """A layer called more than once in a capture (decode steps) gets ``@call`` appended, as in the file."""
+    return f"{name}@{call}" if call else name
 
 
 def artifact_dir(results: str, sweep: str, unit_id: str) -> Path:
@@ -120,7 +120,8 @@ def run(params: dict[str, Any], context: dict[str, Any] | None = None) -> dict[s
     """Capture, save, reload and replay; rows for the ``replay`` and ``captures`` tables."""
     from tasks.models import build_model, capture_manifest, load_capture, save_capture
 
-    model = build_model(params["model"], kernel=params["capture_kernel"]["kernel"], scales="real",
+    ck = params["capture_kernel"]
+    model = build_model(params["model"], kernel={"kernel": ck["kernel"], "params": ck["params"]}, scales="real",
                         seed=params["model_seed"])
     if "tokens" in params["prompts"]:
         prompts = params["prompts"]["tokens"]

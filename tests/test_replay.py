@@ -69,14 +69,14 @@ def test_predictions_scored_in_the_papers_form(replay_results: Path) -> None:
     assert res.exit_code == 0, res.output
     by_id = {r["prediction"]: r for r in json.loads(res.stdout)}
     assert by_id["pow2-bit-identical"]["status"] == "confirmed"
-    assert by_id["pow2-bit-identical"]["support"] == "56/56"  # 28 layers x 2 pairs
+    assert by_id["pow2-bit-identical"]["support"] == "28/28"  # 7 projections x 4 decoder layers
     assert by_id["capture-reproduces-model"]["support"] == "28/28"
     assert by_id["integer-alibi"]["status"] == "confirmed"
     wrong = by_id["real-bit-identical"]
     assert wrong["status"] == "refuted" and wrong["counterexample"].startswith("layers.")
     assert wrong["amended"] and not wrong["amended_after_results"]
     table = runner.invoke(app, ["report", "predictions", "--results", str(replay_results)], env={"COLUMNS": "200"})
-    assert "CONFIRMED" in table.output and "56/56 layers" in table.output and "REFUTED" in table.output
+    assert "CONFIRMED" in table.output and "28/28 layers" in table.output and "REFUTED" in table.output
 
 
 def test_capture_file_and_manifest(replay_results: Path) -> None:
