@@ -109,6 +109,73 @@ CAPTURES = pa.schema(
     ]
 )
 
+GENERATIONS = pa.schema(
+    [
+        ("unit_id", pa.string()),
+        ("experiment", pa.string()),
+        ("arm", pa.string()),
+        ("restart", pa.int32()),
+        ("prompt_index", pa.int32()),
+        ("position", pa.int32()),
+        ("token", pa.int64()),
+        ("margin", pa.float64()),
+        ("topk_ids", pa.list_(pa.int64())),
+        ("topk_logits", pa.list_(pa.float64())),
+    ]
+)
+
+SEQUENCES = pa.schema(
+    [
+        ("unit_id", pa.string()),
+        ("experiment", pa.string()),
+        ("arm", pa.string()),
+        ("restart", pa.int32()),
+        ("prompt_index", pa.int32()),
+        ("prompt_hash", pa.string()),
+        ("sequence_hash", pa.string()),
+        ("n_tokens", pa.int32()),
+        ("tokens", pa.list_(pa.int64())),
+    ]
+)
+
+ARM_RUNS = pa.schema(
+    [
+        ("unit_id", pa.string()),
+        ("experiment", pa.string()),
+        ("arm", pa.string()),
+        ("restart", pa.int32()),
+        ("model", pa.string()),
+        ("engine", pa.string()),
+        ("configured_kernel", pa.string()),
+        ("scales", pa.string()),
+        ("env_json", pa.string()),
+        ("host", pa.string()),
+        ("pid", pa.int64()),
+        ("observed_kernels", pa.list_(pa.string())),
+        ("kernel_calls_json", pa.string()),
+        ("evidence_ok", pa.bool_()),
+        ("weights_sha256", pa.string()),
+    ]
+)
+
+TEACHER_FORCED = pa.schema(
+    [
+        ("unit_id", pa.string()),
+        ("experiment", pa.string()),
+        ("ref_arm", pa.string()),
+        ("ref_restart", pa.int32()),
+        ("arm", pa.string()),
+        ("prompt_index", pa.int32()),
+        ("position", pa.int32()),
+        ("ref_token", pa.int64()),
+        ("ref_argmax", pa.int64()),
+        ("ref_margin", pa.float64()),
+        ("arm_argmax", pa.int64()),
+        ("arm_margin", pa.float64()),
+        ("flip", pa.bool_()),
+    ]
+)
+
 PREREGISTRATIONS = pa.schema(
     [
         ("path", pa.string()),
@@ -177,6 +244,10 @@ TABLES: dict[str, pa.Schema] = {
     "replay": REPLAY,
     "captures": CAPTURES,
     "preregistrations": PREREGISTRATIONS,
+    "generations": GENERATIONS,
+    "sequences": SEQUENCES,
+    "arm_runs": ARM_RUNS,
+    "teacher_forced": TEACHER_FORCED,
     "units": UNITS,
     "sweeps": SWEEPS,
     "launches": LAUNCHES,
