@@ -15,6 +15,7 @@ from typing import Any
 
 from orchestrator.spec import (
     FilePrompts,
+    GenerateExperiment,
     Implementation,
     KdepthExperiment,
     LoadedSpec,
@@ -24,7 +25,7 @@ from orchestrator.spec import (
 )
 
 #: Versions of each task's computation; bump when a task's rows would change for the same params.
-TASK_VERSIONS = {"kdepth": "1", "replay": "1"}
+TASK_VERSIONS = {"kdepth": "1", "replay": "1", "generate": "1", "teacher_forced": "1"}
 
 
 def canonical_json(obj: Any) -> str:
@@ -43,11 +44,19 @@ class Unit:
     experiment: str
     params: dict[str, Any]
     resources: Resources = field(default_factory=Resources)
+    #: Units run stage by stage: a later stage reads what an earlier one wrote.
+    stage: int = 0
+    #: Run in a fresh worker process that exits afterwards (a cold restart).
+    fresh_process: bool = False
 
     def describe(self) -> str:
         p = self.params
         if self.kind == "kdepth":
             return f"{p['dtype']} M={p['m']} N={p['n']} K={p['k']} seed={p['seed']} scales={p['scale_mode']}"
+        if self.kind == "generate":
+            return f"generate arm={p['arm']['name']} restart={p['restart']} ({p['arm']['kernel']}, {p['arm']['scales']} scales)"
+        if self.kind == "teacher_forced":
+            return f"teacher-forced {p['arm']['name']} on {p['reference']['name']}'s sequences"
         if self.kind == "replay":
             pairs = ", ".join(f"{a['name']}~{b['name']}" for a, b in p["pairs"])
             return f"replay {p['model']} (captured with {p['capture_kernel']['name']}): {pairs}; scales {'/'.join(p['scale_modes'])}"
@@ -127,11 +136,49 @@ def read_prompt_file(path: str) -> list[list[int]]:
     return prompts
 
 
+def _prompt_payload(prompts: Any) -> dict[str, Any]:
+    if isinstance(prompts, FilePrompts):
+        return {"tokens": read_prompt_file(prompts.file)}
+    return {"synthetic": prompts.model_dump()}
+
+
+def _arm_payload(name: str, arm: Any) -> dict[str, Any]:
+    from tasks.kernels import get_kernel
+
+    kernel = get_kernel(arm.kernel, **arm.params)
+    return {"name": name, "kernel": arm.kernel, "params": dict(sorted(arm.params.items())), "version": kernel.version,
+            "scales": arm.scales, "engine": arm.engine, "env": dict(sorted(arm.env.items()))}
+
+
+def _generate_units(name: str, exp: GenerateExperiment) -> list[Unit]:
+    common = {
+        "model": exp.model,
+        "model_fingerprint": model_fingerprint(exp.model),
+        "model_seed": exp.model_seed,
+        "prompts": _prompt_payload(exp.prompts),
+        "max_new_tokens": exp.max_new_tokens,
+        "top_k": exp.top_k,
+    }
+    units: list[Unit] = []
+    restart0: dict[str, str] = {}
+    for arm_name, arm in exp.arms.items():
+        for restart in range(exp.restarts):
+            params = {**common, "arm": _arm_payload(arm_name, arm), "restart": restart}
+            u = Unit(unit_id("generate", params), "generate", name, params, exp.resources, stage=0, fresh_process=True)
+            units.append(u)
+            if restart == 0:
+                restart0[arm_name] = u.id
+    for tf in exp.teacher_forced:
+        ref = {**_arm_payload(tf.reference, exp.arms[tf.reference]), "unit_id": restart0[tf.reference]}
+        for other in tf.arms:
+            params = {**common, "reference": ref, "arm": _arm_payload(other, exp.arms[other])}
+            units.append(Unit(unit_id("teacher_forced", params), "teacher_forced", name, params, exp.resources,
+                              stage=1, fresh_process=True))
+    return units
+
+
 def _replay_units(name: str, exp: ReplayExperiment) -> list[Unit]:
-    if isinstance(exp.prompts, FilePrompts):
-        prompts: dict[str, Any] = {"tokens": read_prompt_file(exp.prompts.file)}
-    else:
-        prompts = {"synthetic": exp.prompts.model_dump()}
+    prompts = _prompt_payload(exp.prompts)
     params = {
         "model": exp.model,
         "model_fingerprint": model_fingerprint(exp.model),
@@ -154,6 +201,9 @@ def make_plan(spec: LoadedSpec) -> Plan:
                 units.setdefault(u.id, u)
         elif isinstance(exp, ReplayExperiment):
             for u in _replay_units(name, exp):
+                units.setdefault(u.id, u)
+        elif isinstance(exp, GenerateExperiment):
+            for u in _generate_units(name, exp):
                 units.setdefault(u.id, u)
         else:  # pragma: no cover - guarded by EXPERIMENT_MODELS
             raise TypeError(f"no planner for {type(exp).__name__}")

@@ -134,7 +134,9 @@ def launch(
     store.write("launches", plan.sweep, launch_id, [launch_row])
     status = "interrupted"
     try:
-        _run_units(spec, plan, pending, str(results), summary, emit)
+        # Stage by stage: teacher-forced units read the sequences that generate units wrote.
+        for stage in sorted({u.stage for u in pending}):
+            _run_units(spec, plan, [u for u in pending if u.stage == stage], str(results), summary, emit)
         status = "finished"
     finally:
         summary.seconds = time.perf_counter() - t0
@@ -153,6 +155,9 @@ def _run_units(spec: LoadedSpec, plan: Plan, pending: list, results: str, summar
     from orchestrator.worker import execute_unit, record_lost_unit
 
     remote = ray.remote(execute_unit)
+    # A cold restart: the worker process exits after this one task, so no engine, cache or kernel
+    # choice survives into the next unit (``max_calls`` is fixed per remote function).
+    remote_fresh = ray.remote(max_calls=1)(execute_unit)
     queue = list(pending)
     in_flight: dict[Any, Any] = {}
 
@@ -168,7 +173,8 @@ def _run_units(spec: LoadedSpec, plan: Plan, pending: list, results: str, summar
         if res.memory_gb:
             opts["memory"] = int(res.memory_gb * 2**30)
         payload = {**unit.to_payload(), "description": unit.describe()}
-        ref = remote.options(**opts).remote(payload, results, plan.sweep, spec.sha256)
+        fn = remote_fresh if unit.fresh_process else remote
+        ref = fn.options(**opts).remote(payload, results, plan.sweep, spec.sha256)
         in_flight[ref] = unit
 
     while queue or in_flight:

@@ -218,8 +218,62 @@ class ReplayExperiment(Strict):
         return [(as_impl(a), as_impl(b)) for a, b in self.pairs]
 
 
+class Arm(Strict):
+    """One way of running the model: a kernel, a scale mode and the environment that selects kernels."""
+
+    kernel: str = "int8-cutlass-order"
+    params: dict[str, Any] = Field(default_factory=dict)
+    scales: ScaleMode = "real"
+    engine: Literal["cpu"] = "cpu"
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class TeacherForcing(Strict):
+    """Score the ``reference`` arm's restart-0 sequences with each of ``arms`` (teacher forcing)."""
+
+    reference: str
+    arms: list[str] = Field(min_length=1)
+
+
+class GenerateExperiment(Strict):
+    """Cold-restart greedy generation per arm, and teacher-forced replay across arms."""
+
+    kind: Literal["generate"]
+    model: str = "tiny-qwen3"
+    model_seed: int = Field(default=0, ge=0)
+    arms: dict[str, Arm] = Field(min_length=1)
+    restarts: int = Field(default=2, ge=1, le=64)
+    prompts: SyntheticPrompts | FilePrompts = Field(default_factory=SyntheticPrompts)
+    max_new_tokens: int = Field(default=32, ge=1, le=8192)
+    top_k: int = Field(default=5, ge=2, le=64)
+    teacher_forced: list[TeacherForcing] = Field(default_factory=list)
+    resources: Resources = Field(default_factory=Resources)
+
+    @field_validator("arms")
+    @classmethod
+    def _arm_names(cls, v: dict[str, Arm]) -> dict[str, Arm]:
+        bad = [a for a in v if not SWEEP_NAME.match(a)]
+        if bad:
+            raise ValueError(f"arm names {bad}: use letters, digits, '.', '_' or '-'")
+        return v
+
+    @model_validator(mode="after")
+    def _tf_arms(self) -> GenerateExperiment:
+        for i, tf in enumerate(self.teacher_forced):
+            for name in [tf.reference, *tf.arms]:
+                if name not in self.arms:
+                    raise ValueError(f"teacher_forced[{i}]: unknown arm {name!r}; arms: {', '.join(self.arms)}")
+            if tf.reference in tf.arms:
+                raise ValueError(f"teacher_forced[{i}]: the reference arm {tf.reference!r} is also listed in arms")
+        return self
+
+
 #: Experiment kinds and their models; later task kinds register here.
-EXPERIMENT_MODELS: dict[str, type[Strict]] = {"kdepth": KdepthExperiment, "replay": ReplayExperiment}
+EXPERIMENT_MODELS: dict[str, type[Strict]] = {
+    "kdepth": KdepthExperiment,
+    "replay": ReplayExperiment,
+    "generate": GenerateExperiment,
+}
 
 
 class SweepSpec(Strict):
@@ -262,7 +316,7 @@ def _resolve(p: str, base_dir: Path) -> Path:
 
 def _resolve_paths(exp: Any, base_dir: Path) -> Any:
     """Paths in a spec are relative to the spec's directory."""
-    if isinstance(exp, ReplayExperiment):
+    if isinstance(exp, ReplayExperiment | GenerateExperiment):
         update: dict[str, Any] = {}
         if exp.model != "tiny-qwen3":
             update["model"] = str(_resolve(exp.model, base_dir))
@@ -354,7 +408,36 @@ def semantic_problems(where: tuple[Any, ...], exp: Any) -> list[str]:
         return _kdepth_problems(where, exp)
     if isinstance(exp, ReplayExperiment):
         return _replay_problems(where, exp)
+    if isinstance(exp, GenerateExperiment):
+        return _generate_problems(where, exp)
     return []
+
+
+def _generate_problems(where: tuple[Any, ...], exp: GenerateExperiment) -> list[str]:
+    base = _loc(where)
+    problems = []
+    for name, arm in exp.arms.items():
+        p = _kernel_problem(f"{base}.arms.{name}.kernel", Implementation(kernel=arm.kernel, params=arm.params), "int8")
+        if p:
+            problems.append(p)
+    problems.extend(_model_and_prompt_problems(base, exp.model, exp.prompts))
+    return problems
+
+
+def _model_and_prompt_problems(base: str, model: str, prompts: Any) -> list[str]:
+    problems = []
+    if model != "tiny-qwen3" and not (Path(model) / "config.json").is_file():
+        problems.append(f"{base}.model: {model!r} is neither 'tiny-qwen3' nor a directory with a config.json")
+    if isinstance(prompts, FilePrompts):
+        from orchestrator.plan import read_prompt_file
+
+        try:
+            read_prompt_file(prompts.file)
+        except FileNotFoundError:
+            problems.append(f"{base}.prompts.file: {prompts.file!r} not found")
+        except (ValueError, OSError) as exc:
+            problems.append(f"{base}.prompts.file: {exc}")
+    return problems
 
 
 def _kernel_problem(field: str, impl: Implementation, dtype: str) -> str | None:
@@ -384,17 +467,7 @@ def _replay_problems(where: tuple[Any, ...], exp: ReplayExperiment) -> list[str]
                 problems.append(p)
         if a.name == b.name:
             problems.append(f"{base}.pairs[{i}]: both sides are {a.name!r}; give one a distinct `label`")
-    if exp.model != "tiny-qwen3" and not (Path(exp.model) / "config.json").is_file():
-        problems.append(f"{base}.model: {exp.model!r} is neither 'tiny-qwen3' nor a directory with a config.json")
-    if isinstance(exp.prompts, FilePrompts):
-        from orchestrator.plan import read_prompt_file
-
-        try:
-            read_prompt_file(exp.prompts.file)
-        except FileNotFoundError:
-            problems.append(f"{base}.prompts.file: {exp.prompts.file!r} not found")
-        except (ValueError, OSError) as exc:
-            problems.append(f"{base}.prompts.file: {exc}")
+    problems.extend(_model_and_prompt_problems(base, exp.model, exp.prompts))
     return problems
 
 

@@ -19,7 +19,12 @@ from storage.store import ResultStore, utcnow
 
 #: Task kind -> "module:function" computing a unit's rows: fn(params, context) -> {table: rows}, where
 #: context names the results root, sweep and unit id (for units that also write artifacts).
-TASK_FUNCTIONS = {"kdepth": "tasks.kdepth:run", "replay": "tasks.replay:run"}
+TASK_FUNCTIONS = {
+    "kdepth": "tasks.kdepth:run",
+    "replay": "tasks.replay:run",
+    "generate": "tasks.generate:run",
+    "teacher_forced": "tasks.teacher_forced:run",
+}
 
 
 def _version() -> str:

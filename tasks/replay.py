@@ -98,11 +98,6 @@ def replay_layers(layers: list[Any], capture_kernel: dict[str, Any], pairs: list
     return rows
 
 
-def synthetic_prompts(count: int, length: int, seed: int, vocab_size: int) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, vocab_size, (count, length), generator=g).tolist()
-
-
 MANIFEST_KEYS = ("layer_index", "layer_type", "m", "n", "k", "x_dtype", "out_dtype", "x_scale_layout",
                  "w_scale_layout", "has_bias")
 
@@ -119,15 +114,12 @@ def artifact_dir(results: str, sweep: str, unit_id: str) -> Path:
 def run(params: dict[str, Any], context: dict[str, Any] | None = None) -> dict[str, list[dict[str, Any]]]:
     """Capture, save, reload and replay; rows for the ``replay`` and ``captures`` tables."""
     from tasks.models import build_model, capture_manifest, load_capture, save_capture
+    from tasks.prompts import prompts_from_payload
 
     ck = params["capture_kernel"]
     model = build_model(params["model"], kernel={"kernel": ck["kernel"], "params": ck["params"]}, scales="real",
                         seed=params["model_seed"])
-    if "tokens" in params["prompts"]:
-        prompts = params["prompts"]["tokens"]
-    else:
-        p = params["prompts"]["synthetic"]
-        prompts = synthetic_prompts(p["count"], p["length"], p["seed"], int(model.config.vocab_size))
+    prompts = prompts_from_payload(params["prompts"], int(model.config.vocab_size))
     model.reset_kernel_calls()
     with model.capture() as cap:
         model.forward_tokens(prompts)
