@@ -1,0 +1,69 @@
+-- Cross-arm agreement: per sweep and arm pair (arm_a < arm_b by name), the prompts whose restart-0
+-- generated sequences are bit-identical (same prompt_hash and sequence_hash): identical/total.
+-- total counts every prompt either arm generated; a prompt missing from one arm, or generated from a
+-- different prompt (prompt_mismatch), is not identical. Scales and kernels come from arm_runs;
+-- same_scales marks pairs compared under the same scale mode (real vs real, pow2 vs pow2).
+-- Parameters: $sweep (NULL for every sweep).
+WITH s AS (
+    SELECT sweep, arm, prompt_index, prompt_hash, sequence_hash
+    FROM sequences
+    WHERE restart = 0 AND ($sweep IS NULL OR sweep = $sweep)
+),
+arms AS (
+    SELECT DISTINCT sweep, arm FROM s
+),
+pairs AS (
+    SELECT a.sweep, a.arm AS arm_a, b.arm AS arm_b
+    FROM arms a
+    JOIN arms b ON a.sweep = b.sweep AND a.arm < b.arm
+),
+prompts AS (
+    SELECT DISTINCT sweep, prompt_index FROM s
+),
+runs AS (
+    SELECT
+        sweep,
+        arm,
+        string_agg(DISTINCT scales, ',' ORDER BY scales)                       AS scales,
+        string_agg(DISTINCT configured_kernel, ',' ORDER BY configured_kernel) AS kernel
+    FROM arm_runs
+    WHERE $sweep IS NULL OR sweep = $sweep
+    GROUP BY sweep, arm
+),
+cmp AS (
+    SELECT
+        p.sweep,
+        p.arm_a,
+        p.arm_b,
+        q.prompt_index,
+        x.prompt_hash IS NOT NULL AND y.prompt_hash IS NOT NULL
+            AND x.prompt_hash IS DISTINCT FROM y.prompt_hash                  AS prompt_mismatch,
+        x.sequence_hash IS NOT NULL AND x.sequence_hash = y.sequence_hash
+            AND x.prompt_hash IS NOT DISTINCT FROM y.prompt_hash              AS identical,
+        x.arm IS NULL OR y.arm IS NULL                                        AS missing
+    FROM pairs p
+    JOIN prompts q ON q.sweep = p.sweep
+    LEFT JOIN s x ON x.sweep = p.sweep AND x.arm = p.arm_a AND x.prompt_index = q.prompt_index
+    LEFT JOIN s y ON y.sweep = p.sweep AND y.arm = p.arm_b AND y.prompt_index = q.prompt_index
+    WHERE x.arm IS NOT NULL OR y.arm IS NOT NULL
+)
+SELECT
+    c.sweep,
+    c.arm_a,
+    c.arm_b,
+    any_value(ra.scales)                                                  AS scales_a,
+    any_value(rb.scales)                                                  AS scales_b,
+    any_value(ra.scales) IS NOT DISTINCT FROM any_value(rb.scales)        AS same_scales,
+    any_value(ra.kernel)                                                  AS kernel_a,
+    any_value(rb.kernel)                                                  AS kernel_b,
+    count(*) FILTER (WHERE c.identical)::BIGINT                           AS identical,
+    count(*)::BIGINT                                                      AS total,
+    count(*) FILTER (WHERE c.prompt_mismatch)::BIGINT                     AS prompt_mismatch,
+    count(*) FILTER (WHERE c.missing)::BIGINT                             AS missing,
+    coalesce(list(c.prompt_index ORDER BY c.prompt_index) FILTER (WHERE NOT c.identical),
+             [])                                                          AS differing_prompts
+FROM cmp c
+LEFT JOIN runs ra ON ra.sweep = c.sweep AND ra.arm = c.arm_a
+LEFT JOIN runs rb ON rb.sweep = c.sweep AND rb.arm = c.arm_b
+GROUP BY c.sweep, c.arm_a, c.arm_b
+ORDER BY c.sweep, c.arm_a, c.arm_b

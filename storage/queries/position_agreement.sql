@@ -1,0 +1,54 @@
+-- Per-position agreement: per sweep, arm pair (arm_a < arm_b) and generated position (0-based), the
+-- prompts whose restart-0 tokens agree at that position (agreeing/prompts = agreement), and those
+-- whose sequences are still identical up to and including it (identical_prefix/prompts =
+-- prefix_agreement). prompts counts the prompts that either arm generated to that position.
+-- Parameters: $sweep (NULL for every sweep).
+WITH g AS (
+    SELECT sweep, arm, prompt_index, position, token
+    FROM generations
+    WHERE restart = 0 AND ($sweep IS NULL OR sweep = $sweep)
+),
+arms AS (
+    SELECT DISTINCT sweep, arm FROM g
+),
+pairs AS (
+    SELECT a.sweep, a.arm AS arm_a, b.arm AS arm_b
+    FROM arms a
+    JOIN arms b ON a.sweep = b.sweep AND a.arm < b.arm
+),
+grid AS (
+    SELECT DISTINCT sweep, prompt_index, position FROM g
+),
+cmp AS (
+    SELECT
+        p.sweep, p.arm_a, p.arm_b, q.prompt_index, q.position,
+        x.token IS DISTINCT FROM y.token AS differs
+    FROM pairs p
+    JOIN grid q ON q.sweep = p.sweep
+    LEFT JOIN g x ON x.sweep = p.sweep AND x.arm = p.arm_a
+        AND x.prompt_index = q.prompt_index AND x.position = q.position
+    LEFT JOIN g y ON y.sweep = p.sweep AND y.arm = p.arm_b
+        AND y.prompt_index = q.prompt_index AND y.position = q.position
+    WHERE x.arm IS NOT NULL OR y.arm IS NOT NULL
+),
+first_div AS (
+    SELECT sweep, arm_a, arm_b, prompt_index, min(position) FILTER (WHERE differs) AS first_divergence
+    FROM cmp
+    GROUP BY sweep, arm_a, arm_b, prompt_index
+)
+SELECT
+    c.sweep,
+    c.arm_a,
+    c.arm_b,
+    c.position,
+    count(*)::BIGINT                                                        AS prompts,
+    count(*) FILTER (WHERE NOT c.differs)::BIGINT                           AS agreeing,
+    count(*) FILTER (WHERE NOT c.differs) / count(*)                        AS agreement,
+    count(*) FILTER (WHERE f.first_divergence IS NULL
+                        OR f.first_divergence > c.position)::BIGINT         AS identical_prefix,
+    count(*) FILTER (WHERE f.first_divergence IS NULL
+                        OR f.first_divergence > c.position) / count(*)      AS prefix_agreement
+FROM cmp c
+JOIN first_div f USING (sweep, arm_a, arm_b, prompt_index)
+GROUP BY c.sweep, c.arm_a, c.arm_b, c.position
+ORDER BY c.sweep, c.arm_a, c.arm_b, c.position
