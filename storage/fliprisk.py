@@ -1,0 +1,412 @@
+"""The flip-risk model: how well the reference arm's logit margin predicts a teacher-forced flip.
+
+Input: the ``teacher_forced`` table (one row per scored position: the reference arm's margin
+``ref_margin`` = top-1 minus top-2 logit, and ``flip`` = the other arm's argmax differs), pulled with
+DuckDB through the named query ``flip_positions``. Output (``analyze`` / ``flip_report``), all plain
+JSON-able values:
+
+* ``positions``, ``flips``, ``flip_rate``;
+* ``auc``: ROC-AUC of the margin as a flip predictor (score = -margin: a smaller margin means more
+  risk), with ``auc_ci``, a seeded percentile-bootstrap interval. The bootstrap resamples whole
+  reference sequences by default (positions of one sequence share their context, so they are not
+  independent draws; resampling positions would give a too narrow interval), or positions
+  stratified by class (``ci_unit="position"``: every resample keeps the flip count);
+* ``model``: a logistic regression of flip on ``log10(margin + eps)``. The log, because margins span
+  many decades (exact ties at 0 up to several logits) and a flip happens when the kernels' logit
+  perturbation exceeds the margin: P(flip | m) is the survival function of a perturbation whose size
+  is set by floating-point spacings, i.e. roughly scale-free, so it is close to logistic in log m and
+  far from logistic in m. ``eps`` (1e-7, about one fp32 spacing of a logit of 1) keeps exact ties
+  finite and moves nothing else. The feature is standardized and lightly L2-regularized (C=1 on one
+  standardized feature: negligible at thousands of positions, but finite when flips are perfectly
+  separated by margin); coefficients are reported on the unstandardized feature;
+* ``calibration``: per margin bin (fixed decades, or quantiles), positions, flips, the observed
+  rate with a Wilson 95% interval, and the model's mean predicted probability;
+* ``concentration``: the margin at or below which 50%, 90% and 99% of flips lie (an observed flip
+  margin), with the share of all positions at or below it and the flip rates on either side;
+  ``concentration_margin`` is the 90% one.
+
+AUC is invariant under monotone transforms, so it is the AUC of the raw margin and of the fitted
+model alike; nothing is fitted for it and there is no train/test question. Degenerate inputs (no
+positions, no flips, only flips) give ``None`` with a note, never a made-up number.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "DECADE_EDGES",
+    "EPS",
+    "FlipData",
+    "analyze",
+    "auc",
+    "bootstrap_auc",
+    "calibration",
+    "concentration",
+    "fit_logistic",
+    "flip_report",
+    "load",
+]
+
+#: Added to margins before the log (keeps exact ties finite).
+EPS = 1e-7
+#: Fixed margin bin edges (logits): ties and sub-resolution margins, then one bin per decade.
+DECADE_EDGES = (0.0, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0, math.inf)
+#: Flip shares for the concentration table.
+CONCENTRATION_SHARES = (0.5, 0.9, 0.99)
+#: Elements of one bootstrap chunk (resamples x positions): bounds memory at a few tens of MB.
+_CHUNK_ELEMENTS = 4_000_000
+
+
+class FlipData:
+    """Teacher-forced positions: margins, flips, and the sequence and pair each belongs to."""
+
+    def __init__(self, margin: Any, flip: Any, sequence: Any = None, pair: Any = None,
+                 pairs: list[dict[str, Any]] | None = None, dropped: int = 0, ref_mismatch: int = 0):
+        self.margin = np.asarray(margin, dtype=np.float64)
+        self.flip = np.asarray(flip, dtype=bool)
+        n = self.margin.size
+        self.sequence = np.arange(n, dtype=np.int64) if sequence is None else np.asarray(sequence, dtype=np.int64)
+        self.pair = np.zeros(n, dtype=np.int64) if pair is None else np.asarray(pair, dtype=np.int64)
+        self.pairs = pairs or []
+        self.dropped = dropped
+        self.ref_mismatch = ref_mismatch
+        if not (self.flip.size == n == self.sequence.size == self.pair.size):
+            raise ValueError("margin, flip, sequence and pair must have the same length")
+
+    def __len__(self) -> int:
+        return int(self.margin.size)
+
+    def subset(self, mask: np.ndarray) -> FlipData:
+        return FlipData(self.margin[mask], self.flip[mask], self.sequence[mask], self.pair[mask])
+
+
+def load(results: str | Path, sweep: str | None = None, ref_arm: str | None = None,
+         arm: str | None = None) -> FlipData:
+    """Pull (ref_margin, flip) and the sequence/pair ids from ``teacher_forced`` with DuckDB.
+
+    Rows with a missing flag or a missing, non-finite or negative margin are dropped and counted
+    (``dropped``); ``ref_mismatch`` counts positions where the reference arm's own argmax is not the
+    token it generated (should be 0: teacher forcing reproduces greedy decoding).
+    """
+    from storage.catalog import run_named
+
+    t = run_named(results, "flip_positions", sweep=sweep, ref_arm=ref_arm, arm=arm)
+    cols = t.to_pydict()
+    margin = np.array([np.nan if v is None else v for v in cols["ref_margin"]], dtype=np.float64)
+    flip_raw = cols["flip"]
+    has_flip = np.array([v is not None for v in flip_raw], dtype=bool)
+    flip = np.array([bool(v) for v in flip_raw], dtype=bool)
+    ok = has_flip & np.isfinite(margin) & (margin >= 0)
+    ref_mismatch = sum(1 for a, b in zip(cols["ref_token"], cols["ref_argmax"], strict=True)
+                       if a is not None and b is not None and a != b)
+    pair_ids = np.array(cols["pair_id"], dtype=np.int64)
+    pairs: dict[int, dict[str, Any]] = {}
+    for pid, sw, ra, a in zip(cols["pair_id"], cols["sweep"], cols["ref_arm"], cols["arm"], strict=True):
+        pairs.setdefault(int(pid), {"sweep": sw, "ref_arm": ra, "arm": a})
+    return FlipData(margin[ok], flip[ok], np.array(cols["sequence_id"], dtype=np.int64)[ok], pair_ids[ok],
+                    pairs=[pairs[k] for k in sorted(pairs)], dropped=int((~ok).sum()), ref_mismatch=ref_mismatch)
+
+
+# -- AUC ------------------------------------------------------------------------------------------
+
+def auc(margin: np.ndarray, flip: np.ndarray) -> float | None:
+    """ROC-AUC of ``-margin`` for ``flip`` (sklearn), or None unless both classes are present."""
+    from sklearn.metrics import roc_auc_score
+
+    flip = np.asarray(flip, dtype=bool)
+    if flip.size == 0 or flip.all() or not flip.any():
+        return None
+    return float(roc_auc_score(flip, -np.asarray(margin, dtype=np.float64)))
+
+
+def _weighted_auc(pos_w: np.ndarray, neg_w: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """AUC per row of weights over positions sorted by ascending margin; ties count one half.
+
+    ``pos_w``/``neg_w`` are (resamples, n) weights of flipped/unflipped positions; ``starts`` the
+    first index of each run of equal margins. A flip at margin m beats every unflipped position of
+    larger margin. Rows without both classes give NaN.
+    """
+    p = np.add.reduceat(pos_w, starts, axis=1)
+    q = np.add.reduceat(neg_w, starts, axis=1)
+    n_pos = p.sum(axis=1)
+    n_neg = q.sum(axis=1)
+    neg_above = n_neg[:, None] - np.cumsum(q, axis=1)
+    num = (p * (neg_above + 0.5 * q)).sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = num / (n_pos * n_neg)
+    out[(n_pos == 0) | (n_neg == 0)] = np.nan
+    return np.asarray(out, dtype=np.float64)
+
+
+def bootstrap_auc(margin: np.ndarray, flip: np.ndarray, sequence: np.ndarray | None = None, *,
+                  resamples: int = 1000, level: float = 0.95, seed: int = 0,
+                  unit: str = "sequence") -> dict[str, Any]:
+    """Percentile-bootstrap interval of the AUC: ``{"ci": [lo, hi] | None, "used": k, ...}``.
+
+    ``unit="sequence"`` resamples whole sequences (``sequence`` ids) with replacement; resamples that
+    happen to hold no flip or only flips have no AUC and are left out (``used`` counts the rest).
+    ``unit="position"`` resamples flipped and unflipped positions separately (stratified), so every
+    resample has the observed flip count. Vectorized: each chunk of resamples is a weight matrix
+    over the positions sorted by margin, reduced per run of equal margins.
+    """
+    if unit not in ("sequence", "position"):
+        raise ValueError(f"unit {unit!r}: allowed: sequence, position")
+    margin = np.asarray(margin, dtype=np.float64)
+    flip = np.asarray(flip, dtype=bool)
+    info: dict[str, Any] = {"method": "percentile bootstrap", "unit": unit, "level": level,
+                            "resamples": resamples, "seed": seed, "used": 0, "ci": None}
+    if flip.size == 0 or flip.all() or not flip.any() or resamples < 1:
+        return info
+    order = np.argsort(margin, kind="stable")
+    m_sorted, f_sorted = margin[order], flip[order]
+    starts = np.flatnonzero(np.r_[True, m_sorted[1:] != m_sorted[:-1]])
+    n = margin.size
+    rng = np.random.default_rng(seed)
+    if unit == "sequence":
+        seq = np.zeros(n, dtype=np.int64) if sequence is None else np.asarray(sequence, dtype=np.int64)
+        _, seq_dense = np.unique(seq[order], return_inverse=True)
+        n_seq = int(seq_dense.max()) + 1
+    else:
+        pos_idx = np.flatnonzero(f_sorted)
+        neg_idx = np.flatnonzero(~f_sorted)
+    chunk = max(1, min(resamples, _CHUNK_ELEMENTS // max(n, 1)))
+    aucs: list[np.ndarray] = []
+    done = 0
+    while done < resamples:
+        b = min(chunk, resamples - done)
+        if unit == "sequence":
+            draws = rng.integers(0, n_seq, size=(b, n_seq))
+            counts = _row_bincount(draws, n_seq).astype(np.float64)
+            w = counts[:, seq_dense]
+        else:
+            w = np.zeros((b, n), dtype=np.float64)
+            for idx in (pos_idx, neg_idx):
+                draws = idx[rng.integers(0, idx.size, size=(b, idx.size))]
+                w += _row_bincount(draws, n)
+        aucs.append(_weighted_auc(w * f_sorted, w * ~f_sorted, starts))
+        done += b
+    values = np.concatenate(aucs)
+    values = values[np.isfinite(values)]
+    info["used"] = int(values.size)
+    if values.size:
+        alpha = (1.0 - level) / 2.0
+        lo, hi = np.quantile(values, [alpha, 1.0 - alpha])
+        info["ci"] = [float(lo), float(hi)]
+    return info
+
+
+def _row_bincount(draws: np.ndarray, size: int) -> np.ndarray:
+    """Per-row counts of the integers in ``draws`` (rows x k, values < size) -> rows x size."""
+    rows = draws.shape[0]
+    flat = (draws + (np.arange(rows, dtype=np.int64) * size)[:, None]).ravel()
+    return np.bincount(flat, minlength=rows * size).reshape(rows, size)
+
+
+# -- the logistic model ---------------------------------------------------------------------------
+
+def _feature(margin: np.ndarray, eps: float) -> np.ndarray:
+    return np.log10(np.asarray(margin, dtype=np.float64) + eps)
+
+
+def fit_logistic(margin: np.ndarray, flip: np.ndarray, eps: float = EPS) -> dict[str, Any] | None:
+    """Logistic regression of flip on log10(margin + eps); None when it cannot be fitted.
+
+    Returns the feature definition and ``intercept``/``slope`` on the unstandardized feature, so that
+    P(flip | m) = 1 / (1 + exp(-(intercept + slope * log10(m + eps)))).
+    """
+    from sklearn.linear_model import LogisticRegression
+
+    flip = np.asarray(flip, dtype=bool)
+    if flip.size == 0 or flip.all() or not flip.any():
+        return None
+    x = _feature(margin, eps)
+    mu, sd = float(x.mean()), float(x.std())
+    if sd == 0.0:
+        return None
+    clf = LogisticRegression(C=1.0, max_iter=1000)
+    clf.fit(((x - mu) / sd)[:, None], flip)
+    w = float(clf.coef_[0, 0]) / sd
+    b = float(clf.intercept_[0]) - w * mu
+    return {"feature": "log10(ref_margin + eps)", "eps": eps, "intercept": b, "slope": w,
+            "regularization": "L2, C=1 on the standardized feature", "solver": "lbfgs"}
+
+
+def predict(model: dict[str, Any], margin: np.ndarray) -> np.ndarray:
+    """P(flip | margin) under a model from ``fit_logistic``."""
+    z = model["intercept"] + model["slope"] * _feature(margin, model["eps"])
+    return np.asarray(1.0 / (1.0 + np.exp(-z)), dtype=np.float64)
+
+
+# -- calibration and concentration -----------------------------------------------------------------
+
+def _wilson(k: int, n: int, z: float = 1.959963984540054) -> list[float]:
+    p = k / n
+    den = 1.0 + z * z / n
+    mid = (p + z * z / (2 * n)) / den
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+    return [0.0 if k == 0 else max(0.0, mid - half), 1.0 if k == n else min(1.0, mid + half)]
+
+
+def _label(lo: float, hi: float) -> str:
+    if lo <= 0.0:
+        return f"< {hi:.3g}"
+    if math.isinf(hi):
+        return f">= {lo:.3g}"
+    return f"[{lo:.3g}, {hi:.3g})"
+
+
+def calibration(margin: np.ndarray, flip: np.ndarray, model: dict[str, Any] | None = None,
+                bins: str = "decades", n_bins: int = 10) -> list[dict[str, Any]]:
+    """Observed vs predicted flip rate per margin bin (non-empty bins only), bins as [lo, hi).
+
+    ``bins="decades"``: the fixed edges ``DECADE_EDGES`` (comparable across runs and models);
+    ``bins="quantile"``: ``n_bins`` bins of about equal positions (fewer where margins tie; the last
+    bin is closed).
+    """
+    margin = np.asarray(margin, dtype=np.float64)
+    flip = np.asarray(flip, dtype=bool)
+    if margin.size == 0:
+        return []
+    if bins == "decades":
+        edges = np.array(DECADE_EDGES)
+        which = np.searchsorted(edges, margin, side="right") - 1
+    elif bins == "quantile":
+        edges = np.unique(np.quantile(margin, np.linspace(0.0, 1.0, n_bins + 1)))
+        if edges.size == 1:
+            edges = np.array([edges[0], edges[0]])
+        which = np.clip(np.searchsorted(edges, margin, side="right") - 1, 0, edges.size - 2)
+    else:
+        raise ValueError(f"bins {bins!r}: allowed: decades, quantile")
+    pred = predict(model, margin) if model else None
+    rows = []
+    for i in range(edges.size - 1):
+        sel = which == i
+        n = int(sel.sum())
+        if not n:
+            continue
+        k = int(flip[sel].sum())
+        lo, hi = float(edges[i]), float(edges[i + 1])
+        label = _label(lo, hi) if bins == "decades" else (
+            f"[{lo:.3g}, {hi:.3g}]" if i == edges.size - 2 else f"[{lo:.3g}, {hi:.3g})")
+        rows.append({"bin": label, "margin_lo": lo, "margin_hi": None if math.isinf(hi) else hi,
+                     "positions": n, "flips": k, "observed_rate": k / n, "observed_ci": _wilson(k, n),
+                     "predicted_rate": None if pred is None else float(pred[sel].mean())})
+    return rows
+
+
+def concentration(margin: np.ndarray, flip: np.ndarray, share: float) -> dict[str, Any] | None:
+    """The margin at or below which ``share`` of the flips lie, and what lies below it.
+
+    ``margin`` is an observed flip margin: the smallest m with at least ``share`` of the flips at
+    margin <= m. ``share_of_positions`` is the fraction of all positions at or below it: the smaller
+    it is next to ``share``, the more flips concentrate at small margins (``enrichment`` = flip rate at
+    or below / overall flip rate).
+    """
+    margin = np.asarray(margin, dtype=np.float64)
+    flip = np.asarray(flip, dtype=bool)
+    if not flip.any():
+        return None
+    m = float(np.quantile(margin[flip], share, method="inverted_cdf"))
+    below = margin <= m
+    n_below = int(below.sum())
+    k_below = int((flip & below).sum())
+    n_above = margin.size - n_below
+    rate_all = float(flip.mean())
+    rate_below = k_below / n_below
+    return {"flip_share": share, "margin": m, "flips_at_or_below": k_below,
+            "share_of_flips": k_below / int(flip.sum()), "positions_at_or_below": n_below,
+            "share_of_positions": n_below / margin.size, "flip_rate_at_or_below": rate_below,
+            "flip_rate_above": (int((flip & ~below).sum()) / n_above) if n_above else None,
+            "enrichment": rate_below / rate_all}
+
+
+# -- the whole analysis ----------------------------------------------------------------------------
+
+def _undefined_note(positions: int, flips: int) -> str | None:
+    if positions == 0:
+        return "no teacher-forced positions: nothing to measure"
+    if flips == 0:
+        return (f"no flips among {positions} positions: ROC-AUC is undefined (it needs flipped and "
+                "unflipped positions); the arms agree at every scored position")
+    if flips == positions:
+        return f"every one of {positions} positions flipped: ROC-AUC is undefined (no unflipped positions)"
+    return None
+
+
+def analyze(data: FlipData, *, bins: str = "decades", resamples: int = 1000, seed: int = 0,
+            level: float = 0.95, ci_unit: str = "sequence", eps: float = EPS) -> dict[str, Any]:
+    """Flip rate, AUC with its bootstrap interval, logistic model, calibration and concentration."""
+    margin, flip = data.margin, data.flip
+    positions, flips = len(data), int(flip.sum())
+    notes: list[str] = []
+    note = _undefined_note(positions, flips)
+    if note:
+        notes.append(note)
+    elif flips < 10 or positions - flips < 10:
+        notes.append(f"only {min(flips, positions - flips)} positions in the smaller class: the interval is wide")
+    boot = bootstrap_auc(margin, flip, data.sequence, resamples=resamples, level=level, seed=seed, unit=ci_unit)
+    if note is None and boot["ci"] is None:
+        notes.append("no bootstrap resample held both classes: no interval")
+    elif note is None and boot["used"] < resamples:
+        notes.append(f"{resamples - boot['used']} of {resamples} resamples held only one class and were left out")
+    model = fit_logistic(margin, flip, eps) if note is None else None
+    if note is None and model is None:
+        notes.append("every position has the same margin: no logistic model")
+    conc = [c for s in CONCENTRATION_SHARES if (c := concentration(margin, flip, s)) is not None]
+    if data.dropped:
+        notes.append(f"{data.dropped} rows without a usable margin or flag were left out")
+    if data.ref_mismatch:
+        notes.append(f"{data.ref_mismatch} positions where the reference arm's own argmax is not the token "
+                     "it generated (teacher forcing should reproduce decoding)")
+    return {
+        "positions": positions,
+        "flips": flips,
+        "flip_rate": flips / positions if positions else None,
+        "auc": auc(margin, flip),
+        "auc_ci": boot["ci"],
+        "auc_note": note,
+        "score": "-ref_margin (smaller margin, higher risk)",
+        "ci": {k: boot[k] for k in ("method", "unit", "level", "resamples", "seed", "used")},
+        "model": model,
+        "calibration_bins": bins,
+        "calibration": calibration(margin, flip, model, bins=bins),
+        "concentration_margin": next((c["margin"] for c in conc if c["flip_share"] == 0.9), None),
+        "concentration": conc,
+        "dropped": data.dropped,
+        "ref_mismatch": data.ref_mismatch,
+        "notes": notes,
+    }
+
+
+def flip_report(results: str | Path, sweep: str | None = None, ref_arm: str | None = None,
+                arm: str | None = None, **options: Any) -> dict[str, Any]:
+    """``analyze`` over the selected teacher-forced rows (pooled), plus a line per (sweep, ref_arm, arm).
+
+    ``options`` go to ``analyze`` (bins, resamples, seed, level, ci_unit, eps).
+    """
+    data = load(results, sweep=sweep, ref_arm=ref_arm, arm=arm)
+    out = {"filters": {"sweep": sweep, "ref_arm": ref_arm, "arm": arm}, **analyze(data, **options)}
+    per_pair = []
+    for pid, key in enumerate(data.pairs):
+        sub = data.subset(data.pair == pid)
+        if not len(sub):
+            continue
+        boot = bootstrap_auc(sub.margin, sub.flip, sub.sequence,
+                             resamples=options.get("resamples", 1000), level=options.get("level", 0.95),
+                             seed=options.get("seed", 0), unit=options.get("ci_unit", "sequence"))
+        c90 = concentration(sub.margin, sub.flip, 0.9)
+        flips = int(sub.flip.sum())
+        per_pair.append({**key, "positions": len(sub), "flips": flips, "flip_rate": flips / len(sub),
+                         "auc": auc(sub.margin, sub.flip), "auc_ci": boot["ci"],
+                         "concentration_margin": c90["margin"] if c90 else None,
+                         "auc_note": _undefined_note(len(sub), flips)})
+    out["pairs"] = per_pair
+    if len(per_pair) > 1:
+        out["notes"].append(f"pooled over {len(per_pair)} (sweep, ref_arm, arm) pairs, listed in pairs; "
+                            "select one with sweep, ref_arm and arm")
+    return out

@@ -1,0 +1,212 @@
+"""The flip-risk model (storage/fliprisk.py) and `report flips`: synthetic teacher-forced data whose
+flip probability falls with the margin, degenerate data, and the CLI's JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sklearn.metrics import roc_auc_score
+from typer.testing import CliRunner
+
+from orchestrator.cli.main import app
+from storage import fliprisk as fr
+from storage.store import ResultStore
+
+runner = CliRunner()
+
+TRUE_INTERCEPT, TRUE_SLOPE = -5.0, -1.5  # P(flip | m) = expit(b + w * log10(m + eps))
+
+
+def synthetic(n_seq: int = 80, length: int = 50, seed: int = 0) -> fr.FlipData:
+    """Margins log-uniform over 1e-6..10 plus a few exact ties; flips drawn from the true model."""
+    rng = np.random.default_rng(seed)
+    n = n_seq * length
+    margin = 10.0 ** rng.uniform(-6, 1, n)
+    margin[rng.choice(n, 20, replace=False)] = 0.0
+    p = 1.0 / (1.0 + np.exp(-(TRUE_INTERCEPT + TRUE_SLOPE * np.log10(margin + fr.EPS))))
+    flip = rng.random(n) < p
+    return fr.FlipData(margin, flip, np.repeat(np.arange(n_seq), length))
+
+
+def test_flips_concentrate_at_small_margins() -> None:
+    data = synthetic()
+    rep = fr.analyze(data, resamples=500, seed=1)
+    assert rep["positions"] == len(data) and rep["flips"] == int(data.flip.sum())
+    assert 0.05 < rep["flip_rate"] < 0.6
+    assert rep["auc"] == pytest.approx(roc_auc_score(data.flip, -data.margin))
+    assert rep["auc"] > 0.8
+    lo, hi = rep["auc_ci"]
+    assert lo < rep["auc"] < hi and hi - lo < 0.1
+    assert rep["ci"]["used"] == 500 and rep["auc_note"] is None and rep["notes"] == []
+    m = rep["model"]
+    assert m["slope"] == pytest.approx(TRUE_SLOPE, abs=0.3)
+    assert m["intercept"] == pytest.approx(TRUE_INTERCEPT, abs=1.5)
+    # calibration: every position in one bin; the model's mean prediction tracks the observed rate
+    cal = rep["calibration"]
+    assert sum(b["positions"] for b in cal) == rep["positions"]
+    assert sum(b["flips"] for b in cal) == rep["flips"]
+    assert cal[0]["bin"] == "< 1e-06" and cal[-1]["bin"] == "[1, 10)"
+    for b in cal:
+        assert b["observed_ci"][0] <= b["observed_rate"] <= b["observed_ci"][1]
+        if b["positions"] >= 200:
+            assert b["predicted_rate"] == pytest.approx(b["observed_rate"], abs=0.06), b
+    rates = [b["observed_rate"] for b in cal if b["positions"] >= 200]
+    assert rates == sorted(rates, reverse=True)
+    # concentration: 90% of flips below a margin under which far fewer than 90% of positions lie
+    conc = {c["flip_share"]: c for c in rep["concentration"]}
+    c90 = conc[0.9]
+    assert rep["concentration_margin"] == c90["margin"]
+    assert c90["margin"] in set(data.margin[data.flip])
+    assert c90["share_of_flips"] >= 0.9 and c90["share_of_positions"] < 0.75
+    assert c90["flip_rate_at_or_below"] > rep["flip_rate"] > c90["flip_rate_above"]
+    assert conc[0.5]["margin"] <= c90["margin"] <= conc[0.99]["margin"]
+
+
+def test_weighted_auc_matches_sklearn_with_ties() -> None:
+    rng = np.random.default_rng(3)
+    margin = np.round(rng.exponential(1.0, 3000), 1)  # many ties
+    flip = rng.random(3000) < 0.3 * np.exp(-margin)
+    order = np.argsort(margin, kind="stable")
+    ms, fs = margin[order], flip[order]
+    starts = np.flatnonzero(np.r_[True, ms[1:] != ms[:-1]])
+    w = np.ones((1, ms.size))
+    assert fr._weighted_auc(w * fs, w * ~fs, starts)[0] == pytest.approx(roc_auc_score(flip, -margin), abs=1e-12)
+    # weights = an explicit resample: the same as scoring the resampled arrays
+    idx = rng.integers(0, ms.size, ms.size)
+    wr = np.bincount(idx, minlength=ms.size)[None, :].astype(float)
+    assert fr._weighted_auc(wr * fs, wr * ~fs, starts)[0] == pytest.approx(roc_auc_score(fs[idx], -ms[idx]), abs=1e-12)
+
+
+def test_bootstrap_is_seeded_and_both_units_work() -> None:
+    d = synthetic(n_seq=40, length=40)
+    a = fr.bootstrap_auc(d.margin, d.flip, d.sequence, resamples=300, seed=7)
+    b = fr.bootstrap_auc(d.margin, d.flip, d.sequence, resamples=300, seed=7)
+    c = fr.bootstrap_auc(d.margin, d.flip, d.sequence, resamples=300, seed=8)
+    assert a == b and a["ci"] != c["ci"]
+    pos = fr.bootstrap_auc(d.margin, d.flip, d.sequence, resamples=300, seed=7, unit="position")
+    point = fr.auc(d.margin, d.flip)
+    for ci in (a["ci"], pos["ci"]):
+        assert ci[0] < point < ci[1]
+    with pytest.raises(ValueError, match="unit"):
+        fr.bootstrap_auc(d.margin, d.flip, unit="prompt")
+
+
+def test_sequence_resamples_without_flips_are_left_out_and_said() -> None:
+    margin = np.linspace(0.0, 1.0, 200)
+    flip = np.zeros(200, dtype=bool)
+    flip[:3] = True  # every flip in sequence 0 of 20
+    rep = fr.analyze(fr.FlipData(margin, flip, np.repeat(np.arange(20), 10)), resamples=200)
+    assert 0 < rep["ci"]["used"] < 200
+    assert any("held only one class" in n for n in rep["notes"])
+    assert any("smaller class" in n for n in rep["notes"])
+    assert rep["auc"] == 1.0
+
+
+@pytest.mark.parametrize("kind", ["no flips", "all flips", "empty"])
+def test_degenerate_data_gives_no_auc_and_says_why(kind: str) -> None:
+    n = 0 if kind == "empty" else 500
+    margin = np.geomspace(1e-6, 5.0, n)
+    flip = np.full(n, kind == "all flips")
+    rep = fr.analyze(fr.FlipData(margin, flip), resamples=100)
+    assert rep["auc"] is None and rep["auc_ci"] is None and rep["model"] is None
+    assert rep["auc_note"] and rep["notes"] == [rep["auc_note"]]
+    assert rep["positions"] == n and rep["flips"] == int(flip.sum())
+    if kind == "empty":
+        assert rep["flip_rate"] is None and rep["calibration"] == [] and rep["concentration"] == []
+    else:
+        assert sum(b["positions"] for b in rep["calibration"]) == n
+        assert all(b["predicted_rate"] is None for b in rep["calibration"])
+    if kind == "no flips":
+        assert rep["concentration"] == [] and rep["concentration_margin"] is None
+        assert {b["observed_rate"] for b in rep["calibration"]} == {0.0}
+        assert "undefined" in rep["auc_note"]
+    json.dumps(rep, allow_nan=False)  # plain JSON, no NaN
+
+
+def test_quantile_bins() -> None:
+    d = synthetic()
+    cal = fr.calibration(d.margin, d.flip, fr.fit_logistic(d.margin, d.flip), bins="quantile")
+    assert len(cal) == 10 and sum(b["positions"] for b in cal) == len(d)
+    assert all(abs(b["positions"] - len(d) / 10) <= 1 for b in cal)
+    assert cal[-1]["bin"].endswith("]")
+    with pytest.raises(ValueError, match="bins"):
+        fr.calibration(d.margin, d.flip, bins="octaves")
+
+
+def write_teacher_forced(root: Path, sweep: str, ref_arm: str, arm: str, data: fr.FlipData,
+                         length: int = 50) -> None:
+    """teacher_forced rows as the task writes them: one file per (reference sequence, arm) unit."""
+    rows = [{"unit_id": f"{ref_arm}-{arm}", "experiment": "e2e", "ref_arm": ref_arm, "ref_restart": 0, "arm": arm,
+             "prompt_index": int(i // length), "position": int(i % length), "ref_token": 7, "ref_argmax": 7,
+             "ref_margin": float(m), "arm_argmax": 8 if f else 7, "arm_margin": float(m), "flip": bool(f)}
+            for i, (m, f) in enumerate(zip(data.margin, data.flip, strict=True))]
+    ResultStore(root).write("teacher_forced", sweep, f"{ref_arm}-{arm}", rows)
+
+
+@pytest.fixture
+def tf_results(tmp_path: Path) -> Path:
+    root = tmp_path / "results"
+    d = synthetic(n_seq=40)
+    write_teacher_forced(root, "e2e", "cutlass", "triton", d)
+    n = len(d)
+    write_teacher_forced(root, "e2e", "cutlass-pow2", "triton-pow2", fr.FlipData(d.margin, np.zeros(n, bool)))
+    return root
+
+
+def test_load_pulls_margins_and_flips_with_duckdb(tf_results: Path) -> None:
+    d = fr.load(tf_results)
+    assert len(d) == 4000 and [p["ref_arm"] for p in d.pairs] == ["cutlass", "cutlass-pow2"]
+    assert len(np.unique(d.sequence)) == 80  # 40 reference sequences per reference arm
+    one = fr.load(tf_results, ref_arm="cutlass", arm="triton")
+    assert len(one) == 2000 and one.flip.sum() == synthetic(n_seq=40).flip.sum()
+    # a missing margin is dropped and counted; a reference argmax != its own token is counted
+    ResultStore(tf_results).write("teacher_forced", "e2e", "odd", [
+        {"unit_id": "odd", "experiment": "e2e", "ref_arm": "cutlass", "ref_restart": 0, "arm": "triton",
+         "prompt_index": 99, "position": 0, "ref_token": 1, "ref_argmax": 2, "ref_margin": None,
+         "arm_argmax": 2, "arm_margin": 0.1, "flip": False}])
+    d = fr.load(tf_results, arm="triton")
+    assert (len(d), d.dropped, d.ref_mismatch) == (2000, 1, 1)
+
+
+def test_report_flips_json(tf_results: Path) -> None:
+    res = runner.invoke(app, ["report", "flips", "--results", str(tf_results), "--sweep", "e2e", "--ref-arm", "cutlass",
+                              "--arm", "triton", "--format", "json", "--resamples", "300"])
+    assert res.exit_code == 0, res.output
+    rep = json.loads(res.stdout)
+    for key in ("positions", "flips", "flip_rate", "auc", "auc_ci", "calibration", "concentration_margin",
+                "concentration", "model", "pairs", "notes"):
+        assert key in rep
+    assert rep["positions"] == 2000 and rep["auc"] > 0.8 and rep["auc_ci"][0] < rep["auc"] < rep["auc_ci"][1]
+    assert rep["filters"] == {"sweep": "e2e", "ref_arm": "cutlass", "arm": "triton"}
+    assert [(p["ref_arm"], p["arm"], p["positions"]) for p in rep["pairs"]] == [("cutlass", "triton", 2000)]
+
+
+def test_report_flips_pooled_per_pair_and_degenerate(tf_results: Path) -> None:
+    res = runner.invoke(app, ["report", "flips", "--results", str(tf_results), "--format", "json", "--resamples", "100"])
+    rep = json.loads(res.stdout)
+    assert rep["positions"] == 4000 and any("pooled over 2" in n for n in rep["notes"])
+    pairs = {p["arm"]: p for p in rep["pairs"]}
+    assert pairs["triton-pow2"]["flips"] == 0 and pairs["triton-pow2"]["auc"] is None
+    assert pairs["triton-pow2"]["auc_ci"] is None and "no flips" in pairs["triton-pow2"]["auc_note"]
+    assert pairs["triton"]["auc"] > 0.8
+    res = runner.invoke(app, ["report", "flips", "--results", str(tf_results), "--arm", "triton-pow2", "--format", "json"])
+    assert res.exit_code == 0
+    rep = json.loads(res.stdout)
+    assert (rep["flips"], rep["auc"], rep["auc_ci"]) == (0, None, None) and "no flips" in rep["auc_note"]
+
+
+def test_report_flips_for_people_and_csv(tf_results: Path) -> None:
+    res = runner.invoke(app, ["report", "flips", "--results", str(tf_results), "--resamples", "100"],
+                        env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    assert "ROC-AUC" in res.output and "calibration by margin bin" in res.output and "90% of flips" in res.output
+    assert "per arm pair" in res.output and "undefined" in res.output
+    res = runner.invoke(app, ["report", "flips", "--results", str(tf_results), "--format", "csv", "--resamples", "10"])
+    assert res.exit_code == 0 and res.stdout.splitlines()[0].startswith("bin,positions,flips,observed")
+    for bad in (["--bins", "octaves"], ["--ci-unit", "prompt"], ["--resamples", "0"]):
+        assert runner.invoke(app, ["report", "flips", "--results", str(tf_results), *bad]).exit_code == 2
+    empty = runner.invoke(app, ["report", "flips", "--results", str(tf_results), "--sweep", "nope"])
+    assert empty.exit_code == 0 and "no teacher-forced positions" in empty.output
