@@ -210,3 +210,43 @@ def test_report_flips_for_people_and_csv(tf_results: Path) -> None:
         assert runner.invoke(app, ["report", "flips", "--results", str(tf_results), *bad]).exit_code == 2
     empty = runner.invoke(app, ["report", "flips", "--results", str(tf_results), "--sweep", "nope"])
     assert empty.exit_code == 0 and "no teacher-forced positions" in empty.output
+
+
+def test_docs_queries_recompute_the_reports(tmp_path: Path) -> None:
+    """Every `swapcheck query` in docs/agreement.md runs and gives the numbers the reports give."""
+    import re
+
+    from storage.catalog import read_only_query, run_named
+    from tests.conftest import REPO
+    from tests.test_agreement import write_generate_fixture
+
+    root = tmp_path / "results"
+    write_generate_fixture(root)
+    d = synthetic(n_seq=40)
+    write_teacher_forced(root, "s1", "cutlass", "triton", d)
+    write_teacher_forced(root, "s2", "a-pow2", "b-pow2", fr.FlipData(d.margin, np.zeros(len(d), bool)))
+    text = (REPO / "docs" / "agreement.md").read_text()
+    queries = re.findall(r'\$ swapcheck query "(.*?)"\n', text, flags=re.S)
+    assert len(queries) == 8
+    q = [read_only_query(root, sql).to_pylist() for sql in queries]
+
+    self_rows = run_named(root, "self_reproducibility", sweep=None).to_pylist()
+    assert [(r["sweep"], r["arm"], r["identical"], r["total"]) for r in q[0]] == \
+        [(r["sweep"], r["arm"], r["identical"], r["total"]) for r in self_rows]
+    assert [r["processes"] for r in q[1]] == [r["distinct_processes"] for r in self_rows]
+    cross = run_named(root, "cross_arm", sweep=None).to_pylist()
+    assert [(r["arm_a"], r["identical"], r["total"]) for r in q[2]] == [(r["arm_a"], r["identical"], r["total"]) for r in cross]
+    first = run_named(root, "first_divergence", sweep=None).to_pylist()
+    assert [r["first_divergence"] for r in q[3]] == [r["first_divergence"] for r in first]
+
+    rep = fr.flip_report(root, resamples=10)
+    pairs = rep["pairs"]
+    assert [(r["positions"], r["flips"]) for r in q[4]] == [(p["positions"], p["flips"]) for p in pairs]
+    assert [r["flip_rate"] for r in q[4]] == pytest.approx([p["flip_rate"] for p in pairs])
+    assert q[5][0]["auc"] == pytest.approx(pairs[0]["auc"], abs=1e-12) and q[5][1]["auc"] is None
+    one = fr.flip_report(root, ref_arm="cutlass", arm="triton", resamples=10)
+    c90 = next(c for c in one["concentration"] if c["flip_share"] == 0.9)
+    assert len(q[6]) == 1 and q[6][0]["margin_90"] == c90["margin"] == pairs[0]["concentration_margin"]
+    assert q[6][0]["share_of_positions"] == pytest.approx(c90["share_of_positions"])
+    assert [(r["positions"], r["flips"]) for r in q[7]] == [(b["positions"], b["flips"]) for b in one["calibration"]]
+    assert [r["margin_lo"] for r in q[7]] == pytest.approx([b["margin_lo"] for b in one["calibration"]])
