@@ -24,7 +24,8 @@ exact                      any         correctly rounded reference (:mod:`.exact
 =========================  ==========  =======================================================
 
 Users add kernels with ``register_kernel``, the entry-point group ``swapcheck.kernels``, or by
-naming ``"package.module:attr"`` directly.
+naming ``"package.module:attr"`` directly; a plain callable ``f(A, B) -> C`` is accepted too and
+wrapped as an unscaled :class:`MatmulKernel` (rules in :mod:`.registry`).
 """
 
 from . import exact, fp8, int8, onednn, scaled_mm  # noqa: F401  (registers the built-ins)
@@ -33,6 +34,7 @@ from .registry import (
     ENTRY_POINT_GROUP,
     Kernel,
     KernelError,
+    MatmulKernel,
     get_kernel,
     kernel_names,
     list_kernels,
@@ -43,6 +45,7 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "Kernel",
     "KernelError",
+    "MatmulKernel",
     "Operands",
     "check_operands",
     "get_kernel",

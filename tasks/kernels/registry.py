@@ -10,6 +10,23 @@ One small registry in the shape of lm-eval's ``api/registry.py``:
   (``name = "package.module:attr"``), discovered lazily and never allowed to shadow a built-in;
 * a name containing ``:`` is a user's own kernel, ``"package.module:attr"``, imported directly.
 
+What a target may be (registered, entry point or ``module:attr``), decided by :func:`_build`:
+
+========================================  ==================================================
+target                                    becomes
+========================================  ==================================================
+a :class:`Kernel` instance                itself (takes no parameters)
+a :class:`Kernel` subclass                ``cls(**params)``
+any other class                           a factory: ``cls(**params)`` must return a Kernel
+a callable with exactly two required      a plain matmul ``f(A, B) -> C``, wrapped as a
+positional parameters, or a C builtin     :class:`MatmulKernel` (unscaled; ``params`` are passed
+whose signature cannot be read            to ``f`` as keyword arguments)
+(e.g. ``torch.matmul``)
+a callable with no required positional    a factory: ``f(**params)`` must return a Kernel
+parameters
+anything else                             :class:`KernelError` naming the signature
+========================================  ==================================================
+
 A registered name may declare a *suffix parameter*: ``fp8-blocked`` declares ``block_size``, so
 ``get_kernel("fp8-blocked-128")`` is ``get_kernel("fp8-blocked", block_size=128)``.
 
@@ -24,6 +41,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import inspect
 import re
 import warnings
 from dataclasses import dataclass, field
@@ -39,6 +57,7 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "Kernel",
     "KernelError",
+    "MatmulKernel",
     "get_kernel",
     "kernel_names",
     "list_kernels",
@@ -159,6 +178,96 @@ class Kernel:
         return f"<Kernel {self.name}({args}) v{self.version}>"
 
 
+class MatmulKernel(Kernel):
+    """A user's plain matmul callable ``f(A, B) -> C``, wrapped as an *unscaled* kernel.
+
+    ``A`` is ``[M, K]`` and ``B`` ``[K, N]`` floating-point tensors of one dtype; ``f`` returns the
+    ``[M, N]`` product.  :meth:`matmul` calls ``f`` directly (what ``swapcheck check`` does, with
+    operands in the check's dtype).  Through the shared kernel call the wrapper converts the int8 or
+    fp8 operands to ``out_dtype`` (exact: int8 and e4m3 values are bf16, fp16 and fp32 values),
+    calls ``f`` and returns its result in ``out_dtype``; a plain matmul has no scales and no bias, so
+    that call accepts only unit scales and ``bias=None`` (anything else is a :class:`KernelError`).
+
+    ``params`` are passed to ``f`` as keyword arguments (``f(A, B, **params)``).
+    """
+
+    operand_dtype = "any"
+    device = "cpu"
+    version = "1"
+
+    def __init__(self, fn: Any, name: str, device: str = "cpu", **params: Any) -> None:
+        self.fn = fn
+        self.name = name
+        self.device = device
+        # Kernel.__init__ checks params against param_defaults; f's own signature (checked by
+        # _build) is what decides here, so the params are taken as given.
+        self.params = self.check_params(dict(params))
+        where = f"{getattr(fn, '__module__', None) or '?'}:{getattr(fn, '__qualname__', repr(fn))}"
+        self.target = where
+        doc = (inspect.getdoc(fn) or "").strip().splitlines()
+        self.description = f"plain matmul callable {where}" + (f": {doc[0]}" if doc else "")
+
+    def matmul(self, a: torch.Tensor, b: torch.Tensor) -> Any:
+        """``f(A, B, **params)``, unchecked (the caller judges what comes back)."""
+        return self.fn(a, b, **self.params)
+
+    def compute(self, ops: Operands) -> torch.Tensor:
+        import torch
+
+        unit = bool((ops.scale_a == 1).all()) and bool((ops.scale_b == 1).all())
+        if not unit or ops.bias is not None:
+            raise KernelError(
+                f"kernel {self.name!r} is a plain matmul f(A, B) -> C: it has no scales and no bias, "
+                "so it takes only unit scales and bias=None (check it with `swapcheck check`, which "
+                "calls f on operands of the check's dtype)"
+            )
+        out = self.matmul(ops.a.to(ops.out_dtype), ops.b.to(ops.out_dtype))
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != (ops.m, ops.n):
+            got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+            raise KernelError(
+                f"kernel {self.name!r} returned {got}; a matmul of [M, K] = [{ops.m}, {ops.k}] "
+                f"and [K, N] = [{ops.k}, {ops.n}] must return a tensor of shape [{ops.m}, {ops.n}]"
+            )
+        return out.to(ops.out_dtype)
+
+    @property
+    def identity(self) -> dict[str, Any]:
+        return {**super().identity, "callable": self.target}
+
+    def __hash__(self) -> int:
+        return hash((type(self), self.name, self.target, tuple(sorted(self.params.items()))))
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.params.items())
+        return f"<MatmulKernel {self.name} = {self.target}({args})>"
+
+
+def _required_positional(fn: Any) -> tuple[int | None, inspect.Signature | None]:
+    """How many positional parameters ``fn`` requires (None: its signature cannot be read)."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None, None
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    required = [
+        p for p in sig.parameters.values() if p.kind in kinds and p.default is inspect.Parameter.empty
+    ]
+    return len(required), sig
+
+
+def _matmul_kernel(fn: Any, sig: inspect.Signature | None, params: dict[str, Any], what: str,
+                   default_name: str) -> MatmulKernel:  # fmt: skip
+    if sig is not None and params:
+        try:
+            sig.bind(None, None, **params)
+        except TypeError as exc:
+            raise KernelError(
+                f"{what} is a plain matmul f(A, B) -> C; it does not accept parameters "
+                f"{sorted(params)} ({exc}); its signature is {fn.__name__}{sig}"
+            ) from exc
+    return MatmulKernel(fn, default_name, **params)
+
+
 def _class_name(cls: type) -> str:
     """The registered name of a kernel class, even when ``name`` is a per-instance property."""
     for klass in cls.__mro__:
@@ -239,7 +348,8 @@ def register_kernel(name: str, target: Any = None, **info: Any) -> Any:
         ):
             raise KernelError(
                 f"cannot register {obj!r} as kernel {name!r}: expected a Kernel subclass, a Kernel "
-                "instance, a factory returning a Kernel, or a 'module:attr' string"
+                "instance, a factory returning a Kernel, a plain matmul callable f(A, B) -> C, or a "
+                "'module:attr' string"
             )
         if isinstance(obj, type) and issubclass(obj, Kernel) and "name" not in obj.__dict__:
             obj.name = name
@@ -322,13 +432,24 @@ def _build(target: Any, params: dict[str, Any], what: str, default_name: str) ->
     if isinstance(target, type) and issubclass(target, Kernel):
         kernel = target(**params)
     elif callable(target):
+        if not isinstance(target, type):
+            required, sig = _required_positional(target)
+            if required is None or required == 2:
+                return _matmul_kernel(target, sig, params, what, default_name)
+            if required != 0:
+                raise KernelError(
+                    f"{what} is a callable with signature {getattr(target, '__name__', '')}{sig}: "
+                    f"{required} required positional parameter(s). A plain matmul takes exactly "
+                    "two, f(A, B) -> C; a factory takes none and returns a Kernel"
+                )
         try:
             kernel = target(**params)
         except TypeError as exc:
             raise KernelError(f"{what}: bad parameters {params!r}: {exc}") from exc
     else:
         raise KernelError(
-            f"{what} is {target!r}, not a Kernel subclass, Kernel instance or factory"
+            f"{what} is {target!r}, not a Kernel subclass, Kernel instance, factory or plain "
+            "matmul callable f(A, B) -> C"
         )
     if not isinstance(kernel, Kernel):
         raise KernelError(
@@ -361,7 +482,8 @@ def get_kernel(name: str, **params: Any) -> Kernel:
 
     ``name`` is a registered name, a registered name with its integer suffix parameter
     (``"fp8-blocked-128"``), an entry-point name (group ``swapcheck.kernels``), or
-    ``"package.module:attr"`` naming a user's Kernel subclass, factory or instance.
+    ``"package.module:attr"`` naming a user's Kernel subclass, factory, instance or plain matmul
+    callable ``f(A, B) -> C`` (see the module docstring for how a callable is told apart).
     """
     if not isinstance(name, str) or not name:
         raise KernelError(f"kernel name must be a non-empty string, got {name!r}")

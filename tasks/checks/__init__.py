@@ -1,0 +1,44 @@
+"""Kernel correctness checks that cannot be fooled (issue 4; docs/checks.md).
+
+* :func:`run_exact_match` (:mod:`.exact_match`): binary operands sparse enough that every reference
+  sum is exact in the output format; exact equality required wherever it is.
+* :func:`run_bounds` (:mod:`.bounds`): randn and adversarial operands; every output within a named
+  accumulation algorithm's error bound, then one rounding to the output format.
+
+Both take a :class:`Subject` (:func:`load_subject`: a registry name, an entry point or
+``package.module:attr``, including a plain matmul ``f(A, B) -> C``) and end in a verdict of
+:mod:`tasks.verdicts` with its evidence (:class:`CheckResult`).  Example::
+
+    from tasks.checks import load_subject, run_exact_match, run_bounds
+    s = load_subject("torch:matmul")
+    print(run_exact_match(s, [(64, 1000, 48)], trials=20).text())
+    print(run_bounds(s, [(64, 1000, 48)], "any").verdict)
+"""
+
+from .bounds import ALGORITHMS, algorithm, run_bounds
+from .exact_match import MIN_CHECKED_FRACTION, run_exact_match
+from .operands import INPUT_KINDS, SCALE_MODES
+from .result import CheckResult, Element, TrialResult, combined
+from .sparsity import exact_limit, min_zero_probability, overflow_probability, zero_probability
+from .subject import CheckInputError, Subject, load_subject
+
+__all__ = [
+    "ALGORITHMS",
+    "INPUT_KINDS",
+    "SCALE_MODES",
+    "MIN_CHECKED_FRACTION",
+    "CheckInputError",
+    "CheckResult",
+    "Element",
+    "Subject",
+    "TrialResult",
+    "algorithm",
+    "combined",
+    "exact_limit",
+    "load_subject",
+    "min_zero_probability",
+    "overflow_probability",
+    "run_bounds",
+    "run_exact_match",
+    "zero_probability",
+]
