@@ -23,12 +23,16 @@ fp8-blocked[-<b>]          fp8_e4m3    exact emulation, fp32 blocked sum, ``bloc
 exact                      any         correctly rounded reference (:mod:`.exact`)
 =========================  ==========  =======================================================
 
+GPU kernels (:mod:`.cuda`; available with CUDA and, for the vLLM ones, vLLM 0.29-0.32):
+``vllm-cutlass``, ``vllm-cutlass-raw``, ``vllm-triton``, ``torch-scaled-mm-cuda``.
+
 Users add kernels with ``register_kernel``, the entry-point group ``swapcheck.kernels``, or by
 naming ``"package.module:attr"`` directly; a plain callable ``f(A, B) -> C`` is accepted too and
 wrapped as an unscaled :class:`MatmulKernel` (rules in :mod:`.registry`).
 """
 
 from . import exact, fp8, int8, onednn, scaled_mm  # noqa: F401  (registers the built-ins)
+from . import cuda  # noqa: F401  (registers the GPU kernels; imports no vLLM)
 from .operands import Operands, check_operands
 from .registry import (
     ENTRY_POINT_GROUP,
