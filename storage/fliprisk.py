@@ -60,6 +60,8 @@ DECADE_EDGES = (0.0, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0, math.inf)
 CONCENTRATION_SHARES = (0.5, 0.9, 0.99)
 #: Elements of one bootstrap chunk (resamples x positions): bounds memory at a few tens of MB.
 _CHUNK_ELEMENTS = 4_000_000
+#: Up to this many sequences, the sequence bootstrap works on a sequences x sequences matrix.
+_MAX_PAIR_SEQUENCES = 2048
 
 
 class FlipData:
@@ -143,6 +145,25 @@ def _weighted_auc(pos_w: np.ndarray, neg_w: np.ndarray, starts: np.ndarray) -> n
     return np.asarray(out, dtype=np.float64)
 
 
+def _pair_matrix(margin: np.ndarray, flip: np.ndarray, seq: np.ndarray, n_seq: int) -> np.ndarray:
+    """A[s, t]: pairs (flip in sequence s, non-flip in sequence t) with the flip at the smaller margin,
+    ties counting one half. The AUC of a resample with sequence counts c is c A c / (c P)(c N)."""
+    a = np.zeros((n_seq, n_seq), dtype=np.float64)
+    pos_m, pos_s = margin[flip], seq[flip]
+    neg_m, neg_s = margin[~flip], seq[~flip]
+    order = np.lexsort((neg_m, neg_s))
+    neg_m, neg_s = neg_m[order], neg_s[order]
+    bounds = np.searchsorted(neg_s, np.arange(n_seq + 1))
+    for t in range(n_seq):
+        m_t = neg_m[bounds[t]:bounds[t + 1]]
+        if not m_t.size:
+            continue
+        left = np.searchsorted(m_t, pos_m, side="left")
+        right = np.searchsorted(m_t, pos_m, side="right")
+        a[:, t] = np.bincount(pos_s, weights=(m_t.size - right) + 0.5 * (right - left), minlength=n_seq)
+    return a
+
+
 def bootstrap_auc(margin: np.ndarray, flip: np.ndarray, sequence: np.ndarray | None = None, *,
                   resamples: int = 1000, level: float = 0.95, seed: int = 0,
                   unit: str = "sequence") -> dict[str, Any]:
@@ -151,8 +172,10 @@ def bootstrap_auc(margin: np.ndarray, flip: np.ndarray, sequence: np.ndarray | N
     ``unit="sequence"`` resamples whole sequences (``sequence`` ids) with replacement; resamples that
     happen to hold no flip or only flips have no AUC and are left out (``used`` counts the rest).
     ``unit="position"`` resamples flipped and unflipped positions separately (stratified), so every
-    resample has the observed flip count. Vectorized: each chunk of resamples is a weight matrix
-    over the positions sorted by margin, reduced per run of equal margins.
+    resample has the observed flip count. Vectorized: with up to ``_MAX_PAIR_SEQUENCES`` sequences,
+    the flip/non-flip pair counts between every two sequences are computed once (``_pair_matrix``)
+    and a resample's AUC is a quadratic form in its sequence counts; otherwise each chunk of
+    resamples is a weight matrix over the positions sorted by margin, reduced per run of equal margins.
     """
     if unit not in ("sequence", "position"):
         raise ValueError(f"unit {unit!r}: allowed: sequence, position")
@@ -167,10 +190,15 @@ def bootstrap_auc(margin: np.ndarray, flip: np.ndarray, sequence: np.ndarray | N
     starts = np.flatnonzero(np.r_[True, m_sorted[1:] != m_sorted[:-1]])
     n = margin.size
     rng = np.random.default_rng(seed)
+    pair: np.ndarray | None = None
     if unit == "sequence":
         seq = np.zeros(n, dtype=np.int64) if sequence is None else np.asarray(sequence, dtype=np.int64)
         _, seq_dense = np.unique(seq[order], return_inverse=True)
         n_seq = int(seq_dense.max()) + 1
+        if n_seq <= _MAX_PAIR_SEQUENCES:
+            pair = _pair_matrix(m_sorted, f_sorted, seq_dense, n_seq)
+            pos_per_seq = np.bincount(seq_dense, weights=f_sorted, minlength=n_seq)
+            neg_per_seq = np.bincount(seq_dense, weights=~f_sorted, minlength=n_seq)
     else:
         pos_idx = np.flatnonzero(f_sorted)
         neg_idx = np.flatnonzero(~f_sorted)
@@ -180,15 +208,21 @@ def bootstrap_auc(margin: np.ndarray, flip: np.ndarray, sequence: np.ndarray | N
     while done < resamples:
         b = min(chunk, resamples - done)
         if unit == "sequence":
-            draws = rng.integers(0, n_seq, size=(b, n_seq))
-            counts = _row_bincount(draws, n_seq).astype(np.float64)
-            w = counts[:, seq_dense]
+            counts = _row_bincount(rng.integers(0, n_seq, size=(b, n_seq)), n_seq).astype(np.float64)
+            if pair is not None:
+                n_pos, n_neg = counts @ pos_per_seq, counts @ neg_per_seq
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    values = ((counts @ pair) * counts).sum(axis=1) / (n_pos * n_neg)
+                values[(n_pos == 0) | (n_neg == 0)] = np.nan
+                aucs.append(values)
+            else:
+                w = counts[:, seq_dense]
+                aucs.append(_weighted_auc(w * f_sorted, w * ~f_sorted, starts))
         else:
             w = np.zeros((b, n), dtype=np.float64)
             for idx in (pos_idx, neg_idx):
-                draws = idx[rng.integers(0, idx.size, size=(b, idx.size))]
-                w += _row_bincount(draws, n)
-        aucs.append(_weighted_auc(w * f_sorted, w * ~f_sorted, starts))
+                w += _row_bincount(idx[rng.integers(0, idx.size, size=(b, idx.size))], n)
+            aucs.append(_weighted_auc(w * f_sorted, w * ~f_sorted, starts))
         done += b
     values = np.concatenate(aucs)
     values = values[np.isfinite(values)]

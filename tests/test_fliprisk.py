@@ -94,6 +94,18 @@ def test_bootstrap_is_seeded_and_both_units_work() -> None:
         fr.bootstrap_auc(d.margin, d.flip, unit="prompt")
 
 
+def test_sequence_bootstrap_pair_matrix_equals_the_weighted_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(5)
+    margin = np.round(rng.exponential(1.0, 1200), 2)  # ties across sequences
+    flip = rng.random(1200) < 0.4 * np.exp(-margin)
+    seq = rng.integers(0, 30, 1200)
+    fast = fr.bootstrap_auc(margin, flip, seq, resamples=200, seed=3)
+    monkeypatch.setattr(fr, "_MAX_PAIR_SEQUENCES", 0)
+    slow = fr.bootstrap_auc(margin, flip, seq, resamples=200, seed=3)
+    assert fast["used"] == slow["used"] == 200
+    assert fast["ci"] == pytest.approx(slow["ci"], abs=1e-12)
+
+
 def test_sequence_resamples_without_flips_are_left_out_and_said() -> None:
     margin = np.linspace(0.0, 1.0, 200)
     flip = np.zeros(200, dtype=bool)
