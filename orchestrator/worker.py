@@ -36,6 +36,15 @@ def _version() -> str:
         return "0+unknown"
 
 
+def _node_id() -> str | None:
+    try:
+        import ray
+
+        return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+    except Exception:  # noqa: BLE001 - provenance only
+        return None
+
+
 def _task_function(kind: str) -> Any:
     module, attr = TASK_FUNCTIONS[kind].split(":")
     return getattr(importlib.import_module(module), attr)
@@ -49,7 +58,7 @@ def execute_unit(payload: dict[str, Any], results: str, sweep: str, spec_sha256:
     torch.set_num_threads(max(1, int(os.environ.get("SWAPCHECK_THREADS_PER_UNIT", "1"))))
     store = ResultStore(results)
     unit_id = payload["id"]
-    attempt = store.mark_attempt(sweep, unit_id)
+    attempt = store.mark_attempt(sweep, unit_id, _node_id())
     started = utcnow()
     t0 = time.perf_counter()
     tables: list[str] = []
@@ -75,6 +84,7 @@ def execute_unit(payload: dict[str, Any], results: str, sweep: str, spec_sha256:
         "attempts": attempt,
         "host": socket.gethostname(),
         "pid": os.getpid(),
+        "node_id": _node_id(),
         "started_at": started,
         "finished_at": utcnow(),
         "duration_s": time.perf_counter() - t0,
@@ -105,6 +115,7 @@ def record_lost_unit(payload: dict[str, Any], results: str, sweep: str, spec_sha
             "attempts": store.attempts(sweep, payload["id"]),
             "host": None,
             "pid": None,
+            "node_id": None,
             "started_at": now,
             "finished_at": now,
             "duration_s": 0.0,

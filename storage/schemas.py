@@ -198,6 +198,7 @@ UNITS = pa.schema(
         ("attempts", pa.int32()),
         ("host", pa.string()),
         ("pid", pa.int64()),
+        ("node_id", pa.string()),
         ("started_at", pa.timestamp("us", tz="UTC")),
         ("finished_at", pa.timestamp("us", tz="UTC")),
         ("duration_s", pa.float64()),

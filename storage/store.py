@@ -82,16 +82,24 @@ class ResultStore:
         atomic_write_parquet(t, self.partition(table, sweep) / f"{name}.parquet")
         return t.num_rows
 
-    def mark_attempt(self, sweep: str, unit_id: str) -> int:
+    def mark_attempt(self, sweep: str, unit_id: str, node_id: str | None = None) -> int:
         """Record that an execution of ``unit_id`` started here; return the attempt number."""
         d = self.attempts_dir(sweep, unit_id)
         d.mkdir(parents=True, exist_ok=True)
-        marker = {"host": socket.gethostname(), "pid": os.getpid(), "started_at": utcnow().isoformat()}
+        marker = {"host": socket.gethostname(), "pid": os.getpid(), "node_id": node_id,
+                  "started_at": utcnow().isoformat()}
         name = f"{time.time_ns()}-{socket.gethostname()}-{os.getpid()}.json"
         tmp = d / f".{name}.tmp"
         tmp.write_text(json.dumps(marker))
         os.replace(tmp, d / name)
         return self.attempts(sweep, unit_id)
+
+    def attempt_markers(self, sweep: str) -> list[dict[str, Any]]:
+        """Every attempt marker of a sweep, with its unit id (which unit started where, and when)."""
+        root = self.root / "_state" / "attempts" / f"sweep={sweep}"
+        if not root.is_dir():
+            return []
+        return [{**json.loads(p.read_text()), "unit_id": p.parent.name} for p in sorted(root.glob("*/*.json"))]
 
     def attempts(self, sweep: str, unit_id: str) -> int:
         d = self.attempts_dir(sweep, unit_id)

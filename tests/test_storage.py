@@ -14,7 +14,7 @@ from storage.store import ResultStore
 def _unit(uid: str, status: str = "ok") -> dict:
     now = datetime.now(UTC)
     return {"unit_id": uid, "kind": "kdepth", "experiment": "e", "description": "", "params_json": "{}",
-            "status": status, "attempts": 1, "host": "h", "pid": 1, "started_at": now, "finished_at": now,
+            "status": status, "attempts": 1, "host": "h", "pid": 1, "node_id": "n", "started_at": now, "finished_at": now,
             "duration_s": 0.1, "error": None if status == "ok" else "boom", "tables": ["kdepth"], "rows": 3,
             "spec_sha256": "x", "swapcheck_version": "0", "torch_version": "2.13.0"}
 
