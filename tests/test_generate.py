@@ -102,3 +102,19 @@ def test_teacher_forced_without_reference_fails_clearly(tmp_path: Path) -> None:
     params = {"reference": {"name": "a", "unit_id": "nope"}, "arm": {"name": "b"}}
     with pytest.raises(RuntimeError, match="has not finished"):
         run(params, {"results": str(tmp_path), "sweep": "s", "unit_id": "u"})
+
+
+def test_reports_on_real_generation_output(gen_results: Path) -> None:
+    import json
+
+    res = runner.invoke(app, ["report", "agreement", "--results", str(gen_results), "--format", "json"])
+    assert res.exit_code == 0, res.output
+    rep = json.loads(res.stdout)
+    assert {(r["arm"], r["identical"], r["total"]) for r in rep["self_reproducibility"]} == {
+        ("cutlass-pow2", 6, 6), ("triton-pow2", 6, 6)}
+    assert [(r["arm_a"], r["arm_b"], r["identical"], r["total"]) for r in rep["cross_arm"]] == [
+        ("cutlass-pow2", "triton-pow2", 6, 6)]
+    flips = runner.invoke(app, ["report", "flips", "--results", str(gen_results), "--format", "json"])
+    assert flips.exit_code == 0, flips.output
+    f = json.loads(flips.stdout)
+    assert f["positions"] == 6 * 12 and f["flips"] == 0 and f["auc"] is None and f["auc_ci"] is None
