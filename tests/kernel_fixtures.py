@@ -31,3 +31,21 @@ class CrashOnceKernel(Kernel):
             marker.write_text("crashed")
             os._exit(17)
         return get_kernel("exact")(ops.a, ops.b, ops.scale_a, ops.scale_b, ops.out_dtype, ops.bias)
+
+
+class EpilogueVariant(Kernel):
+    """CUTLASS-order epilogue, or (``variant="truncate"``) the same with a round-toward-zero bf16
+    conversion: the deliberately changed kernel of the nightly regression test."""
+
+    operand_dtype = "int8"
+    description = "test fixture: cutlass-order epilogue, optionally truncating"
+    param_defaults = {"variant": "cutlass"}
+
+    def compute(self, ops):
+        import torch
+
+        out = get_kernel("int8-cutlass-order")(ops.a, ops.b, ops.scale_a, ops.scale_b, torch.float32, None)
+        if self.params["variant"] == "truncate" and ops.out_dtype == torch.bfloat16:
+            bits = out.contiguous().view(torch.int32) & ~0xFFFF  # drop the low 16 bits: toward zero
+            return bits.view(torch.float32).to(torch.bfloat16)
+        return out.to(ops.out_dtype)

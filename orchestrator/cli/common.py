@@ -29,6 +29,7 @@ class Format(str, Enum):
     json = "json"
     csv = "csv"
     markdown = "markdown"
+    html = "html"
 
 
 @contextmanager

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from orchestrator.cli import check, kernels, query, report, sweep
+from orchestrator.cli import nightly, check, kernels, query, report, sweep
 
 app = typer.Typer(
     name="swapcheck",
@@ -31,6 +31,7 @@ app.add_typer(kernels.app, name="kernels")
 app.add_typer(report.app, name="report")
 app.add_typer(check.app, name="check")
 app.command("query")(query.query)
+app.command("nightly")(nightly.nightly)
 
 
 @app.command("version")

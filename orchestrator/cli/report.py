@@ -410,3 +410,34 @@ def flips(
                         "flip rate there": c["flip_rate_at_or_below"], "flip rate above": c["flip_rate_above"],
                         "enrichment": c["enrichment"]} for c in rep["concentration"]], fmt,
                       title="where flips concentrate")
+
+
+@app.command("all")
+def all_(
+    results: Path = typer.Option(Path(DEFAULT_RESULTS), "--results", help=RESULTS_HELP),
+    sweep: str = typer.Option(None, "--sweep", help="Only this sweep (default: all)."),
+    fmt: Format = typer.Option(Format.markdown, "--format", help="html or markdown."),
+    out_file: Path = typer.Option(None, "--out", help="Write here instead of standard output (required for html)."),
+) -> None:
+    """Everything in one document: K-depth curves, replay heatmap, ROC and calibration plots, tables.
+
+    HTML embeds its images (no network needed to view it); Markdown carries the tables (conformance
+    summary per kernel pair, agreement, prediction scorecard, provenance) for terminals and PRs.
+
+    Example: swapcheck report all --results results --format html --out report.html
+    """
+    with user_errors():
+        from orchestrator.errors import UsageError
+        from storage.report import html_document, markdown_document
+
+        _results_dir(results)
+        if fmt not in (Format.html, Format.markdown):
+            raise UsageError(f"--format {fmt.value}: `report all` writes html or markdown")
+        if fmt is Format.html and out_file is None:
+            raise UsageError("--format html needs --out FILE")
+        text = html_document(results, sweep) if fmt is Format.html else markdown_document(results, sweep)
+        if out_file is None:
+            typer.echo(text)
+        else:
+            out_file.write_text(text, encoding="utf-8")
+            out.print(f"wrote {out_file}")

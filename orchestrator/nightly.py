@@ -1,0 +1,151 @@
+"""The nightly regression job: run a suite as a dated sweep, compare its metrics, report.
+
+``swapcheck nightly SUITE --baseline FILE --results DIR`` launches the suite spec under the sweep name
+``<name>-<UTC timestamp>``, computes its summary metrics (``storage.summary``), compares them with the
+baseline file under the declared rules and with the previous night's sweep, and writes a report in
+Markdown, HTML and JSON under ``<results>/nightly/<sweep>/``.
+
+Exit codes: 0 nothing regressed; 1 a regression (the report names each metric, the baseline value and
+today's); 2 bad input (suite, baseline) or an infrastructure failure (Ray, disk, a unit that failed to
+run) — an infrastructure failure is never reported as a numerical regression.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from orchestrator.errors import InfrastructureError, UsageError
+
+BASELINE_VERSION = 1
+
+
+@dataclass
+class NightlyOutcome:
+    sweep: str
+    exit_code: int
+    regressions: list[dict[str, Any]] = field(default_factory=list)
+    changes: list[dict[str, Any]] = field(default_factory=list)
+    since_previous: list[dict[str, Any]] = field(default_factory=list)
+    previous: str | None = None
+    report_dir: str | None = None
+    baseline_updated: bool = False
+
+
+def read_baseline(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no baseline file (create one with --update-baseline)") from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UsageError(f"{path}: not a readable JSON baseline: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("metrics"), dict):
+        raise UsageError(f"{path}: metrics: expected an object of metric name -> {{value, rule}}")
+    for name, m in data["metrics"].items():
+        if not isinstance(m, dict) or "value" not in m or m.get("rule") not in ("exact", "rate", "max", "auc"):
+            raise UsageError(f"{path}: metrics.{name}: expected {{value, rule}} with rule exact, rate, max or auc")
+    return data
+
+
+def previous_sweep(store: Any, base: str, current: str) -> str | None:
+    earlier = [s for s in store.sweeps() if s.startswith(base + "-") and s < current]
+    return max(earlier) if earlier else None
+
+
+def run_nightly(suite: str | Path, baseline: str | Path, results: str | Path, *, update_baseline: bool = False,
+                address: str | None = None, num_cpus: int | None = None, stamp: str | None = None,
+                on_event: Any = None) -> NightlyOutcome:
+    from orchestrator.runner import launch
+    from orchestrator.spec import load_spec
+    from storage.store import ResultStore
+    from storage.summary import compare, sweep_metrics
+
+    spec = load_spec(suite)
+    baseline_path = Path(baseline)
+    base = None if update_baseline and not baseline_path.exists() else read_baseline(baseline_path)
+    stamp = stamp or datetime.utcnow().strftime("%Y%m%dT%H%M%S%f")
+    dated = f"{spec.sweep.name}-{stamp}"
+    spec = spec.model_copy(update={"sweep": spec.sweep.model_copy(update={"name": dated})})
+    summary = launch(spec, results, address=address, num_cpus=num_cpus, on_event=on_event)
+    if summary.n_failed:
+        first = summary.failures[0] if summary.failures else ("?", "?")
+        raise InfrastructureError(
+            f"{summary.n_failed} unit(s) of {dated} failed to run (e.g. {first[0]}: {first[1]}); "
+            "the nightly comparison needs every unit: see `swapcheck report units`")
+    store = ResultStore(results)
+    today = sweep_metrics(results, dated)
+    outcome = NightlyOutcome(sweep=dated, exit_code=0)
+    if base is not None:
+        outcome.changes = compare(base["metrics"], today)
+        outcome.regressions = [c for c in outcome.changes if c["regression"]]
+    prev = previous_sweep(store, spec_base_name(dated), dated)
+    if prev:
+        outcome.previous = prev
+        outcome.since_previous = compare(sweep_metrics(results, prev), today)
+    if update_baseline:
+        baseline_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = baseline_path.with_name(baseline_path.name + ".tmp")
+        tmp.write_text(json.dumps({"version": BASELINE_VERSION, "suite": str(suite), "sweep": dated,
+                                   "created_at": datetime.utcnow().isoformat() + "Z", "metrics": today},
+                                  indent=1, sort_keys=True))
+        tmp.replace(baseline_path)
+        outcome.baseline_updated = True
+    outcome.exit_code = 1 if outcome.regressions and not update_baseline else 0
+    outcome.report_dir = str(write_report(results, outcome, today, base))
+    return outcome
+
+
+def spec_base_name(dated: str) -> str:
+    return dated.rsplit("-", 1)[0]
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return "—" if v is None else str(v)
+
+
+def markdown(outcome: NightlyOutcome, today: dict[str, Any], base: dict[str, Any] | None) -> str:
+    verdict = ("REGRESSION" if outcome.regressions else "no regression") if base else "baseline created"
+    lines = [f"# Nightly {outcome.sweep}: {verdict}", ""]
+    if base:
+        lines += [f"Baseline: sweep `{base.get('sweep')}` ({base.get('created_at', '?')}); "
+                  f"{len(today)} metrics today, {len(outcome.changes)} changed, {len(outcome.regressions)} regressed.", ""]
+    if outcome.baseline_updated:
+        lines += ["The baseline was updated to today's metrics (--update-baseline).", ""]
+    def table(title: str, changes: list[dict[str, Any]]) -> None:
+        lines.extend([f"## {title}", ""])
+        if not changes:
+            lines.extend(["No change.", ""])
+            return
+        lines.extend(["| metric | rule | before | today | change | regression |", "|---|---|---|---|---|---|"])
+        for c in changes:
+            lines.append(f"| `{c['metric']}` | {c['rule']} | {_fmt(c['baseline'])} | {_fmt(c['today'])} | {c['kind']} | "
+                         f"{'**yes**' if c['regression'] else 'no'} |")
+        lines.append("")
+    if base:
+        table("Since the baseline", outcome.changes)
+    if outcome.previous:
+        table(f"Since the previous night ({outcome.previous})", outcome.since_previous)
+    lines += ["## Today's metrics", "", "| metric | rule | value |", "|---|---|---|"]
+    lines += [f"| `{k}` | {m['rule']} | {_fmt(m['value'])} |" for k, m in today.items()]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(results: str | Path, outcome: NightlyOutcome, today: dict[str, Any],
+                 base: dict[str, Any] | None) -> Path:
+    from storage.report import html_document
+
+    out = Path(results) / "nightly" / outcome.sweep
+    out.mkdir(parents=True, exist_ok=True)
+    md = markdown(outcome, today, base)
+    (out / "report.md").write_text(md, encoding="utf-8")
+    (out / "report.json").write_text(json.dumps({
+        "sweep": outcome.sweep, "exit_code": outcome.exit_code, "regressions": outcome.regressions,
+        "changes": outcome.changes, "previous": outcome.previous, "since_previous": outcome.since_previous,
+        "baseline_updated": outcome.baseline_updated, "metrics": today}, indent=1, default=str), encoding="utf-8")
+    (out / "report.html").write_text(html_document(results, outcome.sweep, preface_markdown=md), encoding="utf-8")
+    return out
