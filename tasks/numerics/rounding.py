@@ -24,6 +24,10 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
+    "NEAREST_EVEN",
+    "NEAREST_AWAY",
+    "ROUNDINGS",
+    "check_rounding",
     "round_to_format",
     "round_fraction",
     "two_sum",
@@ -38,15 +42,67 @@ ArrayLike = npt.ArrayLike
 
 _SPLITTER = float(2**27 + 1)  # Veltkamp: splits a 53-bit significand into two 26-bit halves
 
+NEAREST_EVEN = "nearest_even"  # IEEE roundTiesToEven, the default everywhere
+NEAREST_AWAY = "nearest_away"  # IEEE roundTiesToAway: ties go to the larger magnitude
+ROUNDINGS = (NEAREST_EVEN, NEAREST_AWAY)
 
-def round_to_format(hi: ArrayLike, fmt: FormatLike, lo: ArrayLike | None = None) -> np.ndarray:
-    """Round the exact real number ``hi + lo`` to ``fmt`` with round-to-nearest-even.
+_ROUNDING_ALIASES = {
+    "nearest_even": NEAREST_EVEN,
+    "nearest": NEAREST_EVEN,
+    "rne": NEAREST_EVEN,
+    "ties_to_even": NEAREST_EVEN,
+    "nearest_away": NEAREST_AWAY,
+    "rna": NEAREST_AWAY,
+    "ties_to_away": NEAREST_AWAY,
+}
+_DIRECTED = {
+    "toward_zero", "towards_zero", "rtz", "rz", "truncate", "down", "up", "toward_positive",
+    "towards_positive", "toward_negative", "towards_negative", "rd", "ru", "floor", "ceil",
+    "ceiling",
+}
+
+
+def check_rounding(rounding: str) -> str:
+    """Canonical name of a round-to-nearest mode: ``"nearest_even"`` or ``"nearest_away"``.
+
+    Case-insensitive; ``NEAREST_EVEN``, ``rne``, ``nearest``, ``NEAREST_AWAY`` and ``rna`` are accepted.
+
+    Raises:
+        ValueError: for a directed rounding (toward zero, up, down), explaining why it has no
+            useful bound, and for anything unknown, listing the valid names.
+    """
+    key = str(rounding).strip().lower().replace("-", "_").replace(" ", "_")
+    key = key.removeprefix("round_").removeprefix("rounding.")
+    if key in _ROUNDING_ALIASES:
+        return _ROUNDING_ALIASES[key]
+    if key in _DIRECTED:
+        raise ValueError(
+            f"rounding {rounding!r} is directed; only round-to-nearest is supported "
+            f"({NEAREST_EVEN!r}, the default, or {NEAREST_AWAY!r}). Past its largest value a "
+            "directed-rounding accumulator saturates instead of overflowing (round toward zero "
+            "never reaches inf), which can move the result by up to the size of the terms, and "
+            "no tolerance bounds that usefully"
+        )
+    raise ValueError(
+        f"unknown rounding {rounding!r}; valid: {NEAREST_EVEN!r} (default) or {NEAREST_AWAY!r}"
+    )
+
+
+def round_to_format(
+    hi: ArrayLike,
+    fmt: FormatLike,
+    lo: ArrayLike | None = None,
+    rounding: str = NEAREST_EVEN,
+) -> np.ndarray:
+    """Round the exact real number ``hi + lo`` to ``fmt`` (round to nearest, ties to even by default).
 
     Args:
         hi: float64 array-like.
         fmt: target format (anything :func:`get_format` accepts).
         lo: exact remainder with ``|lo| <= ulp64(hi) / 2`` (what :func:`two_sum` / :func:`two_prod`
             return), same shape as ``hi``; None means the exact value is ``hi``.
+        rounding: ``"nearest_even"`` (default) or ``"nearest_away"`` (ties to the larger
+            magnitude); see :func:`check_rounding`.
 
     Returns:
         float64 array of values exactly representable in ``fmt``.  Subnormals are honoured; a value
@@ -61,6 +117,7 @@ def round_to_format(hi: ArrayLike, fmt: FormatLike, lo: ArrayLike | None = None)
     says on which side the exact value lies.
     """
     f = get_format(fmt)
+    away = check_rounding(rounding) == NEAREST_AWAY
     h = np.asarray(hi, dtype=np.float64)
     if lo is None:
         low = np.zeros_like(h)
@@ -80,7 +137,14 @@ def round_to_format(hi: ArrayLike, fmt: FormatLike, lo: ArrayLike | None = None)
         n = np.rint(r)  # round half to even; keeps the sign of zero
         # r - n is exact (a multiple of ulp(r) no larger than 1/2, or Sterbenz when |r| < 1);
         # r - floor(r) is NOT: for r = -(1/2 - 2**-54) it rounds to exactly 0.5.
-        tie = (np.abs(r - n) == 0.5) & (low != 0)
+        half = np.abs(r - n) == 0.5
+        if away:
+            # An exact tie (no remainder) goes away from zero; r is a half-integer below 2**25
+            # in magnitude, so r +- 1/2 is exact.
+            exact_tie = half & (low == 0)
+            if np.any(exact_tie):
+                n = np.where(exact_tie, r + np.copysign(0.5, r), n)
+        tie = half & (low != 0)
         if np.any(tie):
             # ceil/floor keep -0.0 for a negative value rounding to zero (ceil(-0.5) == -0.0).
             n = np.where(tie, np.where(low > 0, np.ceil(r), np.floor(r)), n)
@@ -92,13 +156,15 @@ def round_to_format(hi: ArrayLike, fmt: FormatLike, lo: ArrayLike | None = None)
     return out
 
 
-def round_fraction(x: Fraction | int, fmt: FormatLike) -> float:
-    """Exact oracle: round the rational ``x`` to ``fmt`` (round-to-nearest-even), in Python integers.
+def round_fraction(x: Fraction | int, fmt: FormatLike, rounding: str = NEAREST_EVEN) -> float:
+    """Exact oracle: round the rational ``x`` to ``fmt`` to nearest, in Python integers.
 
     Same conventions as :func:`round_to_format`: overflow to +-inf (NaN for fp8_e4m3fn), and a
-    negative value rounding to zero gives -0.0.  Slow; meant for tests and tiny oracles.
+    negative value rounding to zero gives -0.0.  ``rounding`` is ``"nearest_even"`` (default) or
+    ``"nearest_away"``.  Slow; meant for tests and tiny oracles.
     """
     f = get_format(fmt)
+    away = check_rounding(rounding) == NEAREST_AWAY
     x = Fraction(x)
     if x == 0:
         return 0.0
@@ -117,7 +183,7 @@ def round_fraction(x: Fraction | int, fmt: FormatLike) -> float:
     else:
         n, rem = divmod(num << -shift, den)
         d = den
-    if 2 * rem > d or (2 * rem == d and n % 2 == 1):
+    if 2 * rem > d or (2 * rem == d and (away or n % 2 == 1)):
         n += 1
     value = Fraction(n) * Fraction(2) ** shift
     if value > Fraction(f.max_finite):

@@ -1,0 +1,372 @@
+"""Summation orders emulated exactly, vectorized over a batch of independent sums (torch, CPU).
+
+Every function here sums ``n`` terms for each of ``B`` outputs in one fixed order, rounding each
+addition once to a format (:class:`Arith`), and returns what an IEEE machine adding in that order
+computes, bit for bit.  Terms come from a :class:`Terms` provider in chunks ``[k, B]`` (the summation
+axis first, so one step of a sequential sum is one contiguous ``[B]`` slice): either values of the
+format, or exact float64 values that may not be (a product added by a fused multiply-add).
+
+Exactness, by case:
+
+* Both operands are values of the format and the rounding is nearest-even: torch's own add in the
+  format's dtype.  fp32 adds are IEEE; bf16 and fp16 adds compute in fp32 and round once more, which
+  is innocuous because fp32 has at least 2p + 2 bits for p = 8 and 11 (Figueroa 1995).
+* Both operands are values of the format, another rounding or format: the float64 sum (innocuous
+  for the same reason, 53 >= 2 * 24 + 2) rounded by :func:`round_to_format`.
+* An operand is exact but not in the format (``add_exact``): ``s = fl64(x + y)``.  For fp32, casting
+  ``s`` is right unless ``s`` is exactly an fp32 midpoint, which a bit test finds (it also flags every
+  value the cast cannot get wrong that shares the bit pattern, e.g. exact sums; all flagged ones are
+  recomputed exactly).  Otherwise, and for the flagged ones, TwoSum gives the exact remainder and
+  :func:`round_to_format` rounds ``s + e`` once.
+
+Every accumulator starts at +0.0, as a GPU accumulator register does, so a sum of zeros is +0.0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from .formats import FloatFormat, get_format
+from .rounding import NEAREST_EVEN, FormatLike, check_rounding, round_to_format
+
+__all__ = ["Arith", "Terms", "ArrayTerms", "sequential", "pairwise", "blocked", "slots16"]
+
+_F64 = torch.float64
+_MID_MASK = (1 << 28) - 1  # low 28 significand bits of a float64 are zero at every fp32 midpoint
+_CHUNK_ELEMENTS = 1 << 18  # elements of one [k, B] chunk of terms: small enough to stay in cache
+_NATIVE = ("fp32", "bf16", "fp16")
+
+
+class Arith:
+    """Round-to-nearest arithmetic of one format on torch tensors, exactly.
+
+    Values of the format are stored in ``self.dtype``: the format's own dtype where torch's
+    arithmetic in it is exact (fp32, bf16, fp16 with nearest-even), float64 otherwise.
+    """
+
+    def __init__(self, fmt: FormatLike, rounding: str = NEAREST_EVEN) -> None:
+        self.fmt: FloatFormat = get_format(fmt)
+        self.rounding = check_rounding(rounding)
+        self.native = self.rounding == NEAREST_EVEN and self.fmt.name in _NATIVE
+        self.dtype = self.fmt.torch_dtype if self.native else _F64
+        self.fp32 = self.fmt.name == "fp32"
+
+    def zeros(self, *shape: int) -> torch.Tensor:
+        return torch.zeros(shape, dtype=self.dtype)
+
+    def round64(self, x: torch.Tensor) -> torch.Tensor:
+        """Exact float64 values rounded once to the format (stored in ``self.dtype``)."""
+        if self.native and self.fp32:
+            return x.to(torch.float32)  # one IEEE rounding
+        r = round_to_format(x.numpy(), self.fmt, rounding=self.rounding)
+        return torch.from_numpy(r).to(self.dtype)  # exact: r holds values of the format
+
+    def add(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """``round(x + y)`` for values of the format."""
+        if self.native:
+            return x + y
+        return self.round64(x + y)  # float64 sum, then one rounding: innocuous (module doc)
+
+    def add_exact(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """``round(x + y)`` for exact float64 operands (not necessarily values of the format)."""
+        x, y = torch.broadcast_tensors(x.to(_F64), y.to(_F64))
+        if not self.fp32:
+            return self.exact_add64(x, y).to(self.dtype)
+        s = x + y
+        r = s.to(torch.float32)
+        flag = (s.view(torch.int64) & _MID_MASK) == 0
+        if bool(flag.any()):
+            r[flag] = self.exact_add64(x[flag], y[flag]).to(torch.float32)
+        return r.to(self.dtype)
+
+    def exact_add64(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """TwoSum, then one rounding of the exact sum: float64 tensor of values of the format."""
+        s = x + y
+        bv = s - x
+        e = (x - (s - bv)) + (y - bv)
+        e = torch.where(torch.isfinite(s), e, torch.zeros_like(e))
+        r = round_to_format(s.numpy(), self.fmt, e.numpy(), self.rounding)
+        return torch.from_numpy(np.asarray(r, dtype=np.float64))
+
+
+class Terms(Protocol):
+    """``n`` terms for each of ``size`` outputs, produced in chunks along the summation axis."""
+
+    n: int
+    size: int
+    exact: bool  # True: float64 values that may lie outside the format; False: values of it
+
+    def chunk(self, k0: int, k1: int) -> torch.Tensor:
+        """Terms k0..k1-1 as ``[k1 - k0, size]``: ``arith.dtype`` if not exact, else float64."""
+        ...
+
+    def select(self, index: torch.Tensor) -> Terms:
+        """The same terms for the outputs ``index`` (a 1-D long tensor) only."""
+        ...
+
+
+class ArrayTerms:
+    """Terms given as a ``[n, size]`` tensor."""
+
+    def __init__(self, values: torch.Tensor, exact: bool) -> None:
+        self.values = values
+        self.n, self.size = values.shape
+        self.exact = exact
+
+    def chunk(self, k0: int, k1: int) -> torch.Tensor:
+        return self.values[k0:k1]
+
+    def select(self, index: torch.Tensor) -> ArrayTerms:
+        return ArrayTerms(self.values[:, index], self.exact)
+
+
+def _chunks(terms: Terms, per: int = 1) -> Iterator[tuple[int, torch.Tensor]]:
+    step = max(per, (_CHUNK_ELEMENTS // max(terms.size, 1)) // per * per)
+    for k0 in range(0, terms.n, step):
+        yield k0, terms.chunk(k0, min(terms.n, k0 + step))
+
+
+def _scan_general(start: torch.Tensor, t: torch.Tensor, ar: Arith, exact: bool) -> torch.Tensor:
+    """Sequential sum of ``t [k, B]`` onto ``start [B]`` (float64 values of the format)."""
+    acc = start.to(_F64)
+    for i in range(t.shape[0]):
+        if exact:
+            acc = ar.exact_add64(acc, t[i].to(_F64))
+        else:
+            acc = ar.add(acc.to(ar.dtype), t[i]).to(_F64)
+    return acc
+
+
+def _scan(acc: torch.Tensor, t: torch.Tensor, ar: Arith, exact: bool) -> torch.Tensor:
+    """Sequential sum of ``t [k, *B]`` onto ``acc [*B]`` (values of the format, ``ar.dtype``)."""
+    if not exact:
+        if ar.native:
+            acc = acc.clone()
+            for i in range(t.shape[0]):
+                acc.add_(t[i])
+            return acc
+        for i in range(t.shape[0]):
+            acc = ar.add(acc, t[i])
+        return acc
+    if not ar.fp32:
+        shape = acc.shape
+        flat = _scan_general(acc.reshape(-1), t.reshape(t.shape[0], -1), ar, True)
+        return flat.reshape(shape).to(ar.dtype)
+    # fp32 fast path: float64 sum, one cast, a midpoint flag per element; flagged sums redone.
+    start = acc.to(torch.float32)
+    a32 = start.clone()
+    s = torch.empty(acc.shape, dtype=_F64)
+    low = torch.empty(acc.shape, dtype=torch.int64)
+    flag = torch.full(acc.shape, _MID_MASK + 1, dtype=torch.int64)
+    for i in range(t.shape[0]):
+        torch.add(a32, t[i], out=s)  # a32 is promoted to float64 exactly; the sum rounds once
+        a32.copy_(s)
+        torch.bitwise_and(s.view(torch.int64), _MID_MASK, out=low)
+        torch.minimum(flag, low, out=flag)
+    bad = (flag == 0).reshape(-1).nonzero().squeeze(1)
+    if bad.numel():
+        flat = a32.reshape(-1)
+        tb = t.reshape(t.shape[0], -1)[:, bad]
+        flat[bad] = _scan_general(start.reshape(-1)[bad], tb, ar, True).to(torch.float32)
+    return a32.to(ar.dtype)
+
+
+def sequential(terms: Terms, ar: Arith) -> torch.Tensor:
+    """``((0 + x_0) + x_1) + ... + x_{n-1}`` for every output: ``[size]`` in ``ar.dtype``."""
+    acc = ar.zeros(terms.size)
+    for _, t in _chunks(terms):
+        acc = _scan(acc, t, ar, terms.exact)
+    return acc
+
+
+def _add_mixed(ar: Arith, x: torch.Tensor, y: torch.Tensor, y_exact: bool) -> torch.Tensor:
+    return ar.add_exact(x, y) if y_exact else ar.add(x, y)
+
+
+def _tree(t: torch.Tensor, ar: Arith, exact: bool) -> tuple[torch.Tensor, bool]:
+    """Level-by-level pairwise sum of ``t [n, B]`` (odd element carried, unrounded).
+
+    Returns the sum and whether it is still an unrounded exact term (only when n == 1 and exact).
+    """
+    n = t.shape[0]
+    if n == 1:
+        return t[0], exact
+    h = n // 2
+    pend: torch.Tensor | None = None
+    if exact:
+        x = ar.add_exact(t[0 : 2 * h : 2], t[1 : 2 * h : 2])
+        if n % 2:
+            pend = t[n - 1]
+    else:
+        x = ar.add(t[0 : 2 * h : 2], t[1 : 2 * h : 2])
+        if n % 2:
+            x = torch.cat([x, t[n - 1 :]])
+    while x.shape[0] + (pend is not None) > 1:
+        m = x.shape[0]
+        h = m // 2
+        if pend is not None and m % 2:  # pairs (x0, x1) ... (x_{m-1}, pend)
+            y = ar.add(x[0 : 2 * h : 2], x[1 : 2 * h : 2])
+            last = ar.add_exact(x[m - 1], pend)
+            x, pend = torch.cat([y, last[None]]), None
+        elif pend is not None:  # m even: the pending term is carried again
+            x = ar.add(x[0::2], x[1::2])
+        else:
+            y = ar.add(x[0 : 2 * h : 2], x[1 : 2 * h : 2])
+            x = torch.cat([y, x[m - 1 :]]) if m % 2 else y
+    return x[0], False
+
+
+def pairwise(terms: Terms, ar: Arith, chunk: int = 64) -> torch.Tensor:
+    """Level-by-level pairwise sum (the odd element carried to the next level), then ``0 + sum``.
+
+    The same tree as ``tasks.kernels.fp8.accumulate_pairwise``: chunks of a power-of-two size C at
+    multiples of C are whole subtrees of it; chunk sums are merged like a binary counter (two
+    subtrees of equal height as soon as both exist) and the leftovers folded right to left.  The
+    carried odd element is the last one of its level, so only the last chunk can leave a term
+    unrounded (when it holds a single term); it is added exactly where the tree adds it.
+    """
+    while chunk > 2 and chunk * terms.size > 2 * _CHUNK_ELEMENTS:
+        chunk //= 2
+    stack: list[tuple[int, torch.Tensor]] = []
+    total: torch.Tensor | None = None
+    pend = False
+    for k0 in range(0, terms.n, chunk):
+        total, pend = _tree(terms.chunk(k0, min(terms.n, k0 + chunk)), ar, terms.exact)
+        height = 0
+        while stack and stack[-1][0] == height:
+            total = _add_mixed(ar, stack.pop()[1], total, pend)
+            pend = False
+            height += 1
+        stack.append((height, total))
+    if not stack:
+        return ar.zeros(terms.size)
+    total = stack.pop()[1]
+    while stack:
+        total = _add_mixed(ar, stack.pop()[1], total, pend)
+        pend = False
+    if pend:  # a single exact term: the accumulator's 0 + x rounds it (and makes -0 +0)
+        return ar.round64(total.to(_F64) + 0.0)
+    return total + 0.0  # 0 + sum: exact, turns -0 into +0
+
+
+def blocked(terms: Terms, ar: Arith, block_size: int) -> torch.Tensor:
+    """Sequential from +0 within blocks of ``block_size`` consecutive terms (the last one may be
+    shorter), then sequential from +0 across the block sums, in order.
+
+    Small blocks are summed side by side.  The last block is then padded with +0 terms: adding +0
+    to a value of the format is exact, and it can only change a -0 block sum into +0, which the
+    across sum (an accumulator that is never -0) does not distinguish.
+    """
+    b = block_size
+    total = ar.zeros(terms.size)
+    if b * terms.size > _CHUNK_ELEMENTS:  # one block at a time, in cache-sized pieces
+        step = max(1, _CHUNK_ELEMENTS // max(terms.size, 1))
+        for k0 in range(0, terms.n, b):
+            acc = ar.zeros(terms.size)
+            for j0 in range(k0, min(terms.n, k0 + b), step):
+                acc = _scan(acc, terms.chunk(j0, min(terms.n, k0 + b, j0 + step)), ar, terms.exact)
+            total = _accumulate(ar, total, acc[None])
+        return total
+    for _, t in _chunks(terms, per=b):
+        k = t.shape[0]
+        g = -(-k // b)
+        if g * b != k:
+            t = torch.cat([t, t.new_zeros(g * b - k, terms.size)])
+        blocks = t.reshape(g, b, terms.size).transpose(0, 1)  # [b, g, B]
+        sums = _scan(ar.zeros(g, terms.size), blocks, ar, terms.exact)
+        total = _accumulate(ar, total, sums)
+    return total
+
+
+def _accumulate(ar: Arith, total: torch.Tensor, sums: torch.Tensor) -> torch.Tensor:
+    """``total + sums[0] + sums[1] + ...`` in order (values of the format)."""
+    if ar.native:
+        for i in range(sums.shape[0]):
+            total.add_(sums[i])
+        return total
+    for i in range(sums.shape[0]):
+        total = ar.add(total, sums[i])
+    return total
+
+
+def slot_of(x: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
+    """Slot 0..15 of values of ``fmt``: 16 equal bands of binary exponents from the smallest
+    subnormal's to ``emax``; zeros in slot 0, inf and NaN in slot 15."""
+    lo = fmt.emin - fmt.mantissa_bits
+    width = -(-(fmt.emax - lo + 1) // 16)
+    _, e = torch.frexp(x.to(_F64).abs())  # |x| = m 2**e, m in [1/2, 1): exponent e - 1
+    slot = torch.clamp(torch.div(e.to(torch.int64) - 1 - lo, width, rounding_mode="floor"), 0, 15)
+    slot = torch.where(x == 0, torch.zeros_like(slot), slot)
+    return torch.where(torch.isfinite(x), slot, torch.full_like(slot, 15))
+
+
+def slots16(terms: Terms, ar: Arith) -> torch.Tensor:
+    """Values of the format summed in 16 slots by magnitude (:func:`slot_of`).
+
+    Within a slot: increasing magnitude with alternating signs (smallest positive, smallest
+    negative, next positive, ...; when one sign runs out the other continues; +0 counts as
+    positive and -0 as negative), sequential from +0.  Then the slot sums sequentially from +0,
+    slot 0 (smallest) first.  Needs all n terms of an output at once: outputs are processed in
+    blocks, each with one sort by magnitude (the slot is monotone in magnitude, so the sort also
+    groups the slots, and each sign's terms appear in increasing magnitude).
+    """
+    if terms.exact:
+        raise ValueError("slots16 sums values of the format (rounded products)")
+    out = ar.zeros(terms.size)
+    n = terms.n
+    if n == 0:
+        return out
+    cols = max(1, (1 << 25) // n)
+    for c0 in range(0, terms.size, cols):
+        idx = torch.arange(c0, min(terms.size, c0 + cols))
+        t = terms.select(idx).chunk(0, n)  # [n, c]
+        out[idx] = _slots16_block(t.t().contiguous(), ar)
+    return out
+
+
+def _slots16_block(t: torch.Tensor, ar: Arith) -> torch.Tensor:
+    """``t [c, n]``: the slots16 sum of each row."""
+    c, n = t.shape
+    x = t.to(torch.float32)  # exact: every value of these formats is a float32 value
+    mag, perm = torch.sort(x.abs(), dim=1)  # NaN sorts last, after inf
+    vals = torch.gather(x, 1, perm)
+    slot = _slot_of_magnitude(mag, ar.fmt)  # non-decreasing along each row
+    neg = torch.signbit(vals).to(torch.int64)
+    counts = torch.zeros(c, 32, dtype=torch.int64).scatter_add_(1, slot * 2 + neg, torch.ones_like(neg))
+    n_pos_s, n_neg_s = counts[:, 0::2], counts[:, 1::2]  # [c, 16]
+    size_s = n_pos_s + n_neg_s
+    first = torch.gather(torch.cumsum(size_s, dim=1) - size_s, 1, slot)  # the slot's first index
+    negs_first = torch.gather(torch.cumsum(n_neg_s, dim=1) - n_neg_s, 1, slot)
+    rank_neg = torch.cumsum(neg, dim=1) - neg - negs_first  # this slot's negatives before it
+    rank_pos = (torch.arange(n) - first) - rank_neg  # this slot's positives before it
+    n_pos, n_neg = torch.gather(n_pos_s, 1, slot), torch.gather(n_neg_s, 1, slot)
+    within = torch.where(
+        neg.bool(),
+        rank_neg + torch.minimum(rank_neg + 1, n_pos),
+        rank_pos + torch.minimum(rank_pos, n_neg),
+    )
+    ordered = torch.empty_like(vals).scatter_(1, first + within, vals)
+    # slots keep their places (the reordering is within each slot)
+    begins = (torch.arange(n) == first).t().contiguous()
+    ends = (torch.arange(n) == first + torch.gather(size_s, 1, slot) - 1).t().contiguous()
+    terms = ordered.t().contiguous().to(ar.dtype)  # [n, c]
+    zero = ar.zeros(c)
+    acc = ar.zeros(c)
+    across = ar.zeros(c)
+    for i in range(n):
+        acc = ar.add(torch.where(begins[i], zero, acc), terms[i])
+        across = torch.where(ends[i], ar.add(across, acc), across)
+    return across
+
+
+def _slot_of_magnitude(mag: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
+    """:func:`slot_of` for magnitudes (float32), by comparison with the 15 slot boundaries."""
+    lo = fmt.emin - fmt.mantissa_bits
+    width = -(-(fmt.emax - lo + 1) // 16)
+    bounds = torch.tensor([2.0 ** (lo + s * width) for s in range(1, 16)], dtype=torch.float64)
+    slot = torch.bucketize(mag.to(torch.float64), bounds, right=True)
+    return torch.where(torch.isnan(mag), torch.full_like(slot, 15), slot)

@@ -1,0 +1,517 @@
+"""Matmul algorithms (orders of accumulation in a format) and the matmul operation's reference.
+
+===============================================  ===============================================
+constructor                                      how the K products of one output are added
+===============================================  ===============================================
+``matmul_sequential(format, *, fma=True)``       one at a time, in index order, from +0
+``matmul_pairwise(format, *, fma=True)``         balanced tree, level by level, odd one carried
+``matmul_blocked(format, block_size, *, fma)``   in order within blocks, then the block sums
+``matmul_exact_accumulation(format)``            exactly, then rounded once to format
+``matmul_slots16(format)``                       rounded, then summed in 16 slots by magnitude
+===============================================  ===============================================
+
+With ``fma=True`` the exact products are added (each addition that uses a product is one fused
+rounding); with ``fma=False`` each product is first rounded to the format.  Every constructor takes
+``rounding=`` (``"nearest_even"``, the default, or ``"nearest_away"``; directed roundings are a
+``ValueError``).  The orders are those of :mod:`.accumulation` (pairwise is the same tree as
+``tasks.kernels``' fp8-pairwise).  Each algorithm has
+
+* ``run(A, B)``: what that implementation computes, emulated exactly and vectorized; ``A [M, K]`` and
+  ``B [K, N]`` are numpy arrays or torch tensors of values of their own dtype (fp32, bf16, fp16, fp8;
+  float64 arrays must hold values of the algorithm's format).  Returns the inputs' kind in the
+  accumulation format's dtype.
+* ``error_model(k)``: its formula for k products, e.g.
+  ``4.77e-07 * sum over k of |A[i,k] * B[k,j]| + 1.34e-43`` for
+  ``matmul_pairwise("float32", fma=False).error_model(64)`` (docs/numerics.md derives the counts).
+* ``tolerance(A, B)``, ``finite_range(A, B)``, ``may_be(kind, A, B)`` with kind ``"nan"``, ``"inf"``
+  or ``"zero"``, and ``covers(output, A, B)``: the bounds, elementwise, around the exact result.
+
+:func:`matmul` is the operation itself: ``.exact``, ``.rounded`` (the exact result rounded once to the
+output format) and the operation's tolerance, which covers every implementation that rounds only where
+the operation requires (products and sums in the output format, in any order, with or without FMA).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import accumulation as acc_mod
+from .accumulation import AccumulationAlgorithm, to_float64, to_output
+from .errormodel import Bounds, ErrorModel
+from .exactsum import ExactSum, exact_matmul
+from .formats import FORMATS, FloatFormat, get_format
+from .orders import Arith
+from .orders import blocked as _blocked
+from .orders import pairwise as _pairwise
+from .orders import sequential as _sequential
+from .orders import slots16 as _slots16
+from .rounding import NEAREST_EVEN, FormatLike, check_rounding, is_representable
+
+__all__ = [
+    "MatmulAlgorithm",
+    "MatmulResult",
+    "matmul",
+    "matmul_sequential",
+    "matmul_pairwise",
+    "matmul_blocked",
+    "matmul_exact_accumulation",
+    "matmul_slots16",
+]
+
+_TERMS_TEXT = "sum over k of |A[i,k] * B[k,j]|"
+_F32 = FORMATS["fp32"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Operands
+
+
+def _operand(x: Any, default: FloatFormat, name: str) -> tuple[np.ndarray, FloatFormat, bool]:
+    """float64 values, their format and whether ``x`` was a torch tensor."""
+    fmt: FloatFormat | None = None
+    if isinstance(x, torch.Tensor):
+        try:
+            fmt = get_format(x.dtype)
+        except ValueError:
+            fmt = None
+    elif isinstance(x, np.ndarray):
+        try:
+            fmt = get_format(x.dtype)
+        except ValueError:
+            fmt = None
+    v, as_torch = to_float64(x)
+    if v.ndim != 2:
+        raise ValueError(f"{name} must be a matrix (2 dimensions), got shape {tuple(v.shape)}")
+    if fmt is None:
+        fmt = default
+        ok = is_representable(v, fmt)
+        if not np.all(ok):
+            raise ValueError(
+                f"{name} holds {int(ok.size - np.count_nonzero(ok))} value(s) that are not "
+                f"{fmt.name} values (e.g. {v[~ok].ravel()[:3].tolist()}); pass a tensor or array "
+                f"of their own dtype, or round them first"
+            )
+    return v, fmt, as_torch
+
+
+def _operands(
+    a: Any, b: Any, default: FloatFormat
+) -> tuple[np.ndarray, np.ndarray, FloatFormat, FloatFormat, bool]:
+    a64, fa, ta = _operand(a, default, "A")
+    b64, fb, tb = _operand(b, default, "B")
+    if a64.shape[1] != b64.shape[0]:
+        raise ValueError(f"shapes {a64.shape} and {b64.shape} cannot be multiplied (K differs)")
+    return a64, b64, fa, fb, ta or tb
+
+
+def _products_fit(a64: np.ndarray, b64: np.ndarray, fa: FloatFormat, fb: FloatFormat,
+                  f: FloatFormat) -> bool:  # fmt: skip
+    """Is every finite product exactly a normal (or zero) value of ``f``?  (Sufficient test.)"""
+    if fa.precision + fb.precision > f.precision:
+        return False
+    a = np.abs(a64[np.isfinite(a64) & (a64 != 0)])
+    b = np.abs(b64[np.isfinite(b64) & (b64 != 0)])
+    if a.size == 0 or b.size == 0:
+        return True
+    return bool(a.min() * b.min() >= f.min_normal and a.max() * b.max() <= f.max_finite)
+
+
+class _ProductTerms:
+    """The products ``a[k, i] * b[k, j]`` as :class:`orders.Terms`, computed chunk by chunk.
+
+    ``how``: ``"exact"`` (float64, exact: any two values of at most 24 bits multiply exactly in
+    float64), ``"fp32"`` (one IEEE fp32 multiply: exact, or the product rounded once to fp32), or
+    ``"round"`` (exact float64 product, then rounded once to the format).  ``cast`` converts an
+    fp32 product that is exact in fp32 to the format's dtype (one rounding).
+    """
+
+    def __init__(self, at: torch.Tensor, b: torch.Tensor, ar: Arith, how: str, exact: bool,
+                 pairs: bool = False) -> None:  # fmt: skip
+        self.ar, self.how, self.exact, self.pairs = ar, how, exact, pairs
+        dt = torch.float32 if how == "fp32" else torch.float64
+        self.at, self.b = at.to(dt), b.to(dt)
+        self.n = at.shape[0]
+        self.size = at.shape[1] if pairs else at.shape[1] * b.shape[1]
+
+    def chunk(self, k0: int, k1: int) -> torch.Tensor:
+        a, b = self.at[k0:k1], self.b[k0:k1]
+        p = a * b if self.pairs else (a.unsqueeze(2) * b.unsqueeze(1)).reshape(k1 - k0, -1)
+        if self.how == "fp32":
+            return p if self.ar.dtype == torch.float32 else p.to(self.ar.dtype)
+        if self.how == "round":
+            return self.ar.round64(p)
+        return p if self.exact else p.to(self.ar.dtype)
+
+    def select(self, index: torch.Tensor) -> _ProductTerms:
+        n = self.b.shape[1]
+        rows, cols = index // n, index % n
+        if self.pairs:
+            return _ProductTerms(self.at[:, index], self.b[:, index], self.ar, self.how,
+                                 self.exact, True)  # fmt: skip
+        return _ProductTerms(self.at[:, rows], self.b[:, cols], self.ar, self.how, self.exact, True)
+
+
+def _product_terms(a64: np.ndarray, b64: np.ndarray, fa: FloatFormat, fb: FloatFormat,
+                   ar: Arith, fma: bool) -> _ProductTerms:  # fmt: skip
+    at = torch.from_numpy(np.ascontiguousarray(a64.T))
+    b = torch.from_numpy(np.ascontiguousarray(b64))
+    f = ar.fmt
+    in_f32 = _products_fit(a64, b64, fa, fb, _F32)
+    if _products_fit(a64, b64, fa, fb, f):  # fma is irrelevant: no product rounds
+        return _ProductTerms(at, b, ar, "fp32" if ar.native else "exact", exact=False)
+    if fma:
+        return _ProductTerms(at, b, ar, "exact", exact=True)
+    if ar.native and (f.name == "fp32" or in_f32):
+        return _ProductTerms(at, b, ar, "fp32", exact=False)  # IEEE multiply (+ one cast)
+    return _ProductTerms(at, b, ar, "round", exact=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# Bounds around the exact result
+
+
+def _indicator(x: np.ndarray) -> dict[str, np.ndarray]:
+    return {
+        "nan": np.isnan(x), "pinf": x == np.inf, "ninf": x == -np.inf, "zero": x == 0,
+        "pos": x > 0, "neg": x < 0,
+    }  # fmt: skip
+
+
+def _specials(a64: np.ndarray, b64: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Elementwise: is some product NaN (or inf * 0), +inf, -inf?  (Counts by 0/1 matmuls.)"""
+    m, n = a64.shape[0], b64.shape[1]
+    none = np.zeros((m, n), dtype=bool)
+    if np.all(np.isfinite(a64)) and np.all(np.isfinite(b64)):
+        return none, none, none
+    ia = {k: v.astype(np.float64) for k, v in _indicator(a64).items()}
+    ib = {k: v.astype(np.float64) for k, v in _indicator(b64).items()}
+    ones_a, ones_b = np.ones_like(a64), np.ones_like(b64)
+    inf_a, inf_b = ia["pinf"] + ia["ninf"], ib["pinf"] + ib["ninf"]
+    nan = ia["nan"] @ ones_b + ones_a @ ib["nan"] + inf_a @ ib["zero"] + ia["zero"] @ inf_b
+    ok_a, ok_b = 1 - ia["nan"], 1 - ib["nan"]
+    pinf = (ia["pinf"] @ (ib["pos"] * ok_b) + ia["ninf"] @ (ib["neg"] * ok_b)
+            + (ia["pos"] * ok_a) @ ib["pinf"] + (ia["neg"] * ok_a) @ ib["ninf"])  # fmt: skip
+    ninf = (ia["pinf"] @ (ib["neg"] * ok_b) + ia["ninf"] @ (ib["pos"] * ok_b)
+            + (ia["pos"] * ok_a) @ ib["ninf"] + (ia["neg"] * ok_a) @ ib["pinf"])  # fmt: skip
+    return nan > 0, pinf > 0, ninf > 0
+
+
+def _finite(x: np.ndarray) -> np.ndarray:
+    return np.where(np.isfinite(x), x, 0.0)
+
+
+def _abs_sums(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Upper bounds on sum_k |a b|, on the positive products' sum and on |negative ones'| sum."""
+    k = a.shape[1]
+    up = 1.0 + 2.0 * (k + 2) * 2.0**-53  # a float64 sum of k non-negative terms, rounded up
+    ap, an = torch.from_numpy(np.maximum(a, 0.0)), torch.from_numpy(np.maximum(-a, 0.0))
+    bp, bn = torch.from_numpy(np.maximum(b, 0.0)), torch.from_numpy(np.maximum(-b, 0.0))
+    pos = ((ap @ bp + an @ bn).numpy()) * up
+    neg = ((ap @ bn + an @ bp).numpy()) * up
+    return (pos + neg) * (1 + 2.0**-52), pos, neg
+
+
+class _Analysis:
+    """What every bound needs: the exact finite part, sums of magnitudes, special products."""
+
+    def __init__(self, a64: np.ndarray, b64: np.ndarray) -> None:
+        af, bf = _finite(a64), _finite(b64)
+        self.exact: ExactSum = exact_matmul(af, bf)
+        self.hi, self.lo, self.err = self.exact.approx()
+        self.abs_sum, self.pos, self.neg = _abs_sums(af, bf)
+        self.nan, self.pinf, self.ninf = _specials(a64, b64)
+        self.k = a64.shape[1]
+
+    def bounds(self, fmt: FloatFormat, model: ErrorModel) -> Bounds:
+        return Bounds(fmt, model, self.hi, self.lo, self.err, self.abs_sum, self.pos, self.neg,
+                      self.nan, self.pinf, self.ninf)  # fmt: skip
+
+    def rounded(self, fmt: FloatFormat, rounding: str) -> np.ndarray:
+        """IEEE semantics of the exact result rounded once to ``fmt`` (an exact zero is +0)."""
+        out = self.exact.round(fmt, rounding)
+        nan = self.nan | (self.pinf & self.ninf)
+        inf = np.where(self.pinf, np.inf, np.where(self.ninf, -np.inf, 0.0))
+        big = inf if fmt.has_inf else np.where(inf != 0, np.nan, 0.0)
+        return np.asarray(np.where(nan, np.nan, np.where(inf != 0, big, out)), dtype=np.float64)
+
+
+class _Bounded(ABC):
+    """Bounds API shared by the algorithms and the operation's reference."""
+
+    format: FloatFormat
+
+    @abstractmethod
+    def roundings(self, k: int) -> int:
+        """The most roundings one product passes through, for k products."""
+
+    @abstractmethod
+    def charged(self, k: int) -> int:
+        """The roundings charged the underflow unit eta, for k products."""
+
+    def error_model(self, k: int) -> ErrorModel:
+        """``gamma_n * sum over k of |A[i,k] * B[k,j]| + N * eta * (1 + gamma_n)`` for k products."""
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ValueError(f"k must be an integer >= 0, got {k!r}")
+        f = self.format
+        return ErrorModel(self.roundings(k), self.charged(k), f.unit_roundoff,
+                          f.min_subnormal / 2, _TERMS_TEXT)  # fmt: skip
+
+    def bounds(self, a: Any, b: Any) -> Bounds:
+        """Elementwise bounds for ``A @ B`` (:class:`errormodel.Bounds`)."""
+        a64, b64, _, _, _ = _operands(a, b, self.format)
+        return _Analysis(a64, b64).bounds(self.format, self.error_model(a64.shape[1]))
+
+    def tolerance(self, a: Any, b: Any) -> np.ndarray:
+        """Elementwise bound on |output - exact| (float64 ``[M, N]``), for finite results."""
+        return self.bounds(a, b).tolerance()
+
+    def finite_range(self, a: Any, b: Any) -> tuple[np.ndarray, np.ndarray]:
+        """``(low, high)``: a finite output is covered iff it lies in it (empty: low > high)."""
+        return self.bounds(a, b).finite_range()
+
+    def may_be(self, kind: str, a: Any, b: Any) -> np.ndarray:
+        """Elementwise: can the output be ``"nan"``, ``"inf"`` (either sign) or ``"zero"``?"""
+        return self.bounds(a, b).may_be(kind)
+
+    def covers(self, output: Any, a: Any, b: Any) -> np.ndarray:
+        """Elementwise: is ``output`` (any dtype) within the bounds of ``A @ B``?"""
+        out, _ = to_float64(output)
+        return self.bounds(a, b).covers(out)
+
+
+class MatmulAlgorithm(_Bounded):
+    """One way of computing ``A @ B``: an accumulation order in a format, with or without FMA."""
+
+    name = "matmul"
+
+    def __init__(self, fmt: FormatLike, order: AccumulationAlgorithm | None, *, fma: bool,
+                 rounding: str) -> None:  # fmt: skip
+        self.format = get_format(fmt)
+        self.rounding = check_rounding(rounding)
+        self.fma = bool(fma)
+        self.order = order
+        self.arith = Arith(self.format, self.rounding)
+
+    def __repr__(self) -> str:
+        return (f"{self.name}({self.format.name!r}{self._extra()}, fma={self.fma}, "
+                f"rounding={self.rounding!r})")  # fmt: skip
+
+    def _extra(self) -> str:
+        return ""
+
+    def roundings(self, k: int) -> int:
+        """fma: the order's count for exact terms; no fma: 2 (the product rounded, then taken
+        into the accumulator) + the order's count for terms of the format."""
+        assert self.order is not None
+        if k == 0:
+            return 0
+        if self.fma:
+            return self.order.roundings(k, terms_in_format=False)
+        return 2 + self.order.roundings(k, terms_in_format=True)
+
+    def charged(self, k: int) -> int:
+        """fma: the order's additions; no fma: 2 per product + the order's k - 1 additions."""
+        assert self.order is not None
+        if k == 0:
+            return 0
+        if self.fma:
+            return self.order.charged(k, terms_in_format=False)
+        return 2 * k + self.order.charged(k, terms_in_format=True)
+
+    def run(self, a: Any, b: Any) -> Any:
+        """``A @ B`` as this implementation computes it (exactly emulated)."""
+        a64, b64, fa, fb, as_torch = _operands(a, b, self.format)
+        m, n = a64.shape[0], b64.shape[1]
+        out = self._run(a64, b64, fa, fb)
+        if isinstance(out, torch.Tensor):
+            out = out.reshape(m, n)
+        else:
+            out = np.asarray(out).reshape(m, n)
+        return to_output(out, self.format, as_torch)
+
+    def _run(self, a64: np.ndarray, b64: np.ndarray, fa: FloatFormat,
+             fb: FloatFormat) -> torch.Tensor | np.ndarray:  # fmt: skip
+        terms = _product_terms(a64, b64, fa, fb, self.arith, self.fma)
+        return self._sum(terms)
+
+    def _sum(self, terms: Any) -> torch.Tensor:
+        raise TypeError(f"{self.name} has no accumulation order")
+
+
+class _Sequential(MatmulAlgorithm):
+    name = "matmul_sequential"
+
+    def _sum(self, terms: Any) -> torch.Tensor:
+        return _sequential(terms, self.arith)
+
+
+class _Pairwise(MatmulAlgorithm):
+    name = "matmul_pairwise"
+
+    def _sum(self, terms: Any) -> torch.Tensor:
+        return _pairwise(terms, self.arith)
+
+
+class _Blocked(MatmulAlgorithm):
+    name = "matmul_blocked"
+
+    def __init__(self, fmt: FormatLike, block_size: int, *, fma: bool, rounding: str) -> None:
+        order = acc_mod.blocked(fmt, block_size, rounding=rounding)
+        super().__init__(fmt, order, fma=fma, rounding=rounding)
+        self.block_size = block_size
+
+    def _extra(self) -> str:
+        return f", {self.block_size}"
+
+    def _sum(self, terms: Any) -> torch.Tensor:
+        return _blocked(terms, self.arith, self.block_size)
+
+
+class _ExactAccumulation(MatmulAlgorithm):
+    name = "matmul_exact_accumulation"
+
+    def roundings(self, k: int) -> int:
+        """One rounding: the exact sum's."""
+        return 0 if k == 0 else 1
+
+    def charged(self, k: int) -> int:
+        return 0 if k == 0 else 1
+
+    def __repr__(self) -> str:
+        return f"{self.name}({self.format.name!r}, rounding={self.rounding!r})"
+
+    def _run(self, a64: np.ndarray, b64: np.ndarray, fa: FloatFormat,
+             fb: FloatFormat) -> np.ndarray:  # fmt: skip
+        return _Analysis(a64, b64).rounded(self.format, self.rounding)
+
+
+class _Slots16(MatmulAlgorithm):
+    name = "matmul_slots16"
+
+    def roundings(self, k: int) -> int:
+        """2 (product, then into the accumulator) + at most k - 1 additions on any path: a term
+        of slot s passes n_s - 1 additions in its slot and one per later non-empty slot."""
+        return 0 if k == 0 else k + 1
+
+    def charged(self, k: int) -> int:
+        return 0 if k == 0 else 3 * k - 1
+
+    def __repr__(self) -> str:
+        return f"{self.name}({self.format.name!r}, rounding={self.rounding!r})"
+
+    def _run(self, a64: np.ndarray, b64: np.ndarray, fa: FloatFormat,
+             fb: FloatFormat) -> torch.Tensor:  # fmt: skip
+        terms = _product_terms(a64, b64, fa, fb, self.arith, fma=False)
+        return _slots16(terms, self.arith)
+
+
+def matmul_sequential(fmt: FormatLike, *, fma: bool = True,
+                      rounding: str = NEAREST_EVEN) -> MatmulAlgorithm:  # fmt: skip
+    """Products added one at a time, in index order, to an accumulator in ``fmt`` starting at +0."""
+    return _Sequential(fmt, acc_mod.sequential(fmt, rounding=rounding), fma=fma, rounding=rounding)
+
+
+def matmul_pairwise(fmt: FormatLike, *, fma: bool = True,
+                    rounding: str = NEAREST_EVEN) -> MatmulAlgorithm:  # fmt: skip
+    """Products added as a balanced tree, level by level, the odd element carried (the tree of
+    ``tasks.kernels``' fp8-pairwise), then to an accumulator starting at +0."""
+    return _Pairwise(fmt, acc_mod.pairwise(fmt, rounding=rounding), fma=fma, rounding=rounding)
+
+
+def matmul_blocked(fmt: FormatLike, block_size: int, *, fma: bool = True,
+                   rounding: str = NEAREST_EVEN) -> MatmulAlgorithm:  # fmt: skip
+    """Sequential within blocks of ``block_size`` products, then sequential across block sums."""
+    return _Blocked(fmt, block_size, fma=fma, rounding=rounding)
+
+
+def matmul_exact_accumulation(fmt: FormatLike, *, rounding: str = NEAREST_EVEN) -> MatmulAlgorithm:
+    """Exact products summed exactly, then rounded once to ``fmt``."""
+    return _ExactAccumulation(fmt, None, fma=True, rounding=rounding)
+
+
+def matmul_slots16(fmt: FormatLike, *, rounding: str = NEAREST_EVEN) -> MatmulAlgorithm:
+    """Products rounded to ``fmt``, summed in 16 slots by magnitude; each slot in increasing
+    magnitude with alternating signs, then the slots from the smallest up (:func:`orders.slots16`)."""
+    return _Slots16(fmt, None, fma=False, rounding=rounding)
+
+
+# ---------------------------------------------------------------------------------------------
+# The operation's reference
+
+
+class MatmulResult(_Bounded):
+    """``A @ B`` as an operation: the exact result, ``rounded`` once to the output format, and the
+    operation's bounds: those of computing in the output format in any order, with or without FMA
+    (sequential with rounded products is the deepest such order: k + 1 roundings, 3k - 1 charged).
+    The same bounds cover an implementation that computes in a more precise format (fp32 for bf16
+    outputs) and rounds once to the output format at the end.
+    """
+
+    def __init__(self, a: Any, b: Any, out_format: FormatLike | None, rounding: str) -> None:
+        default = get_format(out_format) if out_format is not None else _F32
+        self._a64, self._b64, fa, fb, self._as_torch = _operands(a, b, default)
+        if out_format is None:
+            out_format = fa if fa == fb else _F32
+        self.format = get_format(out_format)
+        self.rounding = check_rounding(rounding)
+        self.k = self._a64.shape[1]
+        self._analysis = _Analysis(self._a64, self._b64)
+
+    def roundings(self, k: int) -> int:
+        return 0 if k == 0 else k + 1
+
+    def charged(self, k: int) -> int:
+        return 0 if k == 0 else 3 * k - 1
+
+    @property
+    def exact(self) -> np.ndarray:
+        """The exact finite result as float64 (within one float64 spacing; NaN/inf where a product
+        is NaN or infinite, as IEEE arithmetic gives them)."""
+        an = self._analysis
+        nan = an.nan | (an.pinf & an.ninf)
+        inf = np.where(an.pinf, np.inf, -np.inf)
+        return np.where(nan, np.nan, np.where(an.pinf | an.ninf, inf, an.hi))
+
+    @property
+    def rounded(self) -> Any:
+        """The exact result rounded once to the output format, in the inputs' kind."""
+        values = self._analysis.rounded(self.format, self.rounding)
+        return to_output(values, self.format, self._as_torch)
+
+    def exact_fraction(self, i: int, j: int) -> Fraction:
+        """The exact finite result at ``[i, j]`` as a Fraction."""
+        return self._analysis.exact.fraction((i, j))
+
+    def model(self) -> ErrorModel:
+        """The operation's error model for this K."""
+        return self.error_model(self.k)
+
+    def _own(self) -> Bounds:
+        return self._analysis.bounds(self.format, self.error_model(self.k))
+
+    def tolerance(self, a: Any = None, b: Any = None) -> np.ndarray:
+        return self._own().tolerance() if a is None else super().tolerance(a, b)
+
+    def finite_range(self, a: Any = None, b: Any = None) -> tuple[np.ndarray, np.ndarray]:
+        return self._own().finite_range() if a is None else super().finite_range(a, b)
+
+    def may_be(self, kind: str, a: Any = None, b: Any = None) -> np.ndarray:
+        return self._own().may_be(kind) if a is None else super().may_be(kind, a, b)
+
+    def covers(self, output: Any, a: Any = None, b: Any = None) -> np.ndarray:
+        if a is not None:
+            return super().covers(output, a, b)
+        out, _ = to_float64(output)
+        return self._own().covers(out)
+
+
+def matmul(a: Any, b: Any, out_format: FormatLike | None = None, *,
+           rounding: str = NEAREST_EVEN) -> MatmulResult:  # fmt: skip
+    """The reference for ``A @ B``: exact, ``.rounded`` to ``out_format`` (default: the inputs'
+    format if they share one, else fp32), and the operation's tolerance (:class:`MatmulResult`)."""
+    return MatmulResult(a, b, out_format, rounding)
