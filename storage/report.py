@@ -56,6 +56,9 @@ def kdepth_figures(results: str | Path, sweep: str | None) -> list[tuple[str, st
     figs = []
     for dtype in sorted({r["dtype"] for r in rows}):
         fig, ax = _figure(7.5, 4.2)
+        import matplotlib.pyplot as plt
+
+        ax.set_prop_cycle(color=plt.get_cmap("tab20").colors)
         series: dict[tuple, list] = {}
         for r in rows:
             if r["dtype"] == dtype:
@@ -66,11 +69,12 @@ def kdepth_figures(results: str | Path, sweep: str | None) -> list[tuple[str, st
                     label=f"{a} vs {b} ({mode})")
         ax.set_xscale("log", base=2)
         ax.set_yscale("symlog", linthresh=SYMLOG_FLOOR)
+        ax.set_ylim(bottom=0)
         ax.set_xlabel("K (reduction depth)")
         ax.set_ylabel("fraction of outputs differing")
         ax.set_title(f"K-depth: {dtype} (0 plotted on a linear segment below {SYMLOG_FLOOR:g})")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7, loc="best")
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
         figs.append((f"K-depth curves, {dtype}", _png(fig)))
     return figs
 
@@ -127,6 +131,7 @@ def flip_figures(results: str | Path, sweep: str | None) -> list[tuple[str, str]
         ax2.plot(mids, [b["predicted_rate"] for b in table], marker="x", linestyle="--", label="logistic model")
         ax2.set_xscale("log")
         ax2.set_yscale("symlog", linthresh=1e-4)
+        ax2.set_ylim(bottom=0)
         ax2.set_xlabel("reference top-1/top-2 logit margin")
         ax2.set_ylabel("flip rate")
         ax2.set_title(f"calibration ({data.flip.sum()} flips / {len(data)} positions)")
