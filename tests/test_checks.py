@@ -27,6 +27,15 @@ SHAPES = [(64, 100, 48), (64, 1000, 48)]  # K not a multiple of 64 or 128
 TRIALS = 20
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Small matmuls: one thread is faster, and immune to OpenMP spinning on a busy machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 # -- p from K and the output format (reference/numerics.md §6.1) ----------------------------------
 
 
@@ -242,3 +251,19 @@ def test_bounds_algorithms_nest():
     assert tight.verdict is Verdict.INCORRECT
     bf16 = run_bounds(s, [(32, 1000, 24)], "sequential", torch.bfloat16, trials=3, accumulate="bf16")
     assert bf16.passed  # a bf16-accumulation bound is loose enough for an fp32 accumulator
+
+
+def test_task_kinds_rows():
+    """tasks.exact_match / tasks.bounds: the sweep task functions (fn(params, context) -> rows)."""
+    import tasks.bounds
+    import tasks.exact_match
+    from tasks.checks.result import ROW_COLUMNS
+
+    unit = {"kernel": "_planted_kernels:rtz_epilogue", "dtype": "bf16", "m": 20, "k": 300, "n": 12, "trials": 3}
+    em = tasks.exact_match.run(unit, None)["exact_match"]
+    bd = tasks.bounds.run({**unit, "algorithm": "any"}, None)["bounds"]
+    assert [r["verdict"] for r in em] == ["IDENTICAL"] * 3
+    assert {r["verdict"] for r in bd} == {"INCORRECT"}
+    for rows in (em, bd):
+        assert list(rows[0])[-len(ROW_COLUMNS):] == list(ROW_COLUMNS)
+        assert rows[0]["kernel"] == unit["kernel"] and rows[0]["kind"] == "matmul"

@@ -17,7 +17,16 @@ import numpy as np
 
 from tasks.verdicts import Verdict, worst
 
-__all__ = ["Element", "TrialResult", "CheckResult", "element", "combined", "format_number"]
+__all__ = [
+    "Element",
+    "TrialResult",
+    "CheckResult",
+    "ROW_COLUMNS",
+    "INFO_COLUMNS",
+    "element",
+    "combined",
+    "format_number",
+]
 
 
 def format_number(v: float | None) -> str:
@@ -103,6 +112,20 @@ def element(
     )  # fmt: skip
 
 
+#: Check-specific facts a trial records (TrialResult.info), each a column of its row.
+INFO_COLUMNS = (
+    "p", "limit", "inputs", "algorithm", "output_dtype", "scales", "scale_a_numel", "scale_b_numel",
+    "nan_mismatches", "problem",
+)  # fmt: skip
+_ELEMENT_KEYS = ("row", "col", "exact", "expected", "observed", "spacings", "low", "high")
+#: The columns of a trial's row, in order (the ``exact_match`` and ``bounds`` tables).
+ROW_COLUMNS = (
+    "check", "m", "k", "n", "trial", "seed", "verdict", "positions", "checked", "mismatches",
+    "differing", "max_spacing", "error", "seconds", *INFO_COLUMNS,
+    *(f"first_{k}" for k in _ELEMENT_KEYS), *(f"worst_{k}" for k in _ELEMENT_KEYS),
+)  # fmt: skip
+
+
 @dataclass
 class TrialResult:
     """One trial: one draw of operands for one shape (and input kind), judged.
@@ -148,17 +171,21 @@ class TrialResult:
         return f"{self.m}x{self.k}x{self.n}"
 
     def to_row(self) -> dict[str, Any]:
-        """A flat row (the sweep task's row; JSON's per-trial entries)."""
+        """A flat row (the sweep task's row; JSON's per-trial entries), always the columns of
+        :data:`ROW_COLUMNS` in that order (None where a column does not apply)."""
         row: dict[str, Any] = {
             "check": self.check, "m": self.m, "k": self.k, "n": self.n, "trial": self.trial,
             "seed": self.seed, "verdict": self.verdict.value, "positions": self.positions,
             "checked": self.checked, "mismatches": self.mismatches, "differing": self.differing,
             "max_spacing": self.max_spacing, "error": self.error, "seconds": self.seconds,
         }  # fmt: skip
-        row.update(self.info)
+        row.update({key: self.info.get(key) for key in INFO_COLUMNS})
         for label, el in (("first", self.first), ("worst", self.worst)):
             for key, value in (el.to_dict() if el else Element(0, 0, None, None, None).to_dict()).items():
                 row[f"{label}_{key}"] = value if el else None
+        extra = sorted(set(self.info) - set(INFO_COLUMNS))
+        if extra:
+            raise KeyError(f"trial info keys without a column: {extra}")
         return row
 
 
