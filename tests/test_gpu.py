@@ -30,9 +30,8 @@ from tests.conftest import REPO
 
 _CUDA = cuda_reason()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_CUDA is not None, reason=f"needs a CUDA GPU: {_CUDA}")]
-needs_vllm = pytest.mark.skipif(
-    _CUDA is not None or vllm_reason() is not None, reason=f"needs CUDA and vLLM 0.29-0.32: {vllm_reason()}"
-)
+_MISSING = "; ".join(r for r in (_CUDA, vllm_reason()) if r)
+needs_vllm = pytest.mark.skipif(bool(_MISSING), reason=f"needs CUDA and vLLM 0.29-0.32: {_MISSING}")
 BF16 = torch.bfloat16
 
 

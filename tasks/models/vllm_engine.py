@@ -195,7 +195,8 @@ class VllmEngine:
         if reason:
             raise VllmEngineError(f"the vLLM engine cannot run here: {reason}")
         version = vllm_version()
-        assert version is not None  # runtime_reason checked it
+        if version is None:  # runtime_reason() said it was installed; it is gone now
+            raise VllmEngineError("the vLLM engine cannot run here: vllm not installed")
         self.model = str(model)
         self.seed = int(seed)
         self.dtype = dtype
@@ -211,7 +212,6 @@ class VllmEngine:
                 f"this process; vLLM chooses kernels once per process (§4, §7.5): run each arm in a fresh process"
             )
         self.require_log = not _PROCESS_ENGINES
-        _PROCESS_ENGINES.append(selecting)
         os.environ.update(self.env)
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO")
         import vllm  # after the env: VLLM_ENABLE_V1_MULTIPROCESSING is read at engine creation (§4)
@@ -243,6 +243,7 @@ class VllmEngine:
             self.llm = vllm.LLM(**kwargs)
         finally:
             logger.removeHandler(collector)
+        _PROCESS_ENGINES.append(selecting)
         self.log_lines = collector.lines
         self.module = _find_model(self.llm)
         self.layers = layer_kernels(self.module)
