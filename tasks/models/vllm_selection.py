@@ -159,6 +159,7 @@ def forcing(kernel_family: str, vllm_version: str, mechanism: str = "env") -> di
     if mechanism not in MECHANISMS:
         raise ForcingError(f"unknown forcing mechanism {mechanism!r}; allowed: {', '.join(MECHANISMS)}")
     v = _version(vllm_version)
+    roles = kernel_classes(vllm_version)  # refuses versions the reference has no facts for
     notes: list[str] = []
     if fam == "triton-int8" and v[:2] < (0, 13):
         raise ForcingError(
@@ -172,7 +173,6 @@ def forcing(kernel_family: str, vllm_version: str, mechanism: str = "env") -> di
         )
     if mechanism != "env" and v[:2] < (0, 25):
         raise ForcingError(f"vLLM {vllm_version}: linear_backend exists from 0.25 (§1.2); use mechanism='env'")
-    roles = kernel_classes(vllm_version)
     if fam == "cutlass-int8":
         expected = [roles["cutlass-int8"]]
         disabled = [roles[r] for r in ("triton-int8", "humming-int8") if r in roles and v[:2] >= (0, 13)]
