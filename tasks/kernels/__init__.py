@@ -31,8 +31,8 @@ naming ``"package.module:attr"`` directly; a plain callable ``f(A, B) -> C`` is 
 wrapped as an unscaled :class:`MatmulKernel` (rules in :mod:`.registry`).
 """
 
-from . import exact, fp8, int8, onednn, scaled_mm  # noqa: F401  (registers the built-ins)
-from . import cuda  # noqa: F401  (registers the GPU kernels; imports no vLLM)
+# Importing the modules registers the built-ins; cuda registers the GPU kernels and imports no vLLM.
+from . import cuda, exact, fp8, int8, onednn, scaled_mm  # noqa: F401
 from .operands import Operands, check_operands
 from .registry import (
     ENTRY_POINT_GROUP,
