@@ -305,3 +305,18 @@ def test_input_kinds_and_errors() -> None:
         products.matmul_blocked("float32", -1)
     assert products.matmul_sequential("float32").run(np.zeros((2, 0), np.float32),
                                                      np.zeros((0, 3), np.float32)).tolist() == [[0.0] * 3] * 2  # fmt: skip
+
+
+def test_cli_demo_prints_the_seed_examples() -> None:
+    from typer.testing import CliRunner
+
+    from orchestrator.cli.main import app
+
+    res = CliRunner().invoke(app, ["numerics", "demo"])
+    assert res.exit_code == 0, res.output
+    assert res.output.splitlines() == [
+        "reference: [[300.0]]",
+        "sequential: [[256.0]]",
+        "pairwise: [[300.0]]",
+        "pairwise: 4.77e-07 * sum over k of |A[i,k] * B[k,j]| + 1.34e-43",
+    ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from orchestrator.cli import nightly, check, kernels, query, report, sweep
+from orchestrator.cli import check, kernels, nightly, numerics, query, report, sweep
 
 app = typer.Typer(
     name="swapcheck",
@@ -30,6 +30,7 @@ app.add_typer(sweep.app, name="sweep")
 app.add_typer(kernels.app, name="kernels")
 app.add_typer(report.app, name="report")
 app.add_typer(check.app, name="check")
+app.add_typer(numerics.app, name="numerics")
 app.command("query")(query.query)
 app.command("nightly")(nightly.nightly)
 

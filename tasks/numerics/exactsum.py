@@ -277,10 +277,16 @@ def exact_matmul(a: np.ndarray | torch.Tensor, b: np.ndarray | torch.Tensor) -> 
         kk = ac.shape[1]
         w = _window_width(kk)
         logk = max(1, math.ceil(math.log2(max(kk, 2))))
-        wa = [(e, torch.from_numpy(p)) for e, p in _cut(ac, ra[0], ra[1], w)]
-        wb = [(e, torch.from_numpy(p)) for e, p in _cut(bc, rb[0], rb[1], w)]
-        for ea, pa in wa:
-            for eb, pb in wb:
-                c = torch.matmul(pa, pb).numpy()  # exact: see module docstring
-                acc.add(c, ea + eb, ea + eb + 2 * w + logk)
+        wa = _cut(ac, ra[0], ra[1], w)
+        wb = _cut(bc, rb[0], rb[1], w)
+        if not wa or not wb:
+            continue
+        # all window products in one BLAS call: [U*M, K] @ [K, V*N], block (u, v) = A_u @ B_v
+        big_a = torch.from_numpy(np.concatenate([p for _, p in wa], axis=0))
+        big_b = torch.from_numpy(np.concatenate([p for _, p in wb], axis=1))
+        c = torch.matmul(big_a, big_b).numpy()  # exact: see module docstring
+        for u, (ea, _) in enumerate(wa):
+            for v, (eb, _) in enumerate(wb):
+                block = c[u * m : (u + 1) * m, v * n : (v + 1) * n]
+                acc.add(block, ea + eb, ea + eb + 2 * w + logk)
     return acc

@@ -206,14 +206,19 @@ def _finite(x: np.ndarray) -> np.ndarray:
 
 
 def _abs_sums(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Upper bounds on sum_k |a b|, on the positive products' sum and on |negative ones'| sum."""
+    """Upper bounds on sum_k |a b|, on the positive products' sum and on |negative ones'| sum.
+
+    Two float64 matmuls: ``S = |A| @ |B|`` and ``D = A @ B``, each within ``g = (k + 2) 2**-53``
+    of its exact value relative to S; then pos = (S + D) / 2 and neg = (S - D) / 2 up to g S.
+    """
     k = a.shape[1]
-    up = 1.0 + 2.0 * (k + 2) * 2.0**-53  # a float64 sum of k non-negative terms, rounded up
-    ap, an = torch.from_numpy(np.maximum(a, 0.0)), torch.from_numpy(np.maximum(-a, 0.0))
-    bp, bn = torch.from_numpy(np.maximum(b, 0.0)), torch.from_numpy(np.maximum(-b, 0.0))
-    pos = ((ap @ bp + an @ bn).numpy()) * up
-    neg = ((ap @ bn + an @ bp).numpy()) * up
-    return (pos + neg) * (1 + 2.0**-52), pos, neg
+    g = (k + 2) * 2.0**-53
+    s = (torch.from_numpy(np.abs(a)) @ torch.from_numpy(np.abs(b))).numpy()
+    d = (torch.from_numpy(a) @ torch.from_numpy(b)).numpy()
+    s_up = s * (1 + 2 * g)
+    pos = np.maximum((s + d) / 2 + 2 * g * s_up, 0.0)
+    neg = np.maximum((s - d) / 2 + 2 * g * s_up, 0.0)
+    return s_up, pos, neg
 
 
 class _Analysis:
