@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.swapcheck-installed
 RESULTS ?= results
 PIP_QUIET := --quiet --disable-pip-version-check --no-input
 
-.PHONY: demo test test-fast lint install clean docs
+.PHONY: demo test test-slow test-gpu lint install clean docs
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,11 +23,15 @@ demo: $(STAMP)
 	$(BIN)/swapcheck sweep launch sweeps/kdepth-demo.toml --results $(RESULTS)
 	$(BIN)/swapcheck report kdepth --results $(RESULTS) --sweep kdepth-demo
 
+# The default run skips tests marked `slow` (under 10 minutes on 2 cores); CI runs both sets.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not slow and not gpu"
 
-test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow"
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m "slow and not gpu"
+
+test-gpu: $(STAMP)
+	$(BIN)/python -m pytest -q -m gpu
 
 lint: $(STAMP)
 	$(BIN)/ruff check orchestrator tasks storage tests benchmarks

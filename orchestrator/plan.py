@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.spec import (
+    CheckExperiment,
     FilePrompts,
     GenerateExperiment,
     Implementation,
@@ -25,7 +26,8 @@ from orchestrator.spec import (
 )
 
 #: Versions of each task's computation; bump when a task's rows would change for the same params.
-TASK_VERSIONS = {"kdepth": "1", "replay": "1", "generate": "1", "teacher_forced": "1"}
+TASK_VERSIONS = {"kdepth": "1", "replay": "1", "generate": "1", "teacher_forced": "1", "exact_match": "1",
+                 "bounds": "1"}
 
 
 def canonical_json(obj: Any) -> str:
@@ -53,6 +55,9 @@ class Unit:
         p = self.params
         if self.kind == "kdepth":
             return f"{p['dtype']} M={p['m']} N={p['n']} K={p['k']} seed={p['seed']} scales={p['scale_mode']}"
+        if self.kind in ("exact_match", "bounds"):
+            alg = f" vs {p['algorithm']}" if self.kind == "bounds" else ""
+            return f"{self.kind} {p['label']}{alg} {p['dtype']} M={p['m']} K={p['k']} N={p['n']} x{p['trials']}"
         if self.kind == "generate":
             return f"generate arm={p['arm']['name']} restart={p['restart']} ({p['arm']['kernel']}, {p['arm']['scales']} scales)"
         if self.kind == "teacher_forced":
@@ -177,6 +182,20 @@ def _generate_units(name: str, exp: GenerateExperiment) -> list[Unit]:
     return units
 
 
+def _check_units(name: str, exp: CheckExperiment) -> list[Unit]:
+    units = []
+    for impl in exp.impls():
+        version = _impl_payload(impl)["version"]
+        for m, k, n in exp.shapes:
+            params: dict[str, Any] = {"kernel": impl.kernel, "params": dict(sorted(impl.params.items())), "label": impl.name,
+                                      "version": version, "dtype": exp.dtype, "m": m, "k": k, "n": n,
+                                      "trials": exp.trials, "seed": exp.seed, "scales": exp.scales}
+            if exp.kind == "bounds":
+                params.update(algorithm=exp.algorithm, accumulate=exp.accumulate)
+            units.append(Unit(unit_id(exp.kind, params), exp.kind, name, params, exp.resources))
+    return units
+
+
 def _replay_units(name: str, exp: ReplayExperiment) -> list[Unit]:
     prompts = _prompt_payload(exp.prompts)
     params = {
@@ -204,6 +223,9 @@ def make_plan(spec: LoadedSpec) -> Plan:
                 units.setdefault(u.id, u)
         elif isinstance(exp, GenerateExperiment):
             for u in _generate_units(name, exp):
+                units.setdefault(u.id, u)
+        elif isinstance(exp, CheckExperiment):
+            for u in _check_units(name, exp):
                 units.setdefault(u.id, u)
         else:  # pragma: no cover - guarded by EXPERIMENT_MODELS
             raise TypeError(f"no planner for {type(exp).__name__}")

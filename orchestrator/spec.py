@@ -268,11 +268,39 @@ class GenerateExperiment(Strict):
         return self
 
 
+class CheckExperiment(Strict):
+    """Kernel correctness checks (docs/checks.md): one unit per kernel and shape."""
+
+    kind: Literal["exact_match", "bounds"]
+    kernels: list[str | Implementation] = Field(min_length=1)
+    dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
+    shapes: list[list[int]] = Field(default_factory=lambda: [[64, 1000, 48], [127, 2049, 65], [1, 4096, 33]], min_length=1)
+    trials: int = Field(default=20, ge=1, le=10000)
+    seed: int = Field(default=0, ge=0)
+    scales: Literal["pow2", "unit"] = "pow2"
+    algorithm: str = "any"
+    accumulate: str = "fp32"
+    resources: Resources = Field(default_factory=Resources)
+
+    @field_validator("shapes")
+    @classmethod
+    def _shapes(cls, v: list[list[int]]) -> list[list[int]]:
+        for i, s in enumerate(v):
+            if len(s) != 3 or any(x < 1 for x in s):
+                raise ValueError(f"shape {i} must be [m, k, n] with positive sizes, got {s}")
+        return v
+
+    def impls(self) -> list[Implementation]:
+        return [i if isinstance(i, Implementation) else Implementation(kernel=i) for i in self.kernels]
+
+
 #: Experiment kinds and their models; later task kinds register here.
 EXPERIMENT_MODELS: dict[str, type[Strict]] = {
     "kdepth": KdepthExperiment,
     "replay": ReplayExperiment,
     "generate": GenerateExperiment,
+    "exact_match": CheckExperiment,
+    "bounds": CheckExperiment,
 }
 
 
@@ -410,7 +438,27 @@ def semantic_problems(where: tuple[Any, ...], exp: Any) -> list[str]:
         return _replay_problems(where, exp)
     if isinstance(exp, GenerateExperiment):
         return _generate_problems(where, exp)
+    if isinstance(exp, CheckExperiment):
+        return _check_problems(where, exp)
     return []
+
+
+def _check_problems(where: tuple[Any, ...], exp: CheckExperiment) -> list[str]:
+    from tasks.kernels import KernelError, get_kernel
+
+    base = _loc(where)
+    problems = []
+    for i, impl in enumerate(exp.impls()):
+        try:
+            get_kernel(impl.kernel, **impl.params)
+        except (KernelError, TypeError) as exc:
+            problems.append(f"{base}.kernels[{i}]: {exc}")
+    if exp.kind == "bounds":
+        from tasks.checks import ALGORITHMS
+
+        if exp.algorithm not in ALGORITHMS:
+            problems.append(f"{base}.algorithm: unknown algorithm {exp.algorithm!r}; allowed: {', '.join(ALGORITHMS)}")
+    return problems
 
 
 def _generate_problems(where: tuple[Any, ...], exp: GenerateExperiment) -> list[str]:

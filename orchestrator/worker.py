@@ -24,6 +24,8 @@ TASK_FUNCTIONS = {
     "replay": "tasks.replay:run",
     "generate": "tasks.generate:run",
     "teacher_forced": "tasks.teacher_forced:run",
+    "exact_match": "tasks.exact_match:run",
+    "bounds": "tasks.bounds:run",
 }
 
 

@@ -177,6 +177,15 @@ def tables(results: str | Path, sweep: str | None) -> list[tuple[str, list[dict[
     from storage.store import ResultStore
 
     out: list[tuple[str, list[dict[str, Any]]]] = [("Conformance summary per kernel pair", conformance(results, sweep))]
+    from storage.summary import check_metrics
+
+    checks = []
+    for sw in ([sweep] if sweep else ResultStore(results).sweeps()):
+        for name, m in check_metrics(results, sw).items():
+            _, table, kernel, dtype, _ = name.split("/")
+            checks.append({"sweep": sw, "kernel": kernel, "check": table, "output": dtype, "verdict": m["value"]})
+    if checks:
+        out.append(("Kernel checks (worst verdict over trials and shapes)", checks))
     self_rows = run_named(results, "self_reproducibility", sweep=sweep).to_pylist()
     if self_rows:
         out.append(("Self-reproducibility across cold restarts",

@@ -176,6 +176,52 @@ TEACHER_FORCED = pa.schema(
     ]
 )
 
+def _check_schema(extra: list[tuple[str, pa.DataType]]) -> pa.Schema:
+    """Rows of the exact_match / bounds checks (tasks.checks.result.ROW_COLUMNS, docs/checks.md)."""
+    element = [("row", pa.int64()), ("col", pa.int64()), ("exact", pa.float64()), ("expected", pa.float64()),
+               ("observed", pa.float64()), ("spacings", pa.int64()), ("low", pa.float64()), ("high", pa.float64())]
+    return pa.schema(
+        [
+            ("unit_id", pa.string()),
+            ("experiment", pa.string()),
+            ("kernel", pa.string()),
+            ("kind", pa.string()),
+            ("operands", pa.string()),
+            ("dtype", pa.string()),
+            *extra,
+            ("check", pa.string()),
+            ("m", pa.int64()),
+            ("k", pa.int64()),
+            ("n", pa.int64()),
+            ("trial", pa.int64()),
+            ("seed", pa.int64()),
+            ("verdict", pa.string()),
+            ("positions", pa.int64()),
+            ("checked", pa.int64()),
+            ("mismatches", pa.int64()),
+            ("differing", pa.int64()),
+            ("max_spacing", pa.int64()),
+            ("error", pa.string()),
+            ("seconds", pa.float64()),
+            ("p", pa.float64()),
+            ("limit", pa.int64()),
+            ("inputs", pa.string()),
+            ("algorithm", pa.string()),
+            ("output_dtype", pa.string()),
+            ("scales", pa.string()),
+            ("scale_a_numel", pa.int64()),
+            ("scale_b_numel", pa.int64()),
+            ("nan_mismatches", pa.int64()),
+            ("problem", pa.string()),
+            *[(f"first_{k}", t) for k, t in element],
+            *[(f"worst_{k}", t) for k, t in element],
+        ]
+    )
+
+
+EXACT_MATCH = _check_schema([])
+BOUNDS = _check_schema([("accumulate", pa.string())])
+
 PREREGISTRATIONS = pa.schema(
     [
         ("path", pa.string()),
@@ -249,6 +295,8 @@ TABLES: dict[str, pa.Schema] = {
     "sequences": SEQUENCES,
     "arm_runs": ARM_RUNS,
     "teacher_forced": TEACHER_FORCED,
+    "exact_match": EXACT_MATCH,
+    "bounds": BOUNDS,
     "units": UNITS,
     "sweeps": SWEEPS,
     "launches": LAUNCHES,

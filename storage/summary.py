@@ -95,6 +95,21 @@ def generation_metrics(results: str | Path, sweep: str) -> dict[str, dict[str, A
     return out
 
 
+#: Verdicts from most to least benign (tasks/verdicts.py): several trials end in the worst one.
+VERDICT_ORDER = ["IDENTICAL", "EPILOGUE_ROUNDING", "WITHIN_ALGORITHM_BOUND", "DIFFERENT", "INCORRECT",
+                 "INCONCLUSIVE", "ERROR"]
+
+
+def check_metrics(results: str | Path, sweep: str) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for table in ("exact_match", "bounds"):
+        rows = _q(results, f"SELECT kernel, dtype, list(DISTINCT verdict) AS verdicts FROM {table} WHERE sweep = $sweep GROUP BY ALL ORDER BY ALL", sweep)
+        for r in rows:
+            worst = max(r["verdicts"], key=lambda v: VERDICT_ORDER.index(v) if v in VERDICT_ORDER else len(VERDICT_ORDER))
+            out[f"check/{table}/{r['kernel']}/{r['dtype']}/verdict"] = _metric(worst, "exact")
+    return out
+
+
 def unit_metrics(results: str | Path, sweep: str) -> dict[str, dict[str, Any]]:
     rows = _q(results, "SELECT status, count(*) AS n FROM units WHERE sweep = $sweep GROUP BY ALL", sweep)
     counts = {r["status"]: r["n"] for r in rows}
@@ -104,7 +119,7 @@ def unit_metrics(results: str | Path, sweep: str) -> dict[str, dict[str, Any]]:
 def sweep_metrics(results: str | Path, sweep: str) -> dict[str, dict[str, Any]]:
     """Every summary metric of one sweep."""
     metrics: dict[str, dict[str, Any]] = {}
-    for part in (kdepth_metrics, replay_metrics, generation_metrics, unit_metrics):
+    for part in (kdepth_metrics, replay_metrics, generation_metrics, check_metrics, unit_metrics):
         metrics.update(part(results, sweep))
     return dict(sorted(metrics.items()))
 

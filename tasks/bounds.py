@@ -32,6 +32,6 @@ def run(params: dict[str, Any], context: dict[str, Any] | None = None) -> dict[s
         int(params.get("seed", 0)), tuple(params.get("inputs") or INPUT_KINDS),
         params.get("accumulate", "fp32"), bool(params.get("fma", True)), params.get("scales", "pow2"),
     )  # fmt: skip
-    base = {"kernel": params["kernel"], "kind": subject.kind, "operands": result.settings["operands"],
+    base = {"kernel": params.get("label") or params["kernel"], "kind": subject.kind, "operands": result.settings["operands"],
             "dtype": params["dtype"], "accumulate": result.settings["accumulate"]}  # fmt: skip
     return {"bounds": [{**base, **r.to_row()} for r in result.results]}

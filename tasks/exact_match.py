@@ -33,6 +33,6 @@ def run(params: dict[str, Any], context: dict[str, Any] | None = None) -> dict[s
         int(params.get("trials", 20)), int(params.get("seed", 0)), params.get("scales", "pow2"),
         params.get("p"), float(params.get("overflow", 0.01)),
     )  # fmt: skip
-    base = {"kernel": params["kernel"], "kind": subject.kind, "operands": result.settings["operands"],
+    base = {"kernel": params.get("label") or params["kernel"], "kind": subject.kind, "operands": result.settings["operands"],
             "dtype": params["dtype"]}  # fmt: skip
     return {"exact_match": [{**base, **r.to_row()} for r in result.results]}
