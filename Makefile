@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.swapcheck-installed
 RESULTS ?= results
 PIP_QUIET := --quiet --disable-pip-version-check --no-input
 
-.PHONY: demo test test-slow test-gpu lint install clean docs
+.PHONY: demo kdepth-demo test test-slow test-gpu lint install clean docs
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -19,7 +19,16 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP)
 
+# The main job: every experiment on the embedded default (sweeps/demo.toml), then the one-page
+# conformance summary, the pre-registered predictions and an HTML report with the figures.
 demo: $(STAMP)
+	$(BIN)/swapcheck sweep launch sweeps/demo.toml --results $(RESULTS)
+	$(BIN)/swapcheck report conformance --results $(RESULTS) --sweep demo
+	$(BIN)/swapcheck report predictions --results $(RESULTS) --sweep demo
+	$(BIN)/swapcheck report all --results $(RESULTS) --sweep demo --format html --out $(RESULTS)/demo-report.html
+
+# The K-depth experiment alone, with its full table.
+kdepth-demo: $(STAMP)
 	$(BIN)/swapcheck sweep launch sweeps/kdepth-demo.toml --results $(RESULTS)
 	$(BIN)/swapcheck report kdepth --results $(RESULTS) --sweep kdepth-demo
 

@@ -441,3 +441,33 @@ def all_(
         else:
             out_file.write_text(text, encoding="utf-8")
             out.print(f"wrote {out_file}")
+
+
+@app.command("conformance")
+def conformance(
+    results: Path = typer.Option(Path(DEFAULT_RESULTS), "--results", help=RESULTS_HELP),
+    sweep: str = typer.Option(None, "--sweep", help="Only this sweep (default: all)."),
+    fmt: Format = typer.Option(Format.table, "--format", help="table, json, csv or markdown."),
+) -> None:
+    """One page per kernel pair: what each experiment says about swapping one kernel for the other.
+
+    K-depth (bit-identical or ppm differing and the largest spacing, per dtype and scale mode),
+    per-layer replay (k/N layers identical), end to end (k/N sequences identical across arms), and
+    each kernel's check verdicts.
+
+    Example: swapcheck report conformance --results results --sweep demo
+    """
+    with user_errors():
+        from storage.report import conformance as summary
+        from storage.store import ResultStore
+        from storage.summary import check_metrics
+
+        _results_dir(results)
+        emit_rows(summary(results, sweep), fmt, title="conformance summary per kernel pair")
+        checks = []
+        for sw in ([sweep] if sweep else ResultStore(results).sweeps()):
+            for name, m in check_metrics(results, sw).items():
+                _, table, kernel, dtype, _ = name.split("/")
+                checks.append({"sweep": sw, "kernel": kernel, "check": table, "output": dtype, "verdict": m["value"]})
+        if checks and fmt not in (Format.json, Format.csv):
+            emit_rows(checks, fmt, title="kernel checks (worst verdict over trials and shapes)")
