@@ -88,9 +88,18 @@ def _impl_payload(impl: Any) -> dict[str, Any]:
     return {"name": impl.name, "kernel": impl.kernel, "params": dict(sorted(impl.params.items())), "version": kernel.version}
 
 
+def _needs_gpu(impls: list[Any]) -> bool:
+    from tasks.kernels import get_kernel
+
+    return any(get_kernel(i.kernel, **i.params).device == "cuda" for i in impls)
+
+
 def _kdepth_units(name: str, exp: KdepthExperiment) -> list[Unit]:
     impls = [_impl_payload(i) for i in exp.impls()]
     ref = _impl_payload(exp.ref())
+    resources = exp.resources
+    if resources.num_gpus == 0 and _needs_gpu([*exp.impls(), exp.ref()]):
+        resources = resources.model_copy(update={"num_gpus": 1})
     units = []
     for m, n, k, seed, mode in itertools.product(
         axis_values(exp.m), axis_values(exp.n), axis_values(exp.k), exp.seed_values(), exp.scale_modes
@@ -107,7 +116,7 @@ def _kdepth_units(name: str, exp: KdepthExperiment) -> list[Unit]:
             "implementations": impls,
             "reference": ref,
         }
-        units.append(Unit(unit_id("kdepth", params), "kdepth", name, params, exp.resources))
+        units.append(Unit(unit_id("kdepth", params), "kdepth", name, params, resources))
     return units
 
 
@@ -118,6 +127,9 @@ def model_fingerprint(model: str) -> str:
     if model == "tiny-qwen3":
         return model
     d = Path(model)
+    if not (d / "config.json").is_file():
+        # A checkpoint only the cluster's GPU nodes hold (or a hub name vLLM resolves there).
+        return f"{model}@unverified"
     h = hashlib.sha256((d / "config.json").read_bytes())
     for f in sorted(d.glob("*.safetensors")):
         h.update(f"{f.name}:{f.stat().st_size}".encode())
@@ -148,14 +160,21 @@ def _prompt_payload(prompts: Any) -> dict[str, Any]:
 
 
 def _arm_payload(name: str, arm: Any) -> dict[str, Any]:
-    from tasks.kernels import get_kernel
+    if arm.engine == "vllm":
+        version = "vllm"
+    else:
+        from tasks.kernels import get_kernel
 
-    kernel = get_kernel(arm.kernel, **arm.params)
-    return {"name": name, "kernel": arm.kernel, "params": dict(sorted(arm.params.items())), "version": kernel.version,
+        version = get_kernel(arm.kernel, **arm.params).version
+    return {"name": name, "kernel": arm.kernel, "params": dict(sorted(arm.params.items())), "version": version,
             "scales": arm.scales, "engine": arm.engine, "env": dict(sorted(arm.env.items()))}
 
 
 def _generate_units(name: str, exp: GenerateExperiment) -> list[Unit]:
+    # vLLM arms run on a GPU: ask Ray for one unless the spec asked for more.
+    resources = exp.resources
+    if any(a.engine == "vllm" for a in exp.arms.values()) and resources.num_gpus == 0:
+        resources = resources.model_copy(update={"num_gpus": 1})
     common = {
         "model": exp.model,
         "model_fingerprint": model_fingerprint(exp.model),
@@ -169,7 +188,7 @@ def _generate_units(name: str, exp: GenerateExperiment) -> list[Unit]:
     for arm_name, arm in exp.arms.items():
         for restart in range(exp.restarts):
             params = {**common, "arm": _arm_payload(arm_name, arm), "restart": restart}
-            u = Unit(unit_id("generate", params), "generate", name, params, exp.resources, stage=0, fresh_process=True)
+            u = Unit(unit_id("generate", params), "generate", name, params, resources, stage=0, fresh_process=True)
             units.append(u)
             if restart == 0:
                 restart0[arm_name] = u.id
@@ -177,7 +196,7 @@ def _generate_units(name: str, exp: GenerateExperiment) -> list[Unit]:
         ref = {**_arm_payload(tf.reference, exp.arms[tf.reference]), "unit_id": restart0[tf.reference]}
         for other in tf.arms:
             params = {**common, "reference": ref, "arm": _arm_payload(other, exp.arms[other])}
-            units.append(Unit(unit_id("teacher_forced", params), "teacher_forced", name, params, exp.resources,
+            units.append(Unit(unit_id("teacher_forced", params), "teacher_forced", name, params, resources,
                               stage=1, fresh_process=True))
     return units
 
@@ -202,13 +221,19 @@ def _replay_units(name: str, exp: ReplayExperiment) -> list[Unit]:
         "model": exp.model,
         "model_fingerprint": model_fingerprint(exp.model),
         "model_seed": exp.model_seed,
-        "capture_kernel": _impl_payload(Implementation(kernel=exp.capture_kernel)),
+        "engine": exp.engine,
+        "capture_kernel": (_impl_payload(Implementation(kernel=exp.capture_kernel)) if exp.engine == "cpu" else
+                           {"name": exp.capture_kernel, "kernel": exp.capture_kernel, "params": {}, "version": "vllm"}),
         "pairs": [[_impl_payload(a), _impl_payload(b)] for a, b in exp.impl_pairs()],
         "scale_modes": list(exp.scale_modes),
         "prompts": prompts,
         "out_dtype": exp.out_dtype,
     }
-    return [Unit(unit_id("replay", params), "replay", name, params, exp.resources)]
+    resources = exp.resources
+    pair_impls = [i for pair in exp.impl_pairs() for i in pair]
+    if resources.num_gpus == 0 and (exp.engine == "vllm" or _needs_gpu(pair_impls)):
+        resources = resources.model_copy(update={"num_gpus": 1})
+    return [Unit(unit_id("replay", params), "replay", name, params, resources)]
 
 
 def make_plan(spec: LoadedSpec) -> Plan:

@@ -56,6 +56,29 @@ def check_sweep_identity(store: ResultStore, plan: Plan) -> None:
         )
 
 
+def check_gpu_resources(pending: list, conn: Any, have_gpus: float | None = None) -> None:
+    """Units that need a GPU must not wait forever on a cluster that has none: refuse clearly."""
+    gpu_units = [u for u in pending if u.resources.num_gpus > 0]
+    if not gpu_units:
+        return
+    if have_gpus is None:
+        import ray
+
+        have_gpus = ray.cluster_resources().get("GPU", 0)
+    have = have_gpus
+    if have > 0:
+        return
+    missing = ["no GPU in the Ray cluster" + (" (the embedded local instance on this machine)" if conn.embedded else f" at {conn.address}")]
+    import importlib.util
+
+    if any(u.kind in ("generate", "teacher_forced") and u.params.get("arm", {}).get("engine") == "vllm" for u in gpu_units) \
+            and importlib.util.find_spec("vllm") is None:
+        missing.append("vLLM is not installed here (pip install 'swapcheck[vllm]' on the GPU nodes)")
+    raise InfrastructureError(
+        f"{len(gpu_units)} unit(s) request a GPU (e.g. {gpu_units[0].describe()}), but: {'; '.join(missing)}. "
+        "Run on a GPU cluster with --address, or drop the GPU experiments. Nothing was run.")
+
+
 def write_sweep_record(store: ResultStore, spec: LoadedSpec, plan: Plan) -> None:
     if store.sweep_record(plan.sweep) is not None:
         return
@@ -100,6 +123,15 @@ def launch(
 
     # Predictions are validated and hashed before anything is written or run.
     prereg_rows = prereg.plan_registration(store, plan.sweep, spec.prereg_paths)
+    if address is None and any(u.resources.num_gpus > 0 for u in plan.units):
+        import torch
+
+        from orchestrator.cluster import Connection
+
+        if not torch.cuda.is_available():
+            # The embedded instance has this machine's GPUs only: refuse before writing anything.
+            done0 = store.done_units(plan.sweep)
+            check_gpu_resources([u for u in plan.units if u.id not in done0], Connection(True, "embedded", 0), have_gpus=0)
     t0 = time.perf_counter()
     try:
         write_sweep_record(store, spec, plan)
@@ -116,6 +148,7 @@ def launch(
         return summary
 
     conn = connect(address, num_cpus)
+    check_gpu_resources(pending, conn)
     launch_id = f"{utcnow().strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
     launch_row: dict[str, Any] = {
         "launch_id": launch_id,

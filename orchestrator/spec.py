@@ -196,6 +196,9 @@ class ReplayExperiment(Strict):
     kind: Literal["replay"]
     model: str = "tiny-qwen3"
     model_seed: int = Field(default=0, ge=0)
+    #: "cpu": the CPU W8A8 engine captures with a registry kernel; "vllm": vLLM captures with a
+    #: kernel family (cutlass-int8 / triton-int8) on a GPU, and pairs name GPU registry kernels.
+    engine: Literal["cpu", "vllm"] = "cpu"
     capture_kernel: str = "int8-cutlass-order"
     pairs: list[list[str | Implementation]] = Field(min_length=1)
     scale_modes: list[ScaleMode] = Field(default_factory=lambda: list[ScaleMode](["real", "pow2"]), min_length=1)
@@ -219,12 +222,17 @@ class ReplayExperiment(Strict):
 
 
 class Arm(Strict):
-    """One way of running the model: a kernel, a scale mode and the environment that selects kernels."""
+    """One way of running the model: a kernel, a scale mode and the environment that selects kernels.
+
+    ``engine = "cpu"``: ``kernel`` is a registry kernel run by the CPU W8A8 engine. ``engine =
+    "vllm"``: ``kernel`` is a vLLM kernel family (``cutlass-int8``, ``triton-int8``, ``cutlass-fp8``,
+    ``torch-fp8``) forced per installed vLLM version (docs/gpu.md); such units request a GPU.
+    """
 
     kernel: str = "int8-cutlass-order"
     params: dict[str, Any] = Field(default_factory=dict)
     scales: ScaleMode = "real"
-    engine: Literal["cpu"] = "cpu"
+    engine: Literal["cpu", "vllm"] = "cpu"
     env: dict[str, str] = Field(default_factory=dict)
 
 
@@ -337,8 +345,18 @@ class LoadedSpec(BaseModel):
     prereg_paths: list[str] = []
 
 
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def expand_env(value: str) -> str:
+    """``${VAR}`` / ``${VAR:-default}`` in model paths: checkpoints live at cluster-specific paths."""
+    import os
+
+    return _ENV_REF.sub(lambda m: os.environ.get(m.group(1), m.group(2) or ""), value)
+
+
 def _resolve(p: str, base_dir: Path) -> Path:
-    q = Path(p).expanduser()
+    q = Path(expand_env(p)).expanduser()
     return q if q.is_absolute() else (base_dir / q).resolve()
 
 
@@ -347,7 +365,11 @@ def _resolve_paths(exp: Any, base_dir: Path) -> Any:
     if isinstance(exp, ReplayExperiment | GenerateExperiment):
         update: dict[str, Any] = {}
         if exp.model != "tiny-qwen3":
-            update["model"] = str(_resolve(exp.model, base_dir))
+            # A local directory relative to the spec, else kept as given (a path on the cluster's
+            # GPU nodes, or a name vLLM resolves there).
+            m = expand_env(exp.model)
+            cand = _resolve(m, base_dir)
+            update["model"] = str(cand) if cand.exists() else m
         if isinstance(exp.prompts, FilePrompts):
             update["prompts"] = FilePrompts(file=str(_resolve(exp.prompts.file, base_dir)))
         return exp.model_copy(update=update) if update else exp
@@ -464,11 +486,25 @@ def _check_problems(where: tuple[Any, ...], exp: CheckExperiment) -> list[str]:
 def _generate_problems(where: tuple[Any, ...], exp: GenerateExperiment) -> list[str]:
     base = _loc(where)
     problems = []
+    vllm = [name for name, arm in exp.arms.items() if arm.engine == "vllm"]
     for name, arm in exp.arms.items():
+        if arm.engine == "vllm":
+            from tasks.models.vllm_selection import FAMILIES
+
+            if arm.kernel not in FAMILIES and arm.kernel not in ("cutlass", "triton", "torch"):
+                problems.append(f"{base}.arms.{name}.kernel: {arm.kernel!r} is not a vLLM kernel family; allowed: {', '.join(FAMILIES)}")
+            if arm.scales != "real":
+                problems.append(f"{base}.arms.{name}.scales: the vLLM engine runs a checkpoint's own scales; make a power-of-two probe checkpoint for pow2")
+            continue
         p = _kernel_problem(f"{base}.arms.{name}.kernel", Implementation(kernel=arm.kernel, params=arm.params), "int8")
         if p:
             problems.append(p)
-    problems.extend(_model_and_prompt_problems(base, exp.model, exp.prompts))
+    if vllm and len(vllm) != len(exp.arms):
+        problems.append(f"{base}.arms: mix of vllm arms {vllm} and cpu arms; put them in separate experiments")
+    if not vllm:
+        problems.extend(_model_and_prompt_problems(base, exp.model, exp.prompts))
+    elif isinstance(exp.prompts, FilePrompts):
+        problems.extend(_model_and_prompt_problems(base, "tiny-qwen3", exp.prompts))
     return problems
 
 
@@ -505,9 +541,15 @@ def _kernel_problem(field: str, impl: Implementation, dtype: str) -> str | None:
 def _replay_problems(where: tuple[Any, ...], exp: ReplayExperiment) -> list[str]:
     base = _loc(where)
     problems = []
-    p = _kernel_problem(f"{base}.capture_kernel", Implementation(kernel=exp.capture_kernel), "int8")
-    if p:
-        problems.append(p)
+    if exp.engine == "vllm":
+        from tasks.models.vllm_selection import FAMILIES
+
+        if exp.capture_kernel not in FAMILIES and exp.capture_kernel not in ("cutlass", "triton"):
+            problems.append(f"{base}.capture_kernel: {exp.capture_kernel!r} is not a vLLM kernel family; allowed: {', '.join(FAMILIES)}")
+    else:
+        p = _kernel_problem(f"{base}.capture_kernel", Implementation(kernel=exp.capture_kernel), "int8")
+        if p:
+            problems.append(p)
     for i, (a, b) in enumerate(exp.impl_pairs()):
         for j, impl in enumerate((a, b)):
             p = _kernel_problem(f"{base}.pairs[{i}][{j}]", impl, "int8")
@@ -515,7 +557,8 @@ def _replay_problems(where: tuple[Any, ...], exp: ReplayExperiment) -> list[str]
                 problems.append(p)
         if a.name == b.name:
             problems.append(f"{base}.pairs[{i}]: both sides are {a.name!r}; give one a distinct `label`")
-    problems.extend(_model_and_prompt_problems(base, exp.model, exp.prompts))
+    if exp.engine == "cpu":
+        problems.extend(_model_and_prompt_problems(base, exp.model, exp.prompts))
     return problems
 
 

@@ -37,20 +37,51 @@ def build_arm_model(params: dict[str, Any]) -> Any:
                        scales=arm["scales"], seed=params["model_seed"])
 
 
+def build_vllm_engine(params: dict[str, Any]) -> Any:
+    """The arm's vLLM engine (GPU nodes only): the kernel family forced per installed version."""
+    from tasks.models.vllm_engine import VllmEngine
+
+    arm = params["arm"]
+    prompts = params["prompts"]
+    longest = (max(len(p) for p in prompts["tokens"]) if "tokens" in prompts else prompts["synthetic"]["length"])
+    return VllmEngine(params["model"], kernel=arm["kernel"], seed=params["model_seed"], env=arm["env"],
+                      max_model_len=longest + params["max_new_tokens"] + 1)
+
+
+def _vllm_prompts(params: dict[str, Any], vocab_size: int | None = None) -> list[list[int]]:
+    from tasks.prompts import prompts_from_payload
+
+    # Synthetic ids stay below 1000 for vLLM checkpoints: every real vocabulary is larger.
+    return prompts_from_payload(params["prompts"], vocab_size or 1000)
+
+
 def run(params: dict[str, Any], context: dict[str, Any] | None = None) -> dict[str, list[dict[str, Any]]]:
     from tasks.kernels import get_kernel
     from tasks.prompts import prompts_from_payload
 
     arm = params["arm"]
-    model = build_arm_model(params)
-    prompts = prompts_from_payload(params["prompts"], int(model.config.vocab_size))
-    model.reset_kernel_calls()
-    gen = model.generate(prompts, params["max_new_tokens"], top_k=params["top_k"])
-    calls = model.kernel_calls()
-    configured = get_kernel(arm["kernel"], **arm["params"]).name
-    observed, ok, problem = kernel_evidence(calls, configured)
-    if not ok:
-        raise RuntimeError(f"kernel-selection evidence does not match the arm {arm['name']!r}: {problem}")
+    if arm["engine"] == "vllm":
+        engine = build_vllm_engine(params)
+        prompts = _vllm_prompts(params)
+        engine.reset_kernel_calls()
+        gen = engine.generate(prompts, params["max_new_tokens"], top_k=params["top_k"])
+        evidence = engine.require_evidence()  # raises KernelEvidenceError: a run must test what it claims
+        calls = engine.kernel_calls()
+        configured = evidence["configured"]
+        observed = sorted(evidence["layer_kernels"])
+        weights = engine.weights_sha256()
+    else:
+        model = build_arm_model(params)
+        prompts = prompts_from_payload(params["prompts"], int(model.config.vocab_size))
+        model.reset_kernel_calls()
+        gen = model.generate(prompts, params["max_new_tokens"], top_k=params["top_k"])
+        calls = model.kernel_calls()
+        configured = get_kernel(arm["kernel"], **arm["params"]).name
+        observed, ok, problem = kernel_evidence(calls, configured)
+        if not ok:
+            raise RuntimeError(f"kernel-selection evidence does not match the arm {arm['name']!r}: {problem}")
+        evidence = {"ok": True}
+        weights = model.weights_sha256()
     ident = {"arm": arm["name"], "restart": params["restart"]}
     generations = [
         {**ident, "prompt_index": r["sequence"], "position": r["position"], "token": r["token"],
@@ -65,7 +96,8 @@ def run(params: dict[str, Any], context: dict[str, Any] | None = None) -> dict[s
     run_row = {
         **ident, "model": params["model"], "engine": arm["engine"], "configured_kernel": configured,
         "scales": arm["scales"], "env_json": json.dumps(arm["env"], sort_keys=True), "host": socket.gethostname(),
-        "pid": os.getpid(), "observed_kernels": observed, "kernel_calls_json": json.dumps(calls, sort_keys=True),
-        "evidence_ok": ok, "weights_sha256": model.weights_sha256(),
+        "pid": os.getpid(), "observed_kernels": observed,
+        "kernel_calls_json": json.dumps({"calls": calls, "evidence": evidence}, sort_keys=True, default=str),
+        "evidence_ok": bool(evidence["ok"]), "weights_sha256": weights,
     }
     return {"generations": generations, "sequences": sequences, "arm_runs": [run_row]}

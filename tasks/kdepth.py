@@ -120,9 +120,15 @@ def run(params: dict[str, Any], context: dict[str, Any] | None = None) -> dict[s
     outputs: dict[str, tuple[torch.Tensor, float, str]] = {}
     for impl in [*params["implementations"], params["reference"]]:
         kernel = get_kernel(impl["kernel"], **impl["params"])
+        args = [ops["a"], ops["b"], ops["scale_a"], ops["scale_b"], out_dtype, ops["bias"]]
+        if kernel.device == "cuda":  # GPU kernels take their operands on the device
+            args = [x.cuda() if isinstance(x, torch.Tensor) else x for x in args]
+            torch.cuda.synchronize()
         t0 = time.perf_counter()
-        out = kernel(ops["a"], ops["b"], ops["scale_a"], ops["scale_b"], out_dtype, ops["bias"])
-        outputs[impl["name"]] = (out, time.perf_counter() - t0, impl["kernel"])
+        out = kernel(*args)
+        if kernel.device == "cuda":
+            torch.cuda.synchronize()
+        outputs[impl["name"]] = (out.cpu(), time.perf_counter() - t0, impl["kernel"])
 
     base = {
         "dtype": params["dtype"], "out_dtype": params["out_dtype"], "m": params["m"], "n": params["n"],

@@ -42,20 +42,35 @@ def _scales(layer: Any, mode: str) -> tuple[torch.Tensor, torch.Tensor]:
     return sa, sb
 
 
+def call(kernel: Any, a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor, dtype: torch.dtype,
+         bias: torch.Tensor | None) -> torch.Tensor:
+    """Run a kernel on its device (GPU kernels take their operands there) and return a CPU tensor."""
+    if kernel.device == "cuda":
+        a, b, sa, sb = a.cuda(), b.cuda(), sa.cuda(), sb.cuda()
+        bias = None if bias is None else bias.cuda()
+    return kernel(a, b, sa, sb, dtype, bias).cpu()
+
+
 def accumulator_rows(kernels: dict[str, Any], layer: Any) -> dict[str, Any]:
-    """Each kernel's int32 accumulator, read through unit scales and fp32 output, vs the exact one."""
+    """Each kernel's int32 accumulator, read through unit scales vs the exact one.
+
+    fp32 output where the kernel writes it (CPU kernels); vLLM's ops write bf16/fp16 only, so there
+    the accumulators are read as fp16 outputs, exact up to 2048 — ``accumulator_check`` says which.
+    """
     a, b = layer.x_q, layer.w_q.t()
     m, n = a.shape[0], b.shape[1]
     exact = a.to(torch.float64) @ b.to(torch.float64)
     peak = int(exact.abs().max().item()) if exact.numel() else 0
     ones_a, ones_b = torch.ones(m, 1), torch.ones(n)
-    accs = [k(a, b, ones_a, ones_b, torch.float32, None) for k in kernels.values()]
+    gpu = any(k.device == "cuda" for k in kernels.values())
+    out_dtype, limit = (torch.float16, 2048) if gpu else (torch.float32, FP32_EXACT_INT)
+    accs = [call(k, a, b, ones_a, ones_b, out_dtype, None) for k in kernels.values()]
     equal = all(torch.equal(accs[0], x) for x in accs[1:])
-    exact_ok = all(torch.equal(x.double(), exact) for x in accs) if peak <= FP32_EXACT_INT else None
+    exact_ok = all(torch.equal(x.double(), exact) for x in accs) if peak <= limit else None
     return {
         "accumulators_equal": equal,
         "accumulators_exact": exact_ok,
-        "accumulator_check": "exact" if peak <= FP32_EXACT_INT else "fp32-rounded",
+        "accumulator_check": "exact" if peak <= limit else ("fp16-rounded" if gpu else "fp32-rounded"),
         "max_abs_accumulator": peak,
     }
 
@@ -77,7 +92,7 @@ def replay_layers(layers: list[Any], capture_kernel: dict[str, Any], pairs: list
                 "m": a.shape[0], "n": b.shape[1], "k": a.shape[1]}
         # Replaying through the kernel the model ran with must reproduce the captured output.
         cap_fmt = get_format(layer.output.dtype)
-        again = cap(a, b, layer.x_scale, layer.w_scale, layer.output.dtype, layer.bias)
+        again = call(cap, a, b, layer.x_scale, layer.w_scale, layer.output.dtype, layer.bias)
         stats = compare(layer.output.reshape(again.shape), again, cap_fmt)
         rows.append({**base, "scale_mode": "real", "comparison": "capture", "impl_a": "captured-output",
                      "impl_b": capture_kernel["name"], **stats, "bitwise_equal": stats["differing"] == 0,
@@ -90,8 +105,8 @@ def replay_layers(layers: list[Any], capture_kernel: dict[str, Any], pairs: list
             alibi = accumulator_rows({pa["name"]: ka, pb["name"]: kb}, layer)
             for mode in scale_modes:
                 sa, sb = _scales(layer, mode)
-                oa = ka(a, b, sa, sb, dtype, bias)
-                ob = kb(a, b, sa, sb, dtype, bias)
+                oa = call(ka, a, b, sa, sb, dtype, bias)
+                ob = call(kb, a, b, sa, sb, dtype, bias)
                 stats = compare(oa, ob, fmt)
                 rows.append({**base, "scale_mode": mode, "comparison": "pair", "impl_a": pa["name"],
                              "impl_b": pb["name"], **stats, "bitwise_equal": stats["differing"] == 0, **alibi})
@@ -117,13 +132,27 @@ def run(params: dict[str, Any], context: dict[str, Any] | None = None) -> dict[s
     from tasks.prompts import prompts_from_payload
 
     ck = params["capture_kernel"]
-    model = build_model(params["model"], kernel={"kernel": ck["kernel"], "params": ck["params"]}, scales="real",
-                        seed=params["model_seed"])
-    prompts = prompts_from_payload(params["prompts"], int(model.config.vocab_size))
-    model.reset_kernel_calls()
-    with model.capture() as cap:
-        model.forward_tokens(prompts)
-    calls = model.kernel_calls()
+    if params.get("engine", "cpu") == "vllm":
+        from tasks.models.vllm_engine import VllmEngine
+
+        prompts = prompts_from_payload(params["prompts"], 1000)
+        engine = VllmEngine(params["model"], kernel=ck["kernel"], seed=params["model_seed"],
+                            max_model_len=max(len(p) for p in prompts) + 2)
+        engine.reset_kernel_calls()
+        with engine.capture(split=True) as cap:
+            engine.score(prompts, top_k=2)
+        engine.require_evidence()
+        calls = engine.kernel_calls()
+        # Replaying the captured output: the registry kernel the layers ran (vllm-cutlass / vllm-triton).
+        ck = {"name": cap.layers[0].kernel, "kernel": cap.layers[0].kernel, "params": {}}
+    else:
+        model = build_model(params["model"], kernel={"kernel": ck["kernel"], "params": ck["params"]}, scales="real",
+                            seed=params["model_seed"])
+        prompts = prompts_from_payload(params["prompts"], int(model.config.vocab_size))
+        model.reset_kernel_calls()
+        with model.capture() as cap:
+            model.forward_tokens(prompts)
+        calls = model.kernel_calls()
     ctx = context or {}
     if ctx.get("results"):
         out_dir = artifact_dir(ctx["results"], ctx["sweep"], ctx["unit_id"])
@@ -141,5 +170,5 @@ def run(params: dict[str, Any], context: dict[str, Any] | None = None) -> dict[s
          "capture_kernel": row["kernel"], "kernel_calls": sum(calls.get(row["layer"], {}).values()), "file": rel}
         for row in capture_manifest(cap)
     ]
-    rows = replay_layers(layers, params["capture_kernel"], params["pairs"], params["scale_modes"], params["out_dtype"])
+    rows = replay_layers(layers, ck, params["pairs"], params["scale_modes"], params["out_dtype"])
     return {"replay": [{**r, "model": params["model"]} for r in rows], "captures": manifest}

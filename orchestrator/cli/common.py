@@ -13,6 +13,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from orchestrator.errors import SwapcheckError
 from storage.errors import QueryError
@@ -38,10 +39,10 @@ def user_errors() -> Iterator[None]:
     try:
         yield
     except SwapcheckError as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True)
+        err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, markup=True)
         raise typer.Exit(exc.exit_code) from None
     except QueryError as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True)
+        err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, markup=True)
         raise typer.Exit(2) from None
 
 
@@ -90,7 +91,7 @@ def emit_rows(rows: list[dict[str, Any]], fmt: Format, title: str | None = None,
     for c in cols:
         t.add_column(c, justify="right" if rows and isinstance(rows[0][c], (int, float)) else "left")
     for r in rows:
-        t.add_row(*(cell(k, r[k]) for k in cols))
+        t.add_row(*(escape(cell(k, r[k])) for k in cols))
     out.print(t)
     if not rows:
         out.print("(no rows)")

@@ -58,6 +58,7 @@ def plan(
             done = ResultStore(results).done_units(p.sweep)
         rows = [
             {"unit_id": u.id, "experiment": u.experiment, "kind": u.kind, "unit": u.describe(),
+             "resources": f"cpu={u.resources.num_cpus:g} gpu={u.resources.num_gpus:g}" + (" fresh-process" if u.fresh_process else ""),
              **({"status": "done" if u.id in done else "pending"} if results is not None else {})}
             for u in p.units
         ]
