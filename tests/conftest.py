@@ -17,6 +17,14 @@ os.environ.setdefault("SWAPCHECK_TEST_CRASH_DIR", tempfile.mkdtemp(prefix="swapc
 
 REPO = Path(__file__).resolve().parents[1]
 
+
+def pytest_configure(config: pytest.Config) -> None:
+    # One intra-op thread: results are deterministic and a shared 2-core machine is not thrashed by
+    # OpenMP spinning (units in sweeps run with one thread each for the same reason).
+    import torch
+
+    torch.set_num_threads(1)
+
 TINY_SPEC = """
 question = "Do the INT8 epilogue orders agree on tiny shapes?"
 name = "{name}"
