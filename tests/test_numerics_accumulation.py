@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tasks.numerics import FORMATS, accumulation, round_fraction, round_to_format
-from tasks.numerics.rounding import NEAREST_AWAY, NEAREST_EVEN, check_rounding
+from tasks.numerics.rounding import NEAREST_AWAY, NEAREST_EVEN, check_rounding, round_dyadic
 from tests import _numerics_oracle as O
 from tests._numerics_strategies import values
 
@@ -229,3 +229,12 @@ def test_specials_may_be() -> None:
     assert b.may_be("inf")[0] and b.may_be("nan")[1] and b.may_be("zero")[2]
     assert alg.covers(got, x).all()
     assert not alg.covers(np.array([1.0, 1.0, 1.0]), x).any()
+
+
+@given(st.integers(-(2**80), 2**80), st.integers(-1200, 200), st.sampled_from(FMTS),
+       st.sampled_from(ROUNDINGS))  # fmt: skip
+@settings(max_examples=300, deadline=None)
+def test_round_dyadic_matches_round_fraction(n: int, e: int, f, r) -> None:
+    x = Fraction(n) * Fraction(2) ** e
+    want = round_fraction(x, f, r) if n else 0.0
+    assert O.same(round_dyadic(n, e, f, r), want)

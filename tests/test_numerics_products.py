@@ -320,3 +320,22 @@ def test_cli_demo_prints_the_seed_examples() -> None:
         "pairwise: [[300.0]]",
         "pairwise: 4.77e-07 * sum over k of |A[i,k] * B[k,j]| + 1.34e-43",
     ]
+
+
+@pytest.mark.parametrize("inputs", ["fp32", "bf16"])
+@pytest.mark.parametrize("fma", [True, False])
+def test_many_outputs_take_the_same_values(inputs: str, fma: bool) -> None:
+    """Many outputs at once take other paths (per-block scans, smaller pairwise chunks, midpoint
+    redo in checkpoints) than one column at a time; both are exact, so they agree bit for bit."""
+    g = torch.Generator().manual_seed(4)
+    a = torch.randn(64, 200, generator=g).to(FORMATS[inputs].torch_dtype)
+    b = torch.randn(200, 64, generator=g).to(FORMATS[inputs].torch_dtype)
+    algs = [products.matmul_sequential("float32", fma=fma), products.matmul_pairwise("float32", fma=fma),
+            products.matmul_blocked("float32", 128, fma=fma), products.matmul_blocked("float32", 7, fma=fma)]  # fmt: skip
+    for alg in algs:
+        whole = alg.run(a, b)
+        cols = torch.cat([alg.run(a, b[:, j : j + 1]) for j in range(0, 64, 9)], dim=1)
+        assert torch.equal(whole[:, 0:64:9], cols), alg
+    want = O.matmul(a[:2].double().numpy(), b[:, :2].double().numpy(), FORMATS["fp32"],
+                    "nearest_even", "blocked", fma, 128)  # fmt: skip
+    assert O.same(algs[2].run(a, b)[:2, :2].numpy(), want)

@@ -24,14 +24,15 @@ Every accumulator starts at +0.0, as a GPU accumulator register does, so a sum o
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from .formats import FloatFormat, get_format
-from .rounding import NEAREST_EVEN, FormatLike, check_rounding, round_to_format
+from .rounding import NEAREST_EVEN, FormatLike, check_rounding, round_dyadic, round_to_format
 
 __all__ = ["Arith", "Terms", "ArrayTerms", "sequential", "pairwise", "blocked", "slots16"]
 
@@ -39,6 +40,8 @@ _F64 = torch.float64
 _MID_MASK = (1 << 28) - 1  # low 28 significand bits of a float64 are zero at every fp32 midpoint
 _CHUNK_ELEMENTS = 1 << 18  # elements of one [k, B] chunk of terms: small enough to stay in cache
 _NATIVE = ("fp32", "bf16", "fp16")
+_CHECKPOINT = 16  # steps between midpoint checks of the fp32 fast path (flagged ones redone)
+_FEW = 8  # at most this many flagged outputs are redone one by one in Python integers
 
 
 class Arith:
@@ -130,6 +133,36 @@ def _chunks(terms: Terms, per: int = 1) -> Iterator[tuple[int, torch.Tensor]]:
         yield k0, terms.chunk(k0, min(terms.n, k0 + step))
 
 
+def _add_scalar(x: float, y: float, ar: Arith) -> float:
+    """``round(x + y)`` for Python floats with IEEE rules, in Python integers (for the few flagged
+    outputs of the fp32 fast path)."""
+    if math.isnan(x) or math.isnan(y):
+        return math.nan
+    if math.isinf(x) or math.isinf(y):
+        if math.isinf(x) and math.isinf(y) and x != y:
+            return math.nan
+        v = x if math.isinf(x) else y
+        return v if ar.fmt.has_inf else math.nan
+    (mx, ex), (my, ey) = _dyadic(x), _dyadic(y)
+    e = min(ex, ey)
+    n = (mx << (ex - e)) + (my << (ey - e))  # x + y == n * 2**e exactly
+    if n == 0:  # an exact zero is +0 unless both operands are -0
+        return -0.0 if math.copysign(1, x) < 0 and math.copysign(1, y) < 0 else 0.0
+    return round_dyadic(n, e, ar.fmt, ar.rounding)
+
+
+def _dyadic(x: float) -> tuple[int, int]:
+    m, e = math.frexp(x)
+    return int(math.ldexp(m, 53)), e - 53
+
+
+def _scan_scalar(start: float, terms: list[float], ar: Arith) -> float:
+    acc = start
+    for t in terms:
+        acc = _add_scalar(acc, t, ar)
+    return acc
+
+
 def _scan_general(start: torch.Tensor, t: torch.Tensor, ar: Arith, exact: bool) -> torch.Tensor:
     """Sequential sum of ``t [k, B]`` onto ``start [B]`` (float64 values of the format)."""
     acc = start.to(_F64)
@@ -157,26 +190,84 @@ def _scan(acc: torch.Tensor, t: torch.Tensor, ar: Arith, exact: bool) -> torch.T
         flat = _scan_general(acc.reshape(-1), t.reshape(t.shape[0], -1), ar, True)
         return flat.reshape(shape).to(ar.dtype)
     # fp32 fast path: float64 sum, one cast, a midpoint flag per element; flagged sums redone.
-    start = acc.to(torch.float32)
-    a32 = start.clone()
-    s = torch.empty(acc.shape, dtype=_F64)
-    low = torch.empty(acc.shape, dtype=torch.int64)
-    flag = torch.full(acc.shape, _MID_MASK + 1, dtype=torch.int64)
+    shape = acc.shape
+    start = acc.to(torch.float32).reshape(-1)
+    fast = _Fp32Scan(start)
     for i in range(t.shape[0]):
-        torch.add(a32, t[i], out=s)  # a32 is promoted to float64 exactly; the sum rounds once
-        a32.copy_(s)
-        torch.bitwise_and(s.view(torch.int64), _MID_MASK, out=low)
-        torch.minimum(flag, low, out=flag)
-    bad = (flag == 0).reshape(-1).nonzero().squeeze(1)
-    if bad.numel():
-        flat = a32.reshape(-1)
-        tb = t.reshape(t.shape[0], -1)[:, bad]
-        flat[bad] = _scan_general(start.reshape(-1)[bad], tb, ar, True).to(torch.float32)
-    return a32.to(ar.dtype)
+        torch.add(fast.a64, t[i].reshape(-1), out=fast.s)
+        fast.settle()
+    fast.redo(start, lambda bad: t.reshape(t.shape[0], -1)[:, bad], ar)
+    return fast.a32.reshape(shape).to(ar.dtype)
+
+
+class _Fp32Scan:
+    """State of the fp32 fast path: ``s = fl64(acc + x)`` is written by the caller, ``settle``
+    rounds it to fp32 and records whether it could have been an fp32 midpoint."""
+
+    def __init__(self, start: torch.Tensor) -> None:
+        self.a32 = start.clone()
+        self.a64 = start.to(_F64)
+        self.s = torch.empty_like(self.a64)
+        self.low = torch.empty(start.shape, dtype=torch.int64)
+        self.flag = torch.full(start.shape, _MID_MASK + 1, dtype=torch.int64)
+
+    def settle(self) -> None:
+        self.a32.copy_(self.s)  # one IEEE rounding to fp32
+        self.a64.copy_(self.a32)
+        torch.bitwise_and(self.s.view(torch.int64), _MID_MASK, out=self.low)
+        torch.minimum(self.flag, self.low, out=self.flag)
+
+    def redo(self, start: torch.Tensor, terms_of: Any, ar: Arith) -> None:
+        """Recompute the flagged outputs exactly from ``start`` (``terms_of(index)`` gives their
+        float64 terms ``[k, len(index)]``) and reset the flags."""
+        bad = (self.flag == 0).nonzero().squeeze(1)
+        if 0 < bad.numel() <= _FEW:
+            t = terms_of(bad).to(_F64)
+            fixed = torch.tensor(
+                [_scan_scalar(float(start[i]), t[:, j].tolist(), ar) for j, i in enumerate(bad)],
+                dtype=torch.float32,
+            )
+            self.a32[bad] = fixed
+            self.a64[bad] = fixed.to(_F64)
+        elif bad.numel():
+            fixed = _scan_general(start[bad], terms_of(bad), ar, True).to(torch.float32)
+            self.a32[bad] = fixed
+            self.a64[bad] = fixed.to(_F64)
+        self.flag.fill_(_MID_MASK + 1)
+
+
+def _sequential_range(terms: Terms, ar: Arith, k0: int, k1: int) -> torch.Tensor | None:
+    """Terms k0..k1-1 summed from +0 one step at a time through the provider's own step methods,
+    where it has them (products: ``add_into`` for exact terms, ``step_native`` for values of the
+    format, both without materializing the products); None if it has not.
+    """
+    size = terms.size
+    if not terms.exact and getattr(terms, "native_steps", False) and ar.dtype == torch.float32:
+        step = terms.step_native  # type: ignore[attr-defined]
+        acc = ar.zeros(size)
+        for k in range(k0, k1):
+            step(acc, k)
+        return acc
+    if terms.exact and getattr(terms, "fused_steps", False) and ar.fp32:
+        add_into = terms.add_into  # type: ignore[attr-defined]
+        start = torch.zeros(size, dtype=torch.float32)
+        fast = _Fp32Scan(start)
+        for c0 in range(k0, k1, _CHECKPOINT):
+            c1 = min(k1, c0 + _CHECKPOINT)
+            start = fast.a32.clone()
+            for k in range(c0, c1):
+                add_into(fast.a64, k, fast.s)
+                fast.settle()
+            fast.redo(start, lambda bad, c0=c0, c1=c1: terms.select(bad).chunk(c0, c1), ar)
+        return fast.a32.to(ar.dtype)
+    return None
 
 
 def sequential(terms: Terms, ar: Arith) -> torch.Tensor:
     """``((0 + x_0) + x_1) + ... + x_{n-1}`` for every output: ``[size]`` in ``ar.dtype``."""
+    fused = _sequential_range(terms, ar, 0, terms.n)
+    if fused is not None:
+        return fused
     acc = ar.zeros(terms.size)
     for _, t in _chunks(terms):
         acc = _scan(acc, t, ar, terms.exact)
@@ -229,7 +320,7 @@ def pairwise(terms: Terms, ar: Arith, chunk: int = 64) -> torch.Tensor:
     carried odd element is the last one of its level, so only the last chunk can leave a term
     unrounded (when it holds a single term); it is added exactly where the tree adds it.
     """
-    while chunk > 2 and chunk * terms.size > 2 * _CHUNK_ELEMENTS:
+    while chunk > 2 and chunk * terms.size > _CHUNK_ELEMENTS:
         chunk //= 2
     stack: list[tuple[int, torch.Tensor]] = []
     total: torch.Tensor | None = None
@@ -266,10 +357,13 @@ def blocked(terms: Terms, ar: Arith, block_size: int) -> torch.Tensor:
     if b * terms.size > _CHUNK_ELEMENTS:  # one block at a time, in cache-sized pieces
         step = max(1, _CHUNK_ELEMENTS // max(terms.size, 1))
         for k0 in range(0, terms.n, b):
-            acc = ar.zeros(terms.size)
-            for j0 in range(k0, min(terms.n, k0 + b), step):
-                acc = _scan(acc, terms.chunk(j0, min(terms.n, k0 + b, j0 + step)), ar, terms.exact)
-            total = _accumulate(ar, total, acc[None])
+            k1 = min(terms.n, k0 + b)
+            fused = _sequential_range(terms, ar, k0, k1)
+            if fused is None:
+                fused = ar.zeros(terms.size)
+                for j0 in range(k0, k1, step):
+                    fused = _scan(fused, terms.chunk(j0, min(k1, j0 + step)), ar, terms.exact)
+            total = _accumulate(ar, total, fused[None])
         return total
     for _, t in _chunks(terms, per=b):
         k = t.shape[0]

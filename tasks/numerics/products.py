@@ -131,8 +131,10 @@ class _ProductTerms:
     """
 
     def __init__(self, at: torch.Tensor, b: torch.Tensor, ar: Arith, how: str, exact: bool,
-                 pairs: bool = False) -> None:  # fmt: skip
-        self.ar, self.how, self.exact, self.pairs = ar, how, exact, pairs
+                 pairs: bool = False, fits: bool = False) -> None:  # fmt: skip
+        self.ar, self.how, self.exact, self.pairs, self.fits = ar, how, exact, pairs, fits
+        self.native_steps = how == "fp32" and ar.dtype == torch.float32  # step_native works
+        self.fused_steps = exact  # add_into works
         dt = torch.float32 if how == "fp32" else torch.float64
         self.at, self.b = at.to(dt), b.to(dt)
         self.n = at.shape[0]
@@ -147,13 +149,35 @@ class _ProductTerms:
             return self.ar.round64(p)
         return p if self.exact else p.to(self.ar.dtype)
 
+    def add_into(self, acc: torch.Tensor, k: int, out: torch.Tensor) -> None:
+        """``out = fl64(acc + term_k)`` for exact terms: the product is exact in float64, so
+        whether addcmul fuses or not, the sum rounds once."""
+        if self.pairs:
+            torch.addcmul(acc, self.at[k], self.b[k], out=out)
+        else:
+            m, n = self.at.shape[1], self.b.shape[1]
+            torch.addcmul(acc.view(m, n), self.at[k].unsqueeze(1), self.b[k].unsqueeze(0),
+                          out=out.view(m, n))  # fmt: skip
+
+    def step_native(self, acc: torch.Tensor, k: int) -> None:
+        """``acc = round(acc + term_k)`` in place, for an fp32 accumulator (``native_steps``)."""
+        a, b = self.at[k], self.b[k]
+        if not self.pairs:
+            m, n = self.at.shape[1], self.b.shape[1]
+            acc, a, b = acc.view(m, n), a.unsqueeze(1), b.unsqueeze(0)
+        if self.fits:  # exact products: one rounding whether or not addcmul fuses
+            acc.addcmul_(a, b)
+        else:  # fp32 multiply (one rounding), then add (another)
+            acc.add_(a * b)
+
     def select(self, index: torch.Tensor) -> _ProductTerms:
         n = self.b.shape[1]
         rows, cols = index // n, index % n
         if self.pairs:
             return _ProductTerms(self.at[:, index], self.b[:, index], self.ar, self.how,
-                                 self.exact, True)  # fmt: skip
-        return _ProductTerms(self.at[:, rows], self.b[:, cols], self.ar, self.how, self.exact, True)
+                                 self.exact, True, self.fits)  # fmt: skip
+        return _ProductTerms(self.at[:, rows], self.b[:, cols], self.ar, self.how, self.exact, True,
+                             self.fits)  # fmt: skip
 
 
 def _product_terms(a64: np.ndarray, b64: np.ndarray, fa: FloatFormat, fb: FloatFormat,
@@ -163,7 +187,7 @@ def _product_terms(a64: np.ndarray, b64: np.ndarray, fa: FloatFormat, fb: FloatF
     f = ar.fmt
     in_f32 = _products_fit(a64, b64, fa, fb, _F32)
     if _products_fit(a64, b64, fa, fb, f):  # fma is irrelevant: no product rounds
-        return _ProductTerms(at, b, ar, "fp32" if ar.native else "exact", exact=False)
+        return _ProductTerms(at, b, ar, "fp32" if ar.native else "exact", exact=False, fits=True)
     if fma:
         return _ProductTerms(at, b, ar, "exact", exact=True)
     if ar.native and (f.name == "fp32" or in_f32):

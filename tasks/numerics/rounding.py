@@ -12,6 +12,7 @@ narrow format) and is wrong exactly at the ties that matter; ``lo`` carries the 
 
 from __future__ import annotations
 
+import math
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,7 @@ __all__ = [
     "check_rounding",
     "round_to_format",
     "round_fraction",
+    "round_dyadic",
     "two_sum",
     "two_prod",
     "to_tensor",
@@ -190,6 +192,36 @@ def round_fraction(x: Fraction | int, fmt: FormatLike, rounding: str = NEAREST_E
         return (-np.inf if neg else np.inf) if f.has_inf else float("nan")
     result = float(value)  # exact: value has <= 24 significant bits and is in float64's range
     return -result if neg else result
+
+
+def round_dyadic(n: int, e: int, fmt: FormatLike, rounding: str = NEAREST_EVEN) -> float:
+    """Round the exact value ``n * 2**e`` (Python ints) to ``fmt``: :func:`round_fraction` for
+    dyadic rationals, in a few integer operations (no gcd), for per-element scalar paths.
+
+    Same conventions: overflow to +-inf (NaN for fp8_e4m3fn), a negative value rounding to zero
+    gives -0.0, and ``n == 0`` gives +0.0.
+    """
+    f = get_format(fmt)
+    away = check_rounding(rounding) == NEAREST_AWAY
+    if n == 0:
+        return 0.0
+    neg = n < 0
+    a = -n if neg else n
+    lead = a.bit_length() - 1 + e  # a * 2**e lies in [2**lead, 2**(lead + 1))
+    q = max(lead, f.emin) - f.mantissa_bits  # exponent of the spacing there
+    shift = q - e
+    if shift > 0:
+        keep = a >> shift
+        rem = a - (keep << shift)
+        half = 1 << (shift - 1)
+        if rem > half or (rem == half and (away or keep & 1)):
+            keep += 1
+    else:
+        keep, q = a, e
+    if keep.bit_length() + q > f.emax + 1 or math.ldexp(keep, q) > f.max_finite:
+        return (-math.inf if neg else math.inf) if f.has_inf else math.nan
+    value = math.ldexp(keep, q)
+    return -value if neg else value
 
 
 def two_sum(a: ArrayLike, b: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
