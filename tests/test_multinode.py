@@ -94,7 +94,9 @@ def test_gpu_units_land_on_gpu_nodes_and_node_loss_loses_nothing(tmp_path) -> No
     env = {**os.environ, "RESULTS": str(tmp_path / "results"), "PYTHONPATH": str(REPO)}
     out = subprocess.run([sys.executable, "-c", SCRIPT], cwd=REPO, env=env, capture_output=True, text=True, timeout=480)
     assert out.returncode == 0, out.stderr[-4000:]
-    res = json.loads(out.stdout.strip().splitlines()[-1])
+    results_lines = [line for line in out.stdout.splitlines() if line.startswith('{"ok"')]
+    assert results_lines, out.stdout[-2000:] + out.stderr[-2000:]
+    res = json.loads(results_lines[-1])
     n_units = 2 * 5 * 3 + 4
     marks = [line for line in out.stdout.splitlines() if line.startswith('{"killed_while_running"')]
     assert marks, "the GPU node was never seen running a unit"
