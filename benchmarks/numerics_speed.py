@@ -1,7 +1,8 @@
 """Speed of each matmul algorithm's exact emulation relative to torch.matmul, measured in the same run.
 
 Baseline: ``torch.matmul`` of fp32 ``[M, K] @ [K, N]`` on the same shape (default M = N = 256,
-K = 4096).  A ratio of 20.0 means twenty times the baseline's time.  Rows: the accumulation format
+K = 4096), timed before and after the algorithms (the faster of the two is used: on a shared machine
+the slower one measures the neighbours).  A ratio of 20.0 means twenty times the baseline's time.  Rows: the accumulation format
 (fp32), the inputs' dtype (fp32 randn, or bf16 randn whose products are exact in fp32) and fma.
 
     python benchmarks/numerics_speed.py [--m 256] [--k 4096] [--repeat 3] [--threads 0]
@@ -16,6 +17,7 @@ recomputed with TwoSum).
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 
@@ -48,11 +50,14 @@ def main() -> None:
     a32 = torch.randn(m, k, generator=g)
     b32 = torch.randn(k, n, generator=g)
     a16, b16 = a32.bfloat16(), b32.bfloat16()
-    base = best_of(lambda: torch.matmul(a32, b32), max(args.repeat, 5))
+    def baseline() -> float:
+        return best_of(lambda: torch.matmul(a32, b32), max(3 * args.repeat, 10))
+
+    base = baseline()
     base_name = "torch.matmul fp32"
-    print(f"M = N = {m}, K = {k}, torch threads = {torch.get_num_threads()}")
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"M = N = {m}, K = {k}, torch threads = {torch.get_num_threads()}, load average {load}")
     print(f"{'algorithm':40} {'inputs':7} {'fma':5} {'seconds':>9} {'ratio':>7}  baseline")
-    print(f"{base_name:40} {'fp32':7} {'-':5} {base:9.4f} {1.0:7.2f}  (baseline)")
     rows = []
     for fma in (False, True):
         rows += [
@@ -70,9 +75,13 @@ def main() -> None:
             (P.matmul_exact_accumulation("float32"), "fp32", True),
             (P.matmul_slots16("float32"), "fp32", False),
         ]
-    for alg, inputs, fma in rows:
+    times = []
+    for alg, inputs, _ in rows:
         a, b = (a32, b32) if inputs == "fp32" else (a16, b16)
-        t = best_of(lambda alg=alg, a=a, b=b: alg.run(a, b), args.repeat)
+        times.append(best_of(lambda alg=alg, a=a, b=b: alg.run(a, b), args.repeat))
+    base = min(base, baseline())  # measured before and after: the faster is the less disturbed
+    print(f"{base_name:40} {'fp32':7} {'-':5} {base:9.4f} {1.0:7.2f}  (baseline)")
+    for (alg, inputs, fma), t in zip(rows, times, strict=True):
         name = alg.name + (f"({alg.block_size})" if hasattr(alg, "block_size") else "")
         print(f"{name:40} {inputs:7} {str(fma):5} {t:9.4f} {t / base:7.2f}  {base_name}")
 

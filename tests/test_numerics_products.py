@@ -339,3 +339,16 @@ def test_many_outputs_take_the_same_values(inputs: str, fma: bool) -> None:
     want = O.matmul(a[:2].double().numpy(), b[:, :2].double().numpy(), FORMATS["fp32"],
                     "nearest_even", "blocked", fma, 128)  # fmt: skip
     assert O.same(algs[2].run(a, b)[:2, :2].numpy(), want)
+
+
+def test_docs_examples_run() -> None:
+    """Every python block of docs/numerics.md runs as written."""
+    import re
+
+    from tests.conftest import REPO
+
+    text = (REPO / "docs" / "numerics.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert len(blocks) >= 2
+    for block in blocks:
+        exec(compile(block, "docs/numerics.md", "exec"), {})

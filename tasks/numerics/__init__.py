@@ -1,13 +1,21 @@
 """Exact numerics for kernel-interchangeability checks.
 
 Formats (:mod:`.formats`), correct rounding and error-free transformations (:mod:`.rounding`), and
-bit-pattern distances in output spacings (:mod:`.spacing`).  See docs/numerics.md.
+bit-pattern distances in output spacings (:mod:`.spacing`).  Import the torch-based modules by name:
+named accumulation orders over lists of terms (:mod:`.accumulation`), matmul algorithms and the
+matmul reference (:mod:`.products`), error models and bounds (:mod:`.errormodel`), exact sums
+(:mod:`.exactsum`), the emulation engines (:mod:`.orders`) and the place for attention algorithms
+(:mod:`.attention`).  See docs/numerics.md.
 """
 
 from .formats import FORMATS, FloatFormat, get_format
 from .rounding import (
+    NEAREST_AWAY,
+    NEAREST_EVEN,
     as_float64,
+    check_rounding,
     is_representable,
+    round_dyadic,
     round_fraction,
     round_to_format,
     to_tensor,
@@ -22,6 +30,10 @@ __all__ = [
     "get_format",
     "round_to_format",
     "round_fraction",
+    "round_dyadic",
+    "NEAREST_EVEN",
+    "NEAREST_AWAY",
+    "check_rounding",
     "two_sum",
     "two_prod",
     "to_tensor",

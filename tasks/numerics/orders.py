@@ -320,7 +320,10 @@ def pairwise(terms: Terms, ar: Arith, chunk: int = 64) -> torch.Tensor:
     carried odd element is the last one of its level, so only the last chunk can leave a term
     unrounded (when it holds a single term); it is added exactly where the tree adds it.
     """
-    while chunk > 2 and chunk * terms.size > _CHUNK_ELEMENTS:
+    # fewer, larger chunks for 4-byte values of the format (less Python per product); float64
+    # exact terms are slower out of cache (measured at M = N = 256)
+    limit = _CHUNK_ELEMENTS if terms.exact or ar.dtype == _F64 else 4 * _CHUNK_ELEMENTS
+    while chunk > 2 and chunk * terms.size > limit:
         chunk //= 2
     stack: list[tuple[int, torch.Tensor]] = []
     total: torch.Tensor | None = None
