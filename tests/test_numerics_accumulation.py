@@ -23,7 +23,7 @@ from tests._numerics_strategies import values
 
 FMTS = [FORMATS[n] for n in ("fp32", "bf16", "fp16", "fp8_e4m3fn")]
 ROUNDINGS = [NEAREST_EVEN, NEAREST_AWAY]
-SETTINGS = settings(max_examples=20, deadline=None)
+SETTINGS = settings(max_examples=40, deadline=None)
 
 
 def _algorithms(f, r):

@@ -42,7 +42,7 @@ def _algorithm(order: str, f, fma: bool, r: str):
 @pytest.mark.parametrize("order", ORDERS)
 @pytest.mark.parametrize("pair", PAIRS, ids=lambda p: f"{p[0]}-in-{p[1]}")
 @given(data=st.data())
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=30, deadline=None)
 def test_run_matches_oracle_and_is_covered(order: str, pair, data) -> None:
     fin, f = FORMATS[pair[0]], FORMATS[pair[1]]
     a, b = data.draw(matrices(fin))
