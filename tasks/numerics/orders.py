@@ -14,10 +14,16 @@ Exactness, by case:
 * Both operands are values of the format, another rounding or format: the float64 sum (innocuous
   for the same reason, 53 >= 2 * 24 + 2) rounded by :func:`round_to_format`.
 * An operand is exact but not in the format (``add_exact``): ``s = fl64(x + y)``.  For fp32, casting
-  ``s`` is right unless ``s`` is exactly an fp32 midpoint, which a bit test finds (it also flags every
-  value the cast cannot get wrong that shares the bit pattern, e.g. exact sums; all flagged ones are
-  recomputed exactly).  Otherwise, and for the flagged ones, TwoSum gives the exact remainder and
-  :func:`round_to_format` rounds ``s + e`` once.
+  ``s`` is right unless ``s`` is exactly an fp32 midpoint, which a bit test finds (it also flags
+  harmless values with the same low bits, e.g. exact sums; all flagged ones are recomputed exactly).
+  A sequential sum tests every step and, every ``_CHECKPOINT`` steps, redoes the flagged outputs
+  from the checkpoint (:class:`_Fp32Scan`).  Otherwise, and for the flagged ones, TwoSum gives the
+  exact remainder and :func:`round_to_format` rounds ``s + e`` once (:func:`round_dyadic` in Python
+  integers when only a few outputs need it).
+
+Providers may also offer per-step methods that avoid materializing the terms (``step_native`` and
+``add_into`` of :class:`tasks.numerics.products` terms); :func:`sequential` and :func:`blocked` use
+them when present.
 
 Every accumulator starts at +0.0, as a GPU accumulator register does, so a sum of zeros is +0.0.
 """

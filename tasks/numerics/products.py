@@ -125,9 +125,10 @@ class _ProductTerms:
     """The products ``a[k, i] * b[k, j]`` as :class:`orders.Terms`, computed chunk by chunk.
 
     ``how``: ``"exact"`` (float64, exact: any two values of at most 24 bits multiply exactly in
-    float64), ``"fp32"`` (one IEEE fp32 multiply: exact, or the product rounded once to fp32), or
-    ``"round"`` (exact float64 product, then rounded once to the format).  ``cast`` converts an
-    fp32 product that is exact in fp32 to the format's dtype (one rounding).
+    float64), ``"fp32"`` (one IEEE fp32 multiply: exact, or the product rounded once to fp32; for a
+    bf16/fp16 accumulator an exact fp32 product is then cast once to its dtype), or ``"round"``
+    (exact float64 product, then rounded once to the format).  ``fits``: every product is a value
+    of the format.  ``pairs``: output j is ``sum_k at[k, j] * b[k, j]`` (a selection of outputs).
     """
 
     def __init__(self, at: torch.Tensor, b: torch.Tensor, ar: Arith, how: str, exact: bool,
@@ -363,30 +364,39 @@ class MatmulAlgorithm(_Bounded):
             out = np.asarray(out).reshape(m, n)
         return to_output(out, self.format, as_torch)
 
+    @abstractmethod
     def _run(self, a64: np.ndarray, b64: np.ndarray, fa: FloatFormat,
              fb: FloatFormat) -> torch.Tensor | np.ndarray:  # fmt: skip
-        terms = _product_terms(a64, b64, fa, fb, self.arith, self.fma)
-        return self._sum(terms)
+        """The ``M * N`` outputs (flat) for float64 operands of formats ``fa`` and ``fb``."""
 
+
+class _Ordered(MatmulAlgorithm):
+    """The products (exact or rounded, per fma and the data) summed by an order of :mod:`.orders`."""
+
+    def _run(self, a64: np.ndarray, b64: np.ndarray, fa: FloatFormat,
+             fb: FloatFormat) -> torch.Tensor:  # fmt: skip
+        return self._sum(_product_terms(a64, b64, fa, fb, self.arith, self.fma))
+
+    @abstractmethod
     def _sum(self, terms: Any) -> torch.Tensor:
-        raise TypeError(f"{self.name} has no accumulation order")
+        """The engine of :mod:`.orders` for this order."""
 
 
-class _Sequential(MatmulAlgorithm):
+class _Sequential(_Ordered):
     name = "matmul_sequential"
 
     def _sum(self, terms: Any) -> torch.Tensor:
         return _sequential(terms, self.arith)
 
 
-class _Pairwise(MatmulAlgorithm):
+class _Pairwise(_Ordered):
     name = "matmul_pairwise"
 
     def _sum(self, terms: Any) -> torch.Tensor:
         return _pairwise(terms, self.arith)
 
 
-class _Blocked(MatmulAlgorithm):
+class _Blocked(_Ordered):
     name = "matmul_blocked"
 
     def __init__(self, fmt: FormatLike, block_size: int, *, fma: bool, rounding: str) -> None:
