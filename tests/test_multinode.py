@@ -101,14 +101,15 @@ def test_gpu_units_land_on_gpu_nodes_and_node_loss_loses_nothing(tmp_path) -> No
     marks = [line for line in out.stdout.splitlines() if line.startswith('{"killed_while_running"')]
     assert marks, "the GPU node was never seen running a unit"
     killed = json.loads(marks[0])["killed_while_running"]
-    assert res["ok"] == n_units and res["failed"] == 0
-    assert len(res["units"]) == n_units and all(u["status"] == "ok" for u in res["units"])
+    info = json.dumps({k: v for k, v in res.items() if k != "units"}) + "\n" + out.stderr[-3000:]
+    assert res["ok"] == n_units and res["failed"] == 0, info
+    assert len(res["units"]) == n_units and all(u["status"] == "ok" for u in res["units"]), info
     gpu_units = [u for u in res["units"] if u["experiment"] == "gpu"]
-    assert all(u["node_id"] in res["gpu_ids"] for u in gpu_units), "GPU units ran only on GPU nodes"
-    assert res["dups"] == 0
+    assert all(u["node_id"] in res["gpu_ids"] for u in gpu_units), ("GPU units ran only on GPU nodes", gpu_units, info)
+    assert res["dups"] == 0, info
     assert res["rows"] == n_units * 3  # one pair + two vs exact per unit, each exactly once
     # The unit caught running on the removed node finished exactly once: either its worker completed
     # before the node's processes died, or Ray re-ran it elsewhere (attempts >= 2).
     lost = next(u for u in res["units"] if u["unit_id"] == killed)
-    assert lost["status"] == "ok"
-    assert lost["attempts"] >= 2 or lost["node_id"] == res["removed"]
+    assert lost["status"] == "ok", (lost, info)
+    assert lost["attempts"] >= 2 or lost["node_id"] == res["removed"], (lost, info)
