@@ -33,6 +33,7 @@ the operation requires (products and sums in the output format, in any order, wi
 
 from __future__ import annotations
 
+import operator
 from abc import ABC, abstractmethod
 from fractions import Fraction
 from typing import Any
@@ -285,7 +286,11 @@ class _Bounded(ABC):
 
     def error_model(self, k: int) -> ErrorModel:
         """``gamma_n * sum over k of |A[i,k] * B[k,j]| + N * eta * (1 + gamma_n)`` for k products."""
-        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        try:
+            k = operator.index(k)  # ints and numpy integers
+        except TypeError:
+            raise ValueError(f"k must be an integer >= 0, got {k!r}") from None
+        if isinstance(k, bool) or k < 0:
             raise ValueError(f"k must be an integer >= 0, got {k!r}")
         f = self.format
         return ErrorModel(self.roundings(k), self.charged(k), f.unit_roundoff,
