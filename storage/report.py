@@ -39,13 +39,13 @@ def _png(fig: Any) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
-def _figure(*size: float) -> tuple[Any, Any]:
+def _figure(width: float, height: float, ncols: int = 1) -> tuple[Any, Any]:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    return plt.subplots(*size) if len(size) == 2 and isinstance(size[0], int) else plt.subplots(figsize=size)
+    return plt.subplots(1, ncols, figsize=(width, height))
 
 
 # -- the pictures ----------------------------------------------------------------------------------
@@ -58,7 +58,7 @@ def kdepth_figures(results: str | Path, sweep: str | None) -> list[tuple[str, st
         fig, ax = _figure(7.5, 4.2)
         import matplotlib.pyplot as plt
 
-        ax.set_prop_cycle(color=plt.get_cmap("tab20").colors)
+        ax.set_prop_cycle(color=[plt.get_cmap("tab20")(i) for i in range(20)])
         series: dict[tuple, list] = {}
         for r in rows:
             if r["dtype"] == dtype:
@@ -114,8 +114,7 @@ def flip_figures(results: str | Path, sweep: str | None) -> list[tuple[str, str]
         data = fliprisk.load(results, sweep=p["sweep"], ref_arm=p["ref_arm"], arm=p["arm"])
         if not data.flip.any() or data.flip.all():
             continue
-        fig, (ax1, ax2) = _figure(1, 2)
-        fig.set_size_inches(9.5, 3.8)
+        fig, (ax1, ax2) = _figure(9.5, 3.8, ncols=2)
         fpr, tpr, _ = roc_curve(data.flip, -data.margin)
         auc = fliprisk.auc(data.margin, data.flip)
         ax1.plot(fpr, tpr, label=f"-margin, AUC {auc:.3f}")
@@ -242,7 +241,9 @@ def _inline(text: str) -> str:
 
 def markdown_to_html(md: str) -> str:
     """The Markdown subset swapcheck itself writes: headings, pipe tables, paragraphs."""
-    out, table = [], []
+    out: list[str] = []
+    table: list[str] = []
+
     def flush() -> None:
         if table:
             rows = [[c.strip() for c in line.strip().strip("|").split(" | ")] for line in table if not set(line) <= set("|-: ")]

@@ -130,6 +130,7 @@ def compare(baseline: dict[str, dict[str, Any]], today: dict[str, dict[str, Any]
     for name in sorted(set(baseline) | set(today)):
         b, t = baseline.get(name), today.get(name)
         if b is None:
+            assert t is not None  # the name came from one of the two
             changes.append({"metric": name, "baseline": None, "today": t["value"], "rule": t["rule"],
                             "kind": "new", "regression": False})
             continue

@@ -36,6 +36,8 @@ M = N = 256 on 2 CPU cores (torch 2.13): K = 4096 / 16384 takes sequential 0.04 
 
 from __future__ import annotations
 
+import abc
+
 import torch
 
 from . import epilogue
@@ -176,8 +178,9 @@ class _Fp8Emulation(Kernel):
             f"{ep} epilogue (vllm-kernels.md {sec})"
         )
 
+    @abc.abstractmethod
     def accumulate(self, at: torch.Tensor, bf: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        """The fp32 accumulator ``[M, N]`` of the exact products, in this order."""
 
     def compute(self, ops: Operands) -> torch.Tensor:
         at, bf = fp8_operands_fp32(ops.a, ops.b)

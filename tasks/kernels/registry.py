@@ -39,6 +39,7 @@ allowed.
 
 from __future__ import annotations
 
+import abc
 import difflib
 import importlib
 import inspect
@@ -77,7 +78,7 @@ class KernelError(ValueError):
     """
 
 
-class Kernel:
+class Kernel(abc.ABC):
     """Base class of every scaled-GEMM implementation.
 
     Subclasses set the class attributes below, optionally ``param_defaults`` (the parameters they
@@ -132,9 +133,9 @@ class Kernel:
         """(True, None) if the kernel handles this problem and scale layout, else (False, reason)."""
         return True, None
 
+    @abc.abstractmethod
     def compute(self, ops: Operands) -> torch.Tensor:
         """Compute the ``[M, N]`` output from validated operands (see :class:`.operands.Operands`)."""
-        raise NotImplementedError(f"{type(self).__name__} must implement compute()")
 
     # -- the shared call ------------------------------------------------------------------------
     def __call__(
