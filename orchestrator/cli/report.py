@@ -180,12 +180,20 @@ def predictions(
         elif not rows:
             out.print("no pre-registered predictions")
         else:
-            emit_rows([{"sweep": r["sweep"], "prediction": r["prediction"],
-                        "status": r["status"].upper(),
-                        "support": f"{r['support']} {r['noun']}" if r["noun"] else r["support"],
-                        "measured": r["measured"], "counterexample": r["counterexample"] or "",
-                        "amended": ("after results" if r["amended_after_results"] else "yes") if r["amended"] else ""}
-                       for r in rows], fmt, title="pre-registered predictions")
+            one_sweep = len({r["sweep"] for r in rows}) == 1
+            table = []
+            for r in rows:
+                line = {} if one_sweep else {"sweep": r["sweep"]}
+                line.update({"prediction": r["prediction"], "status": r["status"].upper(),
+                             "support": f"{r['support']} {r['noun']}" if r["noun"] else r["support"],
+                             "measured": r["measured"]})
+                if any(x["counterexample"] for x in rows):
+                    line["counterexample"] = r["counterexample"] or ""
+                if any(x["amended"] for x in rows):
+                    line["amended"] = ("after results" if r["amended_after_results"] else "yes") if r["amended"] else ""
+                table.append(line)
+            title = f"pre-registered predictions of {rows[0]['sweep']}" if one_sweep else "pre-registered predictions"
+            emit_rows(table, fmt, title=title)
         if edited:
             from orchestrator.cli.common import err
 
