@@ -60,7 +60,7 @@ def run_nightly(suite: str | Path, baseline: str | Path, results: str | Path, *,
                 on_event: Any = None) -> NightlyOutcome:
     from orchestrator.runner import launch
     from orchestrator.spec import load_spec
-    from storage.store import ResultStore
+    from storage.store import open_store
     from storage.summary import compare, sweep_metrics
 
     spec = load_spec(suite)
@@ -75,7 +75,7 @@ def run_nightly(suite: str | Path, baseline: str | Path, results: str | Path, *,
         raise InfrastructureError(
             f"{summary.n_failed} unit(s) of {dated} failed to run (e.g. {first[0]}: {first[1]}); "
             "the nightly comparison needs every unit: see `swapcheck report units`")
-    store = ResultStore(results)
+    store = open_store(results)
     today = sweep_metrics(results, dated)
     outcome = NightlyOutcome(sweep=dated, exit_code=0)
     if base is not None:
@@ -94,7 +94,7 @@ def run_nightly(suite: str | Path, baseline: str | Path, results: str | Path, *,
         tmp.replace(baseline_path)
         outcome.baseline_updated = True
     outcome.exit_code = 1 if outcome.regressions and not update_baseline else 0
-    outcome.report_dir = str(write_report(results, outcome, today, base))
+    outcome.report_dir = write_report(results, outcome, today, base)
     return outcome
 
 
@@ -136,16 +136,17 @@ def markdown(outcome: NightlyOutcome, today: dict[str, Any], base: dict[str, Any
 
 
 def write_report(results: str | Path, outcome: NightlyOutcome, today: dict[str, Any],
-                 base: dict[str, Any] | None) -> Path:
+                 base: dict[str, Any] | None) -> str:
     from storage.report import html_document
+    from storage.store import open_store
 
-    out = Path(results) / "nightly" / outcome.sweep
-    out.mkdir(parents=True, exist_ok=True)
+    store = open_store(results)
+    rel = f"nightly/{outcome.sweep}"
     md = markdown(outcome, today, base)
-    (out / "report.md").write_text(md, encoding="utf-8")
-    (out / "report.json").write_text(json.dumps({
+    store.write_text(f"{rel}/report.md", md)
+    store.write_text(f"{rel}/report.json", json.dumps({
         "sweep": outcome.sweep, "exit_code": outcome.exit_code, "regressions": outcome.regressions,
         "changes": outcome.changes, "previous": outcome.previous, "since_previous": outcome.since_previous,
-        "baseline_updated": outcome.baseline_updated, "metrics": today}, indent=1, default=str), encoding="utf-8")
-    (out / "report.html").write_text(html_document(results, outcome.sweep, preface_markdown=md), encoding="utf-8")
-    return out
+        "baseline_updated": outcome.baseline_updated, "metrics": today}, indent=1, default=str))
+    where = store.write_text(f"{rel}/report.html", html_document(results, outcome.sweep, preface_markdown=md))
+    return where.rsplit("/", 1)[0]

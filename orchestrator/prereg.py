@@ -145,12 +145,7 @@ def plan_registration(store: Any, sweep: str, paths: list[str]) -> list[dict[str
 
 
 def registrations(store: Any, sweep: str) -> list[dict[str, Any]]:
-    import pyarrow.parquet as pq
-
-    d = store.partition("preregistrations", sweep)
-    if not d.is_dir():
-        return []
-    rows = [r for p in sorted(d.glob("*.parquet")) for r in pq.read_table(p).to_pylist()]
+    rows = [r for p in store.parquet_files("preregistrations", sweep) for r in store.read_table(p).to_pylist()]
     return sorted(rows, key=lambda r: r["registered_at"])
 
 

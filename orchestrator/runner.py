@@ -23,7 +23,7 @@ from typing import Any
 from orchestrator.errors import InfrastructureError, UsageError
 from orchestrator.plan import Plan, make_plan
 from orchestrator.spec import LoadedSpec
-from storage.store import ResultStore, utcnow
+from storage.store import ResultStore, open_store, utcnow
 
 #: Units in flight at once; Ray queues the rest cheaply, this only bounds driver memory.
 WINDOW = 2000
@@ -117,7 +117,7 @@ def launch(
 
     emit = on_event or (lambda kind, info: None)
     plan = make_plan(spec)
-    store = ResultStore(results)
+    store = open_store(results)
     check_sweep_identity(store, plan)
     from orchestrator import prereg
 

@@ -15,7 +15,7 @@ import traceback
 from typing import Any
 
 from orchestrator.plan import canonical_json
-from storage.store import ResultStore, utcnow
+from storage.store import open_store, utcnow
 
 #: Task kind -> "module:function" computing a unit's rows: fn(params, context) -> {table: rows}, where
 #: context names the results root, sweep and unit id (for units that also write artifacts).
@@ -58,7 +58,7 @@ def execute_unit(payload: dict[str, Any], results: str, sweep: str, spec_sha256:
 
     # One thread per unit keeps runs deterministic and lets Ray pack units onto cores.
     torch.set_num_threads(max(1, int(os.environ.get("SWAPCHECK_THREADS_PER_UNIT", "1"))))
-    store = ResultStore(results)
+    store = open_store(results)
     unit_id = payload["id"]
     attempt = store.mark_attempt(sweep, unit_id, _node_id())
     started = utcnow()
@@ -103,7 +103,7 @@ def execute_unit(payload: dict[str, Any], results: str, sweep: str, spec_sha256:
 
 def record_lost_unit(payload: dict[str, Any], results: str, sweep: str, spec_sha256: str, error: str) -> None:
     """Driver side: a unit whose every attempt died (worker crash) still gets a failed ledger row."""
-    store = ResultStore(results)
+    store = open_store(results)
     now = utcnow()
     store.record_unit(
         sweep,

@@ -36,14 +36,27 @@ def _sql_str(s: str) -> str:
     return "'" + s.replace("'", "''") + "'"
 
 
+def _root(results: str | Path) -> str:
+    """The results root as DuckDB reads it: an absolute local path, or the URI as given."""
+    from storage.store import is_uri
+
+    return str(results).rstrip("/") if is_uri(results) else str(Path(results).resolve())
+
+
 def connect(results: str | Path) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB connection with one view per results table."""
-    root = Path(results).resolve()
+    """An in-memory DuckDB connection with one view per results table (local path or URI)."""
+    from storage.store import is_uri, open_store
+
+    root = _root(results)
     con = duckdb.connect(":memory:")
+    if is_uri(results) and not root.startswith("file://"):
+        # s3:// gs:// https://: DuckDB's httpfs extension (credentials from the environment).
+        con.execute("INSTALL httpfs; LOAD httpfs")
+    store = open_store(results)
     for table, schema in TABLES.items():
-        files = list((root / f"table={table}").glob("sweep=*/*.parquet"))
+        files = [f for sw in _table_sweeps(store, table) for f in store.parquet_files(table, sw)]
         if files:
-            glob = _sql_str(str(root / f"table={table}" / "sweep=*" / "*.parquet"))
+            glob = _sql_str(f"{root}/table={table}/sweep=*/*.parquet")
             con.execute(
                 f'CREATE VIEW "{table}" AS SELECT * EXCLUDE ("table") FROM read_parquet({glob}, '
                 "hive_partitioning = true, union_by_name = true)"
@@ -55,9 +68,25 @@ def connect(results: str | Path) -> duckdb.DuckDBPyConnection:
     return con
 
 
+def _table_sweeps(store: Any, table: str) -> list[str]:
+    """Sweep partitions present under ``table=<table>``."""
+    from storage.store import ObjectStore
+
+    if isinstance(store, ObjectStore):
+        import pyarrow.fs as pafs
+
+        try:
+            infos = store.fs.get_file_info(pafs.FileSelector(store._p(f"table={table}"), allow_not_found=True))
+        except (FileNotFoundError, OSError):
+            return []
+        return [i.base_name.split("=", 1)[1] for i in infos if i.base_name.startswith("sweep=")]
+    d = Path(store.root) / f"table={table}"
+    return [p.name.split("=", 1)[1] for p in d.iterdir() if p.name.startswith("sweep=")] if d.is_dir() else []
+
+
 def lock_down(con: duckdb.DuckDBPyConnection, results: str | Path) -> None:
     """Forbid file access outside the results tree and any later change of that setting."""
-    root = str(Path(results).resolve()).rstrip("/") + "/"
+    root = _root(results).rstrip("/") + "/"
     con.execute(f"SET allowed_directories = [{_sql_str(root)}]")
     con.execute("SET enable_external_access = false")
     con.execute("SET lock_configuration = true")

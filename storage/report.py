@@ -173,13 +173,13 @@ def conformance(results: str | Path, sweep: str | None) -> list[dict[str, Any]]:
 def tables(results: str | Path, sweep: str | None) -> list[tuple[str, list[dict[str, Any]]]]:
     from orchestrator import prereg
     from storage.catalog import run_named
-    from storage.store import ResultStore
+    from storage.store import open_store
 
     out: list[tuple[str, list[dict[str, Any]]]] = [("Conformance summary per kernel pair", conformance(results, sweep))]
     from storage.summary import check_metrics
 
     checks = []
-    for sw in ([sweep] if sweep else ResultStore(results).sweeps()):
+    for sw in ([sweep] if sweep else open_store(results).sweeps()):
         for name, m in check_metrics(results, sw).items():
             _, table, kernel, dtype, _ = name.split("/")
             checks.append({"sweep": sw, "kernel": kernel, "check": table, "output": dtype, "verdict": m["value"]})
@@ -193,7 +193,7 @@ def tables(results: str | Path, sweep: str | None) -> list[tuple[str, list[dict[
         cross = run_named(results, "cross_arm", sweep=sweep).to_pylist()
         out.append(("Cross-arm agreement (restart 0)",
                     [{"pair": f"{r['arm_a']} vs {r['arm_b']}", "identical": f"{r['identical']}/{r['total']}"} for r in cross]))
-    store = ResultStore(results)
+    store = open_store(results)
     sweeps = [sweep] if sweep else store.sweeps()
     preds = [r for s in sweeps for r in prereg.score(results, store, s)]
     if preds:

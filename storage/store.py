@@ -131,8 +131,132 @@ class ResultStore:
         rows = pq.read_table(p).to_pylist()
         return rows[0] if rows else None
 
+    def parquet_files(self, table: str, sweep: str) -> list[str]:
+        d = self.partition(table, sweep)
+        return sorted(str(p) for p in d.glob("*.parquet")) if d.is_dir() else []
+
+    def read_table(self, path: str, **kwargs: Any) -> pa.Table:
+        return pq.read_table(path, **kwargs)
+
+    def put_bytes(self, relpath: str, data: bytes) -> str:
+        """A file under the results root (reports, artifacts), written atomically; returns where it is."""
+        path = self.root / relpath
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex}")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+        return str(path)
+
+    def write_text(self, relpath: str, text: str) -> str:
+        return self.put_bytes(relpath, text.encode())
+
+    def exists(self) -> bool:
+        return self.root.is_dir()
+
     def sweeps(self) -> list[str]:
         d = self.root / "table=sweeps"
         if not d.is_dir():
             return []
         return sorted(p.name.split("=", 1)[1] for p in d.iterdir() if p.name.startswith("sweep="))
+
+
+def is_uri(results: str | Path) -> bool:
+    """``s3://bucket/prefix``, ``gs://...``, ``file:///path``: a pyarrow filesystem URI, not a local path."""
+    return "://" in str(results)
+
+
+class ObjectStore(ResultStore):
+    """The results tree on any pyarrow filesystem (``--results s3://bucket/prefix``, ``gs://``, ``file://``).
+
+    Objects are written whole with one put (atomic on object stores), named by unit id as on a local
+    disk, so a unit written twice still has one file; the ledger and attempt markers work the same way.
+    """
+
+    def __init__(self, uri: str):
+        import pyarrow.fs as pafs
+
+        self.uri = str(uri).rstrip("/")
+        self.fs, path = pafs.FileSystem.from_uri(self.uri)
+        self.base = path.rstrip("/")
+        self.root = Path(self.base)  # for messages; every access goes through self.fs
+
+    def _p(self, *parts: str) -> str:
+        return "/".join([self.base, *parts])
+
+    def _put(self, path: str, data: bytes) -> None:
+        self.fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+        with self.fs.open_output_stream(path) as out:
+            out.write(data)
+
+    def _files(self, path: str, recursive: bool = False) -> list[Any]:
+        import pyarrow.fs as pafs
+
+        try:
+            infos = self.fs.get_file_info(pafs.FileSelector(path, allow_not_found=True, recursive=recursive))
+        except (FileNotFoundError, OSError):
+            return []
+        return [i for i in infos if i.type == pafs.FileType.File]
+
+    def write(self, table: str, sweep: str, name: str, rows: pa.Table | Iterable[Mapping[str, Any]]) -> int:
+        t = to_table(table, rows)
+        buf = pa.BufferOutputStream()
+        pq.write_table(t, buf, compression="zstd")
+        self._put(self._p(f"table={table}", f"sweep={sweep}", f"{name}.parquet"), buf.getvalue().to_pybytes())
+        return t.num_rows
+
+    def put_bytes(self, relpath: str, data: bytes) -> str:
+        self._put(self._p(relpath), data)
+        return f"{self.uri}/{relpath}"
+
+    def mark_attempt(self, sweep: str, unit_id: str, node_id: str | None = None) -> int:
+        marker = {"host": socket.gethostname(), "pid": os.getpid(), "node_id": node_id, "started_at": utcnow().isoformat()}
+        name = f"{time.time_ns()}-{socket.gethostname()}-{os.getpid()}.json"
+        self._put(self._p("_state", "attempts", f"sweep={sweep}", unit_id, name), json.dumps(marker).encode())
+        return self.attempts(sweep, unit_id)
+
+    def attempts(self, sweep: str, unit_id: str) -> int:
+        return sum(1 for i in self._files(self._p("_state", "attempts", f"sweep={sweep}", unit_id)) if i.path.endswith(".json"))
+
+    def attempt_markers(self, sweep: str) -> list[dict[str, Any]]:
+        out = []
+        for i in self._files(self._p("_state", "attempts", f"sweep={sweep}"), recursive=True):
+            with self.fs.open_input_stream(i.path) as fh:
+                out.append({**json.loads(fh.read()), "unit_id": i.path.rsplit("/", 2)[-2]})
+        return out
+
+    def parquet_files(self, table: str, sweep: str) -> list[str]:
+        return sorted(i.path for i in self._files(self._p(f"table={table}", f"sweep={sweep}")) if i.path.endswith(".parquet"))
+
+    def read_table(self, path: str, **kwargs: Any) -> pa.Table:
+        return pq.read_table(path, filesystem=self.fs, **kwargs)
+
+    def ledger(self, sweep: str) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
+        for p in self.parquet_files("units", sweep):
+            for row in self.read_table(p, columns=["unit_id", "status", "attempts", "error"], schema=UNITS).to_pylist():
+                out[row["unit_id"]] = row
+        return out
+
+    def sweep_record(self, sweep: str) -> dict[str, Any] | None:
+        files = self.parquet_files("sweeps", sweep)
+        rows = self.read_table(files[0]).to_pylist() if files else []
+        return rows[0] if rows else None
+
+    def sweeps(self) -> list[str]:
+        import pyarrow.fs as pafs
+
+        try:
+            infos = self.fs.get_file_info(pafs.FileSelector(self._p("table=sweeps"), allow_not_found=True))
+        except (FileNotFoundError, OSError):
+            return []
+        return sorted(i.base_name.split("=", 1)[1] for i in infos if i.base_name.startswith("sweep="))
+
+    def exists(self) -> bool:
+        import pyarrow.fs as pafs
+
+        return self.fs.get_file_info(self.base).type == pafs.FileType.Directory or bool(self._files(self.base, True)[:1])
+
+
+def open_store(results: str | Path) -> ResultStore:
+    """The store for ``--results``: a local directory, or any pyarrow filesystem URI."""
+    return ObjectStore(str(results)) if is_uri(results) else ResultStore(results)

@@ -18,7 +18,6 @@ accumulators of two correct INT8 kernels agree exactly below the no-overflow bou
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -122,10 +121,6 @@ def _layer_key(name: str, call: int) -> str:
     return f"{name}@{call}" if call else name
 
 
-def artifact_dir(results: str, sweep: str, unit_id: str) -> Path:
-    return Path(results) / "_artifacts" / f"sweep={sweep}" / unit_id
-
-
 def run(params: dict[str, Any], context: dict[str, Any] | None = None) -> dict[str, list[dict[str, Any]]]:
     """Capture, save, reload and replay; rows for the ``replay`` and ``captures`` tables."""
     from tasks.models import build_model, capture_manifest, load_capture, save_capture
@@ -155,14 +150,16 @@ def run(params: dict[str, Any], context: dict[str, Any] | None = None) -> dict[s
         calls = model.kernel_calls()
     ctx = context or {}
     if ctx.get("results"):
-        out_dir = artifact_dir(ctx["results"], ctx["sweep"], ctx["unit_id"])
-        out_dir.mkdir(parents=True, exist_ok=True)
-        path = out_dir / "capture.safetensors"
-        tmp = out_dir / f".capture.{os.getpid()}.tmp"
-        save_capture(cap, tmp)
-        os.replace(tmp, path)
-        layers = load_capture(path)  # replay what was saved, so the file is the evidence
-        rel = str(path.relative_to(ctx["results"]))
+        import tempfile
+
+        from storage.store import open_store
+
+        rel = f"_artifacts/sweep={ctx['sweep']}/{ctx['unit_id']}/capture.safetensors"
+        with tempfile.TemporaryDirectory() as td:
+            local = Path(td) / "capture.safetensors"
+            save_capture(cap, local)
+            layers = load_capture(local)  # replay what was saved, so the file is the evidence
+            open_store(ctx["results"]).put_bytes(rel, local.read_bytes())
     else:
         layers, rel = list(cap.layers), None
     manifest = [

@@ -12,7 +12,7 @@ from orchestrator.cli.common import DEFAULT_RESULTS, RESULTS_HELP, err, out, use
 def nightly(
     suite: Path = typer.Argument(Path("sweeps/nightly.toml"), help="The conformance suite (a sweep spec)."),
     baseline: Path = typer.Option(..., "--baseline", help="Baseline metrics (JSON) to compare with."),
-    results: Path = typer.Option(Path(DEFAULT_RESULTS), "--results", help=RESULTS_HELP),
+    results: str = typer.Option(DEFAULT_RESULTS, "--results", help=RESULTS_HELP),
     update_baseline: bool = typer.Option(False, "--update-baseline", help="Accept today's metrics as the new baseline."),
     address: str = typer.Option(None, "--address", help="Ray cluster to run on (default: an embedded local instance)."),
     num_cpus: int = typer.Option(None, "--num-cpus", min=1, help="CPUs of the embedded Ray instance."),

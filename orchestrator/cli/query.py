@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import typer
 
 from orchestrator.cli.common import DEFAULT_RESULTS, RESULTS_HELP, Format, emit_rows, user_errors
@@ -11,7 +9,7 @@ from orchestrator.cli.common import DEFAULT_RESULTS, RESULTS_HELP, Format, emit_
 
 def query(
     sql: str = typer.Argument(..., help="SQL over the views kdepth, units, sweeps, launches.", show_default=False),
-    results: Path = typer.Option(Path(DEFAULT_RESULTS), "--results", help=RESULTS_HELP),
+    results: str = typer.Option(DEFAULT_RESULTS, "--results", help=RESULTS_HELP),
     fmt: Format = typer.Option(Format.table, "--format", help="table, json, csv or markdown."),
 ) -> None:
     """Ask DuckDB a question about the results. Read-only: it cannot write, copy out or delete anything.
@@ -21,8 +19,9 @@ def query(
     with user_errors():
         from orchestrator.errors import UsageError
         from storage.catalog import QueryError, read_only_query
+        from storage.store import open_store
 
-        if not results.is_dir():
+        if not open_store(results).exists():
             raise UsageError(f"--results {results}: no such directory (run `swapcheck sweep launch` first)")
         try:
             table = read_only_query(results, sql)

@@ -32,10 +32,11 @@ def _human_row(r: dict) -> dict:
     }
 
 
-def _results_dir(results: Path) -> None:
+def _results_dir(results: str) -> None:
     from orchestrator.errors import UsageError
+    from storage.store import open_store
 
-    if not results.is_dir():
+    if not open_store(results).exists():
         raise UsageError(f"--results {results}: no such directory (run `swapcheck sweep launch` first)")
 
 
@@ -51,7 +52,7 @@ def _wide_rows(grp: list[dict]) -> list[dict]:
 
 @app.command("kdepth")
 def kdepth(
-    results: Path = typer.Option(Path(DEFAULT_RESULTS), "--results", help=RESULTS_HELP),
+    results: str = typer.Option(DEFAULT_RESULTS, "--results", help=RESULTS_HELP),
     sweep: str = typer.Option(None, "--sweep", help="Only this sweep (default: all)."),
     fmt: Format = typer.Option(Format.table, "--format", help="table, json, csv or markdown."),
     long: bool = typer.Option(False, "--long", help="One line per (pair, scale mode, K) with the spacing histogram."),
@@ -91,7 +92,7 @@ def kdepth(
 
 @app.command("units")
 def units(
-    results: Path = typer.Option(Path(DEFAULT_RESULTS), "--results", help=RESULTS_HELP),
+    results: str = typer.Option(DEFAULT_RESULTS, "--results", help=RESULTS_HELP),
     sweep: str = typer.Option(None, "--sweep", help="Only this sweep (default: all)."),
     fmt: Format = typer.Option(Format.table, "--format", help="table, json, csv or markdown."),
 ) -> None:
@@ -108,7 +109,7 @@ def units(
 
 @app.command("replay")
 def replay(
-    results: Path = typer.Option(Path(DEFAULT_RESULTS), "--results", help=RESULTS_HELP),
+    results: str = typer.Option(DEFAULT_RESULTS, "--results", help=RESULTS_HELP),
     sweep: str = typer.Option(None, "--sweep", help="Only this sweep (default: all)."),
     fmt: Format = typer.Option(Format.table, "--format", help="table, json, csv or markdown."),
     by: str = typer.Option("both", "--by", help="type, layer or both (tables); JSON is always per layer."),
@@ -154,7 +155,7 @@ def replay(
 
 @app.command("predictions")
 def predictions(
-    results: Path = typer.Option(Path(DEFAULT_RESULTS), "--results", help=RESULTS_HELP),
+    results: str = typer.Option(DEFAULT_RESULTS, "--results", help=RESULTS_HELP),
     sweep: str = typer.Option(None, "--sweep", help="Only this sweep (default: every sweep with predictions)."),
     fmt: Format = typer.Option(Format.table, "--format", help="table, json, csv or markdown."),
 ) -> None:
@@ -168,10 +169,10 @@ def predictions(
     """
     with user_errors():
         from orchestrator import prereg
-        from storage.store import ResultStore
+        from storage.store import open_store
 
         _results_dir(results)
-        store = ResultStore(results)
+        store = open_store(results)
         sweeps = [sweep] if sweep else store.sweeps()
         rows = [r for s in sweeps for r in prereg.score(results, store, s)]
         edited = sorted({r["file"] for r in rows if r["file_edited_after_registration"]})
@@ -202,7 +203,7 @@ def predictions(
             raise typer.Exit(1)
 
 
-def _agreement(results: Path, sweep: str | None) -> dict:
+def _agreement(results: str, sweep: str | None) -> dict:
     """The agreement report as one object: per-arm, per-pair (with first divergences), per-position."""
     from statistics import median
 
@@ -232,7 +233,7 @@ _AGREEMENT_TABLES = ("all", "self", "cross", "divergence", "positions")
 
 @app.command("agreement")
 def agreement(
-    results: Path = typer.Option(Path(DEFAULT_RESULTS), "--results", help=RESULTS_HELP),
+    results: str = typer.Option(DEFAULT_RESULTS, "--results", help=RESULTS_HELP),
     sweep: str = typer.Option(None, "--sweep", help="Only this sweep (default: all)."),
     fmt: Format = typer.Option(Format.table, "--format", help="table, json, csv or markdown."),
     table: str = typer.Option("all", "--table", help="all, self, cross, divergence or positions (CSV: one of the last four)."),
@@ -332,7 +333,7 @@ def _fmt_margin(v: float | None) -> str:
 
 @app.command("flips")
 def flips(
-    results: Path = typer.Option(Path(DEFAULT_RESULTS), "--results", help=RESULTS_HELP),
+    results: str = typer.Option(DEFAULT_RESULTS, "--results", help=RESULTS_HELP),
     sweep: str = typer.Option(None, "--sweep", help="Only this sweep (default: all)."),
     ref_arm: str = typer.Option(None, "--ref-arm", help="Only this reference arm (default: all)."),
     arm: str = typer.Option(None, "--arm", help="Only this scored arm (default: all)."),
@@ -422,7 +423,7 @@ def flips(
 
 @app.command("all")
 def all_(
-    results: Path = typer.Option(Path(DEFAULT_RESULTS), "--results", help=RESULTS_HELP),
+    results: str = typer.Option(DEFAULT_RESULTS, "--results", help=RESULTS_HELP),
     sweep: str = typer.Option(None, "--sweep", help="Only this sweep (default: all)."),
     fmt: Format = typer.Option(Format.markdown, "--format", help="html or markdown."),
     out_file: Path = typer.Option(None, "--out", help="Write here instead of standard output (required for html)."),
@@ -453,7 +454,7 @@ def all_(
 
 @app.command("conformance")
 def conformance(
-    results: Path = typer.Option(Path(DEFAULT_RESULTS), "--results", help=RESULTS_HELP),
+    results: str = typer.Option(DEFAULT_RESULTS, "--results", help=RESULTS_HELP),
     sweep: str = typer.Option(None, "--sweep", help="Only this sweep (default: all)."),
     fmt: Format = typer.Option(Format.table, "--format", help="table, json, csv or markdown."),
 ) -> None:
@@ -467,13 +468,13 @@ def conformance(
     """
     with user_errors():
         from storage.report import conformance as summary
-        from storage.store import ResultStore
+        from storage.store import open_store
         from storage.summary import check_metrics
 
         _results_dir(results)
         emit_rows(summary(results, sweep), fmt, title="conformance summary per kernel pair")
         checks = []
-        for sw in ([sweep] if sweep else ResultStore(results).sweeps()):
+        for sw in ([sweep] if sweep else open_store(results).sweeps()):
             for name, m in check_metrics(results, sw).items():
                 _, table, kernel, dtype, _ = name.split("/")
                 checks.append({"sweep": sw, "kernel": kernel, "check": table, "output": dtype, "verdict": m["value"]})

@@ -39,7 +39,7 @@ def validate(spec: Path = SPEC_ARG) -> None:
 @app.command("plan")
 def plan(
     spec: Path = SPEC_ARG,
-    results: Path = typer.Option(None, "--results", help="If given, show which units are already done there."),
+    results: str = typer.Option(None, "--results", help="If given, show which units are already done there."),
     fmt: Format = typer.Option(Format.table, "--format", help="table, json, csv or markdown."),
 ) -> None:
     """List the units a spec expands to, with their content-addressed ids; runs nothing.
@@ -53,9 +53,9 @@ def plan(
         p = make_plan(load_spec(spec))
         done: set[str] = set()
         if results is not None:
-            from storage.store import ResultStore
+            from storage.store import open_store
 
-            done = ResultStore(results).done_units(p.sweep)
+            done = open_store(results).done_units(p.sweep)
         rows = [
             {"unit_id": u.id, "experiment": u.experiment, "kind": u.kind, "unit": u.describe(),
              "resources": f"cpu={u.resources.num_cpus:g} gpu={u.resources.num_gpus:g}" + (" fresh-process" if u.fresh_process else ""),
@@ -68,7 +68,7 @@ def plan(
 @app.command("launch")
 def launch(
     spec: Path = SPEC_ARG,
-    results: Path = typer.Option(Path(DEFAULT_RESULTS), "--results", help=RESULTS_HELP),
+    results: str = typer.Option(DEFAULT_RESULTS, "--results", help=RESULTS_HELP),
     address: str = typer.Option(None, "--address", help="Join this Ray cluster instead of starting a local one (e.g. ray://head:10001, auto)."),
     num_cpus: int = typer.Option(None, "--num-cpus", min=1, help="CPUs of the embedded Ray instance (default: all)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
