@@ -170,19 +170,27 @@ def conformance(results: str | Path, sweep: str | None) -> list[dict[str, Any]]:
     return [{k: v.rstrip("; ") for k, v in d.items()} for d in out.values()]
 
 
+def check_rows(results: str | Path, sweep: str | None) -> list[dict[str, Any]]:
+    """Worst check verdict per (sweep, kernel, check, output format), from the nightly metrics."""
+    from storage.store import open_store
+    from storage.summary import check_metrics
+
+    rows = []
+    for sw in ([sweep] if sweep else open_store(results).sweeps()):
+        for name, m in check_metrics(results, sw).items():
+            _, table, rest = name.split("/", 2)
+            kernel, dtype, _ = rest.rsplit("/", 2)
+            rows.append({"sweep": sw, "kernel": kernel, "check": table, "output": dtype, "verdict": m["value"]})
+    return rows
+
+
 def tables(results: str | Path, sweep: str | None) -> list[tuple[str, list[dict[str, Any]]]]:
     from orchestrator import prereg
     from storage.catalog import run_named
     from storage.store import open_store
 
     out: list[tuple[str, list[dict[str, Any]]]] = [("Conformance summary per kernel pair", conformance(results, sweep))]
-    from storage.summary import check_metrics
-
-    checks = []
-    for sw in ([sweep] if sweep else open_store(results).sweeps()):
-        for name, m in check_metrics(results, sw).items():
-            _, table, kernel, dtype, _ = name.split("/")
-            checks.append({"sweep": sw, "kernel": kernel, "check": table, "output": dtype, "verdict": m["value"]})
+    checks = check_rows(results, sweep)
     if checks:
         out.append(("Kernel checks (worst verdict over trials and shapes)", checks))
     self_rows = run_named(results, "self_reproducibility", sweep=sweep).to_pylist()

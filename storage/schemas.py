@@ -8,43 +8,6 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-KDEPTH = pa.schema(
-    [
-        ("unit_id", pa.string()),
-        ("experiment", pa.string()),
-        ("dtype", pa.string()),
-        ("out_dtype", pa.string()),
-        ("m", pa.int32()),
-        ("n", pa.int32()),
-        ("k", pa.int32()),
-        ("seed", pa.int32()),
-        ("scale_mode", pa.string()),
-        ("bias", pa.bool_()),
-        ("comparison", pa.string()),
-        ("impl_a", pa.string()),
-        ("impl_b", pa.string()),
-        ("kernel_a", pa.string()),
-        ("kernel_b", pa.string()),
-        ("elements", pa.int64()),
-        ("differing", pa.int64()),
-        ("frac_differing", pa.float64()),
-        ("max_spacing", pa.int64()),
-        ("max_spacing_significant", pa.int64()),
-        ("hist_0", pa.int64()),
-        ("hist_1", pa.int64()),
-        ("hist_2", pa.int64()),
-        ("hist_gt2", pa.int64()),
-        ("nonfinite_mismatch", pa.int64()),
-        ("max_abs_error", pa.float64()),
-        ("worst_row", pa.int32()),
-        ("worst_col", pa.int32()),
-        ("worst_a", pa.float64()),
-        ("worst_b", pa.float64()),
-        ("seconds_a", pa.float64()),
-        ("seconds_b", pa.float64()),
-    ]
-)
-
 _COMPARE = [
     ("elements", pa.int64()),
     ("differing", pa.int64()),
@@ -62,6 +25,30 @@ _COMPARE = [
     ("worst_a", pa.float64()),
     ("worst_b", pa.float64()),
 ]
+
+KDEPTH = pa.schema(
+    [
+        ("unit_id", pa.string()),
+        ("experiment", pa.string()),
+        ("dtype", pa.string()),
+        ("out_dtype", pa.string()),
+        ("m", pa.int32()),
+        ("n", pa.int32()),
+        ("k", pa.int32()),
+        ("seed", pa.int32()),
+        ("scale_mode", pa.string()),
+        ("bias", pa.bool_()),
+        ("comparison", pa.string()),
+        ("impl_a", pa.string()),
+        ("impl_b", pa.string()),
+        ("kernel_a", pa.string()),
+        ("kernel_b", pa.string()),
+        *_COMPARE,
+        ("seconds_a", pa.float64()),
+        ("seconds_b", pa.float64()),
+    ]
+)
+
 
 REPLAY = pa.schema(
     [

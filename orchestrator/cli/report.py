@@ -467,16 +467,11 @@ def conformance(
     Example: swapcheck report conformance --results results --sweep demo
     """
     with user_errors():
+        from storage.report import check_rows
         from storage.report import conformance as summary
-        from storage.store import open_store
-        from storage.summary import check_metrics
 
         _results_dir(results)
         emit_rows(summary(results, sweep), fmt, title="conformance summary per kernel pair")
-        checks = []
-        for sw in ([sweep] if sweep else open_store(results).sweeps()):
-            for name, m in check_metrics(results, sw).items():
-                _, table, kernel, dtype, _ = name.split("/")
-                checks.append({"sweep": sw, "kernel": kernel, "check": table, "output": dtype, "verdict": m["value"]})
+        checks = check_rows(results, sweep)
         if checks and fmt not in (Format.json, Format.csv):
             emit_rows(checks, fmt, title="kernel checks (worst verdict over trials and shapes)")
