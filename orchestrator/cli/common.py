@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import Enum
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -31,6 +31,13 @@ class Format(str, Enum):
     csv = "csv"
     markdown = "markdown"
     html = "html"
+
+
+# Options shared by every command that reads results: declared once, used as type annotations
+# (``results: ResultsOpt = DEFAULT_RESULTS``) so that help texts and flags cannot drift apart.
+ResultsOpt = Annotated[str, typer.Option("--results", help="Results directory or URI (the Parquet tree).")]
+SweepOpt = Annotated[str | None, typer.Option("--sweep", help="Only this sweep (default: all).")]
+FormatOpt = Annotated[Format, typer.Option("--format", help="table, json, csv or markdown.")]
 
 
 @contextmanager
