@@ -14,7 +14,7 @@ Sections (each prints what it did, or why it was skipped):
    (the unaligned one shows ``vllm-cutlass`` falling back to Triton, §1.2 Pitfall 1);
 3. checks: ``tasks.checks`` exact-match and bounds on each available GPU kernel (skipped with a
    note when the checks package is absent);
-4. K-depth: ``tasks.kdepth.draw_operands`` operands moved to the GPU; ``vllm-cutlass`` vs
+4. K-depth: ``tasks.kinds.kdepth.draw_operands`` operands moved to the GPU; ``vllm-cutlass`` vs
    ``vllm-triton`` (INT8) and ``torch-scaled-mm-cuda`` fast vs precise accumulation (FP8), each
    also against the exact reference, under real and power-of-two scales; the table is printed last.
 
@@ -131,7 +131,8 @@ def section_emulation(rep: Report, avail: dict[str, bool]) -> bool:
     """GPU kernels vs the CPU emulations of their epilogues; returns False if a section crashed."""
     import torch
 
-    from tasks.kdepth import compare, draw_operands
+    from tasks.comparison import compare
+    from tasks.kinds.kdepth import draw_operands
     from tasks.numerics import get_format
 
     rep()
@@ -216,7 +217,8 @@ def section_kdepth(rep: Report, avail: dict[str, bool], ks: list[int], m: int, n
                    budget: Budget) -> tuple[list[dict[str, Any]], bool]:
     import torch
 
-    from tasks.kdepth import compare, draw_operands
+    from tasks.comparison import compare
+    from tasks.kinds.kdepth import draw_operands
     from tasks.numerics import get_format
 
     rep()

@@ -26,7 +26,7 @@ def best_of(fn, repeat: int) -> float:
 def main() -> None:
     import torch
 
-    from tasks.kdepth import draw_operands
+    from tasks.kinds.kdepth import draw_operands
     from tasks.kernels import get_kernel
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

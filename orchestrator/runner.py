@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import InfrastructureError, UsageError
-from orchestrator.plan import Plan, make_plan
+from orchestrator.plan import Plan, Unit, make_plan
 from orchestrator.spec import LoadedSpec
 from storage.store import ResultStore, open_store, utcnow
 
@@ -56,7 +56,7 @@ def check_sweep_identity(store: ResultStore, plan: Plan) -> None:
         )
 
 
-def check_gpu_resources(pending: list, conn: Any, have_gpus: float | None = None) -> None:
+def check_gpu_resources(pending: list[Unit], conn: Any, have_gpus: float | None = None) -> None:
     """Units that need a GPU must not wait forever on a cluster that has none: refuse clearly."""
     gpu_units = [u for u in pending if u.resources.num_gpus > 0]
     if not gpu_units:
@@ -71,9 +71,9 @@ def check_gpu_resources(pending: list, conn: Any, have_gpus: float | None = None
     missing = ["no GPU in the Ray cluster" + (" (the embedded local instance on this machine)" if conn.embedded else f" at {conn.address}")]
     import importlib.util
 
-    if any(u.kind in ("generate", "teacher_forced") and u.params.get("arm", {}).get("engine") == "vllm" for u in gpu_units) \
-            and importlib.util.find_spec("vllm") is None:
-        missing.append("vLLM is not installed here (pip install 'swapcheck[vllm]' on the GPU nodes)")
+    for package in sorted({p for u in gpu_units for p in u.needs}):
+        if importlib.util.find_spec(package) is None:
+            missing.append(f"{ {'vllm': 'vLLM'}.get(package, package)} is not installed here (pip install 'swapcheck[{package}]' on the GPU nodes)")
     raise InfrastructureError(
         f"{len(gpu_units)} unit(s) request a GPU (e.g. {gpu_units[0].describe()}), but: {'; '.join(missing)}. "
         "Run on a GPU cluster with --address, or drop the GPU experiments. Nothing was run.")

@@ -7,26 +7,33 @@ fault that Ray retries; each execution attempt leaves a marker, so the ledger co
 
 from __future__ import annotations
 
-import importlib
 import os
 import socket
 import time
 import traceback
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
-from orchestrator.plan import canonical_json
-from storage.store import open_store, utcnow
+from storage.store import ResultStore, open_store, utcnow
+from tasks.kinds import canonical_json, get_kind
 
-#: Task kind -> "module:function" computing a unit's rows: fn(params, context) -> {table: rows}, where
-#: context names the results root, sweep and unit id (for units that also write artifacts).
-TASK_FUNCTIONS = {
-    "kdepth": "tasks.kdepth:run",
-    "replay": "tasks.replay:run",
-    "generate": "tasks.generate:run",
-    "teacher_forced": "tasks.teacher_forced:run",
-    "exact_match": "tasks.exact_match:run",
-    "bounds": "tasks.bounds:run",
-}
+
+@dataclass(frozen=True)
+class UnitFiles:
+    """The :class:`tasks.kinds.UnitContext` a kind gets: its artifacts and earlier stages' rows."""
+
+    store: ResultStore
+    sweep: str
+    unit_id: str
+
+    def put_artifact(self, name: str, data: bytes) -> str:
+        rel = f"_artifacts/sweep={self.sweep}/{self.unit_id}/{name}"
+        self.store.put_bytes(rel, data)
+        return rel
+
+    def read_unit(self, table: str, unit_id: str, columns: list[str] | None = None) -> list[dict[str, Any]]:
+        return self.store.read_unit(table, self.sweep, unit_id, columns)
 
 
 def _version() -> str:
@@ -47,9 +54,35 @@ def _node_id() -> str | None:
         return None
 
 
-def _task_function(kind: str) -> Any:
-    module, attr = TASK_FUNCTIONS[kind].split(":")
-    return getattr(importlib.import_module(module), attr)
+def ledger_row(payload: dict[str, Any], spec_sha256: str, *, status: str, attempts: int, started: datetime,
+               duration_s: float, error: str | None, tables: list[str], rows: int, ran_here: bool) -> dict[str, Any]:
+    """The one place a ledger row (table ``units``) is built, for a unit run here or lost on a worker."""
+    torch_version = None
+    if ran_here:
+        import torch
+
+        torch_version = torch.__version__
+    return {
+        "unit_id": payload["id"],
+        "kind": payload["kind"],
+        "experiment": payload["experiment"],
+        "description": payload.get("description", ""),
+        "params_json": canonical_json(payload["params"]),
+        "status": status,
+        "attempts": attempts,
+        "host": socket.gethostname() if ran_here else None,
+        "pid": os.getpid() if ran_here else None,
+        "node_id": _node_id() if ran_here else None,
+        "started_at": started,
+        "finished_at": utcnow(),
+        "duration_s": duration_s,
+        "error": error,
+        "tables": tables,
+        "rows": rows,
+        "spec_sha256": spec_sha256,
+        "swapcheck_version": _version(),
+        "torch_version": torch_version,
+    }
 
 
 def execute_unit(payload: dict[str, Any], results: str, sweep: str, spec_sha256: str) -> dict[str, Any]:
@@ -67,8 +100,11 @@ def execute_unit(payload: dict[str, Any], results: str, sweep: str, spec_sha256:
     rows = 0
     error = None
     try:
-        context = {"results": results, "sweep": sweep, "unit_id": unit_id}
-        produced = _task_function(payload["kind"])(payload["params"], context)
+        kind = get_kind(payload["kind"])
+        produced = kind.run(payload["params"], UnitFiles(store, sweep, unit_id))
+        undeclared = sorted(set(produced) - set(kind.tables))
+        if undeclared:
+            raise RuntimeError(f"kind {kind.name!r} produced tables {undeclared} it does not declare {list(kind.tables)}")
         for table, table_rows in produced.items():
             rows += store.write(table, sweep, unit_id, [{"unit_id": unit_id, "experiment": payload["experiment"], **r} for r in table_rows])
             tables.append(table)
@@ -76,56 +112,15 @@ def execute_unit(payload: dict[str, Any], results: str, sweep: str, spec_sha256:
     except Exception as exc:  # noqa: BLE001 - any task failure is recorded, never lost
         status = "failed"
         error = f"{type(exc).__name__}: {exc}\n" + "".join(traceback.format_exc(limit=8))
-    record = {
-        "unit_id": unit_id,
-        "kind": payload["kind"],
-        "experiment": payload["experiment"],
-        "description": payload.get("description", ""),
-        "params_json": canonical_json(payload["params"]),
-        "status": status,
-        "attempts": attempt,
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "node_id": _node_id(),
-        "started_at": started,
-        "finished_at": utcnow(),
-        "duration_s": time.perf_counter() - t0,
-        "error": error,
-        "tables": tables,
-        "rows": rows,
-        "spec_sha256": spec_sha256,
-        "swapcheck_version": _version(),
-        "torch_version": torch.__version__,
-    }
-    store.record_unit(sweep, record)
+    store.record_unit(sweep, ledger_row(payload, spec_sha256, status=status, attempts=attempt, started=started,
+                                        duration_s=time.perf_counter() - t0, error=error, tables=tables, rows=rows,
+                                        ran_here=True))
     return {"unit_id": unit_id, "status": status, "error": error, "rows": rows, "attempts": attempt}
 
 
 def record_lost_unit(payload: dict[str, Any], results: str, sweep: str, spec_sha256: str, error: str) -> None:
     """Driver side: a unit whose every attempt died (worker crash) still gets a failed ledger row."""
     store = open_store(results)
-    now = utcnow()
-    store.record_unit(
-        sweep,
-        {
-            "unit_id": payload["id"],
-            "kind": payload["kind"],
-            "experiment": payload["experiment"],
-            "description": payload.get("description", ""),
-            "params_json": canonical_json(payload["params"]),
-            "status": "failed",
-            "attempts": store.attempts(sweep, payload["id"]),
-            "host": None,
-            "pid": None,
-            "node_id": None,
-            "started_at": now,
-            "finished_at": now,
-            "duration_s": 0.0,
-            "error": error,
-            "tables": [],
-            "rows": 0,
-            "spec_sha256": spec_sha256,
-            "swapcheck_version": _version(),
-            "torch_version": None,
-        },
-    )
+    store.record_unit(sweep, ledger_row(payload, spec_sha256, status="failed", attempts=store.attempts(sweep, payload["id"]),
+                                        started=utcnow(), duration_s=0.0, error=error, tables=[], rows=0,
+                                        ran_here=False))

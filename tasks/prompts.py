@@ -7,13 +7,31 @@ same parameters give the same prompts in every process.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-import torch
+
+def read_prompt_file(path: str) -> list[list[int]]:
+    """Token-id prompts from JSONL: each line a JSON list of ints or an object with "tokens"."""
+    prompts = []
+    with open(path, encoding="utf-8") as fh:
+        for i, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            obj = json.loads(line)
+            tokens = obj.get("tokens") if isinstance(obj, dict) else obj
+            if not (isinstance(tokens, list) and tokens and all(isinstance(t, int) and t >= 0 for t in tokens)):
+                raise ValueError(f"{path}:{i}: expected a non-empty list of token ids (ints >= 0)")
+            prompts.append(tokens)
+    if not prompts:
+        raise ValueError(f"{path}: no prompts")
+    return prompts
 
 
 def synthetic_prompts(count: int, length: int, seed: int, vocab_size: int) -> list[list[int]]:
     """``count`` prompts of ``length`` token ids drawn uniformly from ``[0, vocab_size)``."""
+    import torch
+
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab_size, (count, length), generator=g).tolist()
 

@@ -27,15 +27,6 @@ SHAPES = [(64, 100, 48), (64, 1000, 48)]  # K not a multiple of 64 or 128
 TRIALS = 20
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Small matmuls: one thread is faster, and immune to OpenMP spinning on a busy machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 # -- p from K and the output format (reference/numerics.md §6.1) ----------------------------------
 
 
@@ -254,14 +245,14 @@ def test_bounds_algorithms_nest():
 
 
 def test_task_kinds_rows():
-    """tasks.exact_match / tasks.bounds: the sweep task functions (fn(params, context) -> rows)."""
-    import tasks.bounds
-    import tasks.exact_match
+    """tasks.kinds.exact_match / tasks.kinds.bounds: the sweep task functions (fn(params, context) -> rows)."""
+    import tasks.kinds.bounds
+    import tasks.kinds.exact_match
     from tasks.checks.result import ROW_COLUMNS
 
     unit = {"kernel": "_planted_kernels:rtz_epilogue", "dtype": "bf16", "m": 20, "k": 300, "n": 12, "trials": 3}
-    em = tasks.exact_match.run(unit, None)["exact_match"]
-    bd = tasks.bounds.run({**unit, "algorithm": "any"}, None)["bounds"]
+    em = tasks.kinds.exact_match.run(unit, None)["exact_match"]
+    bd = tasks.kinds.bounds.run({**unit, "algorithm": "any"}, None)["bounds"]
     assert [r["verdict"] for r in em] == ["IDENTICAL"] * 3
     assert {r["verdict"] for r in bd} == {"INCORRECT"}
     for rows in (em, bd):

@@ -20,15 +20,6 @@ TRIALS = 6  # per shape: 2 draws of each input kind for bounds
 ALLCLOSE_PASSES = {"tile_scaled", "rtz_epilogue"}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Small matmuls: one thread is faster, and immune to OpenMP spinning on a busy machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _checks(attr: str) -> dict[str, Verdict]:
     s = load_subject(f"_planted_kernels:{attr}")
     em = run_exact_match(s, SHAPES, torch.bfloat16, trials=TRIALS)
@@ -61,7 +52,7 @@ def test_precision_defects_pass_exact_match_but_not_bounds() -> None:
 def _allclose_passes(attr: str) -> bool:
     import _planted_kernels as planted
 
-    from tasks.kdepth import draw_operands
+    from tasks.kinds.kdepth import draw_operands
     from tasks.kernels import get_kernel
 
     ok = True

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from orchestrator.cli.main import app
 from storage.catalog import read_only_query
-from tasks.generate import kernel_evidence
+from tasks.models.evidence import kernel_evidence
 
 runner = CliRunner()
 
@@ -97,11 +97,13 @@ def test_kernel_evidence_rules() -> None:
 
 
 def test_teacher_forced_without_reference_fails_clearly(tmp_path: Path) -> None:
-    from tasks.teacher_forced import run
+    from orchestrator.worker import UnitFiles
+    from storage.store import open_store
+    from tasks.kinds.teacher_forced import run
 
     params = {"reference": {"name": "a", "unit_id": "nope"}, "arm": {"name": "b"}}
     with pytest.raises(RuntimeError, match="has not finished"):
-        run(params, {"results": str(tmp_path), "sweep": "s", "unit_id": "u"})
+        run(params, UnitFiles(open_store(tmp_path), "s", "u"))
 
 
 def test_reports_on_real_generation_output(gen_results: Path) -> None:

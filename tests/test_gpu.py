@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tasks.kdepth import compare, draw_operands
+from tasks.comparison import compare
+from tasks.kinds.kdepth import draw_operands
 from tasks.kernels import KernelError, get_kernel
 from tasks.kernels.cuda import cuda_reason, triton_bias_mode, vllm_reason, vllm_version
 from tasks.numerics import get_format

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from tasks.kdepth import compare, draw_operands, run
+from tasks.comparison import compare
+from tasks.kinds.kdepth import draw_operands, run
 from tasks.numerics import get_format
 
 BF16 = get_format("bf16")

@@ -9,7 +9,9 @@ from typer.testing import CliRunner
 
 from orchestrator.cli.main import app
 from orchestrator.errors import SpecError
-from orchestrator.spec import INT8_MAX_K, ArithmeticRange, GeometricRange, load_spec, parse_spec
+from orchestrator.spec import load_spec, parse_spec
+from tasks.kinds.fields import ArithmeticRange, GeometricRange
+from tasks.kinds.kdepth import INT8_MAX_K
 from tests.conftest import REPO, tiny_spec_text
 
 runner = CliRunner()

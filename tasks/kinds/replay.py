@@ -1,4 +1,4 @@
-"""The ``replay`` task: capture every W8A8 layer's operands in a real forward pass, replay them.
+"""The ``replay`` kind: capture every W8A8 layer's operands in a real forward pass, replay them.
 
 One unit builds the CPU W8A8 model (``tasks.models``) with the capture kernel, runs the prompts
 through it once while recording each linear layer's exact operands (``x_q``, ``x_scale``, ``w_q``,
@@ -19,22 +19,115 @@ accumulators of two correct INT8 kernels agree exactly below the no-overflow bou
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
+from pydantic import Field, field_validator
 
-from tasks.kdepth import OUT_DTYPES, compare
+from tasks.comparison import compare
+from tasks.kinds.base import Kind, Rows, Unit, UnitContext
+from tasks.kinds.fields import (
+    Implementation,
+    Prompts,
+    Resources,
+    ScaleMode,
+    Strict,
+    SyntheticPrompts,
+    as_impl,
+    impl_payload,
+    kernel_problem,
+    model_and_prompt_problems,
+    model_fingerprint,
+    needs_gpu,
+    prompt_payload,
+    resolve_model_and_prompts,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+VERSION = "1"
 
 #: fp32 holds every integer up to 2**24 exactly: below it the unit-scale output *is* the accumulator.
 FP32_EXACT_INT = 2**24
 
 
-def pow2_up(s: torch.Tensor) -> torch.Tensor:
-    """Scales rounded up to powers of two (so quantized values never saturate)."""
-    return torch.exp2(torch.ceil(torch.log2(s.double()))).float()
+class ReplayExperiment(Strict):
+    """Capture every W8A8 layer's operands in a forward pass, then replay them through kernel pairs."""
+
+    kind: Literal["replay"]
+    model: str = "tiny-qwen3"
+    model_seed: int = Field(default=0, ge=0)
+    #: "cpu": the CPU W8A8 engine captures with a registry kernel; "vllm": vLLM captures with a
+    #: kernel family (cutlass-int8 / triton-int8) on a GPU, and pairs name GPU registry kernels.
+    engine: Literal["cpu", "vllm"] = "cpu"
+    capture_kernel: str = "int8-cutlass-order"
+    pairs: list[list[str | Implementation]] = Field(min_length=1)
+    scale_modes: list[ScaleMode] = Field(default_factory=lambda: list[ScaleMode](["real", "pow2"]), min_length=1)
+    prompts: Prompts = Field(default_factory=SyntheticPrompts)
+    out_dtype: Literal["bf16", "fp16"] = "bf16"
+    resources: Resources = Field(default_factory=Resources)
+
+    @field_validator("pairs")
+    @classmethod
+    def _pairs(cls, v: list[list[Any]]) -> list[list[Any]]:
+        for i, pair in enumerate(v):
+            if len(pair) != 2:
+                raise ValueError(f"pair {i} must name exactly two kernels, got {len(pair)}")
+        return v
+
+    def impl_pairs(self) -> list[tuple[Implementation, Implementation]]:
+        return [(as_impl(a), as_impl(b)) for a, b in self.pairs]
+
+
+def problems(base: str, exp: ReplayExperiment) -> list[str]:
+    out = []
+    if exp.engine == "vllm":
+        from tasks.models.vllm_selection import FAMILIES
+
+        if exp.capture_kernel not in FAMILIES and exp.capture_kernel not in ("cutlass", "triton"):
+            out.append(f"{base}.capture_kernel: {exp.capture_kernel!r} is not a vLLM kernel family; allowed: {', '.join(FAMILIES)}")
+    else:
+        p = kernel_problem(f"{base}.capture_kernel", Implementation(kernel=exp.capture_kernel), "int8")
+        if p:
+            out.append(p)
+    for i, (a, b) in enumerate(exp.impl_pairs()):
+        for j, impl in enumerate((a, b)):
+            p = kernel_problem(f"{base}.pairs[{i}][{j}]", impl, "int8")
+            if p:
+                out.append(p)
+        if a.name == b.name:
+            out.append(f"{base}.pairs[{i}]: both sides are {a.name!r}; give one a distinct `label`")
+    if exp.engine == "cpu":
+        out.extend(model_and_prompt_problems(base, exp.model, exp.prompts))
+    return out
+
+
+def expand(experiment: str, exp: ReplayExperiment) -> list[Unit]:
+    params = {
+        "model": exp.model,
+        "model_fingerprint": model_fingerprint(exp.model),
+        "model_seed": exp.model_seed,
+        "engine": exp.engine,
+        "capture_kernel": (impl_payload(Implementation(kernel=exp.capture_kernel)) if exp.engine == "cpu" else
+                           {"name": exp.capture_kernel, "kernel": exp.capture_kernel, "params": {}, "version": "vllm"}),
+        "pairs": [[impl_payload(a), impl_payload(b)] for a, b in exp.impl_pairs()],
+        "scale_modes": list(exp.scale_modes),
+        "prompts": prompt_payload(exp.prompts),
+        "out_dtype": exp.out_dtype,
+    }
+    pair_impls = [i for pair in exp.impl_pairs() for i in pair]
+    resources = exp.resources.with_gpu(exp.engine == "vllm" or needs_gpu(pair_impls))
+    return [KIND.unit(experiment, params, resources, needs=("vllm",) if exp.engine == "vllm" else ())]
+
+
+def describe(p: dict[str, Any]) -> str:
+    pairs = ", ".join(f"{a['name']}~{b['name']}" for a, b in p["pairs"])
+    return f"replay {p['model']} (captured with {p['capture_kernel']['name']}): {pairs}; scales {'/'.join(p['scale_modes'])}"
 
 
 def _scales(layer: Any, mode: str) -> tuple[torch.Tensor, torch.Tensor]:
+    from tasks.models.quantization import pow2_up
+
     sa, sb = layer.x_scale.float().reshape(-1, 1), layer.w_scale.float().reshape(-1)
     if mode == "pow2":
         return pow2_up(sa), pow2_up(sb)
@@ -56,6 +149,8 @@ def accumulator_rows(kernels: dict[str, Any], layer: Any) -> dict[str, Any]:
     fp32 output where the kernel writes it (CPU kernels); vLLM's ops write bf16/fp16 only, so there
     the accumulators are read as fp16 outputs, exact up to 2048 — ``accumulator_check`` says which.
     """
+    import torch
+
     a, b = layer.x_q, layer.w_q.t()
     m, n = a.shape[0], b.shape[1]
     exact = a.to(torch.float64) @ b.to(torch.float64)
@@ -80,8 +175,8 @@ def replay_layers(layers: list[Any], capture_kernel: dict[str, Any], pairs: list
     from tasks.kernels import get_kernel
     from tasks.numerics import get_format
 
-    dtype = OUT_DTYPES[out_dtype]
-    fmt = get_format(dtype)
+    fmt = get_format(out_dtype)
+    dtype = fmt.torch_dtype
     cap = get_kernel(capture_kernel["kernel"], **capture_kernel["params"])
     rows: list[dict[str, Any]] = []
     for layer in layers:
@@ -121,7 +216,7 @@ def _layer_key(name: str, call: int) -> str:
     return f"{name}@{call}" if call else name
 
 
-def run(params: dict[str, Any], context: dict[str, Any] | None = None) -> dict[str, list[dict[str, Any]]]:
+def run(params: dict[str, Any], context: UnitContext | None = None) -> dict[str, Rows]:
     """Capture, save, reload and replay; rows for the ``replay`` and ``captures`` tables."""
     from tasks.models import build_model, capture_manifest, load_capture, save_capture
     from tasks.prompts import prompts_from_payload
@@ -148,20 +243,17 @@ def run(params: dict[str, Any], context: dict[str, Any] | None = None) -> dict[s
         with model.capture() as cap:
             model.forward_tokens(prompts)
         calls = model.kernel_calls()
-    ctx = context or {}
-    if ctx.get("results"):
+    rel: str | None = None
+    if context is not None:
         import tempfile
 
-        from storage.store import open_store
-
-        rel = f"_artifacts/sweep={ctx['sweep']}/{ctx['unit_id']}/capture.safetensors"
         with tempfile.TemporaryDirectory() as td:
             local = Path(td) / "capture.safetensors"
             save_capture(cap, local)
             layers = load_capture(local)  # replay what was saved, so the file is the evidence
-            open_store(ctx["results"]).put_bytes(rel, local.read_bytes())
+            rel = context.put_artifact("capture.safetensors", local.read_bytes())
     else:
-        layers, rel = list(cap.layers), None
+        layers = list(cap.layers)
     manifest = [
         {**{k: row[k] for k in MANIFEST_KEYS}, "layer": _layer_key(row["layer"], row["call"]), "model": params["model"],
          "capture_kernel": row["kernel"], "kernel_calls": sum(calls.get(row["layer"], {}).values()), "file": rel}
@@ -169,3 +261,8 @@ def run(params: dict[str, Any], context: dict[str, Any] | None = None) -> dict[s
     ]
     rows = replay_layers(layers, ck, params["pairs"], params["scale_modes"], params["out_dtype"])
     return {"replay": [{**r, "model": params["model"]} for r in rows], "captures": manifest}
+
+
+KIND = Kind(name="replay", version=VERSION, spec=ReplayExperiment, tables=("replay", "captures"),
+            describe=describe, run=run, expand=expand, problems=problems, resolve=resolve_model_and_prompts,
+            doc=__doc__ or "")

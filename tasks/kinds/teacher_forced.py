@@ -1,6 +1,8 @@
-"""The ``teacher_forced`` task: score a reference arm's sequences with another arm.
+"""The ``teacher_forced`` kind: score a reference arm's sequences with another arm.
 
-The reference arm's restart-0 sequences are read from the results (DuckDB over the Parquet tree).
+The reference arm's restart-0 sequences are read from the results through the unit context (the
+rows its ``generate`` unit wrote). ``generate`` plans these units (stage 1): the kind has no spec
+model of its own.
 On the CPU engine both the reference arm and the other arm score every sequence (prompt + generated
 tokens) in one forward pass per batch, in this one fresh process, so both sides of every position
 come from the same teacher-forced computation. vLLM chooses kernels once per process, so on the vLLM
@@ -15,34 +17,32 @@ from __future__ import annotations
 
 from typing import Any
 
+from tasks.kinds.base import Kind, Rows, UnitContext
 
-def reference_sequences(results: str, sweep: str, unit_id: str) -> dict[int, list[int]]:
-    from storage.catalog import read_only_query
-
-    rows = read_only_query(
-        results,
-        f"SELECT prompt_index, tokens FROM sequences WHERE sweep = '{sweep}' AND unit_id = '{unit_id}' ORDER BY prompt_index",
-    ).to_pylist()
-    return {r["prompt_index"]: list(r["tokens"]) for r in rows}
+VERSION = "1"
 
 
-def reference_decoding(results: str, sweep: str, unit_id: str) -> dict[tuple[int, int], tuple[int, float]]:
+def describe(p: dict[str, Any]) -> str:
+    return f"teacher-forced {p['arm']['name']} on {p['reference']['name']}'s sequences"
+
+
+def reference_sequences(ctx: UnitContext, unit_id: str) -> dict[int, list[int]]:
+    rows = ctx.read_unit("sequences", unit_id, ["prompt_index", "tokens"])
+    return {r["prompt_index"]: list(r["tokens"]) for r in sorted(rows, key=lambda r: r["prompt_index"])}
+
+
+def reference_decoding(ctx: UnitContext, unit_id: str) -> dict[tuple[int, int], tuple[int, float]]:
     """(prompt, position) -> (token, margin) of the reference arm's own greedy decoding."""
-    from storage.catalog import read_only_query
-
-    rows = read_only_query(
-        results,
-        f"SELECT prompt_index, position, token, margin FROM generations WHERE sweep = '{sweep}' AND unit_id = '{unit_id}'",
-    ).to_pylist()
+    rows = ctx.read_unit("generations", unit_id, ["prompt_index", "position", "token", "margin"])
     return {(r["prompt_index"], r["position"]): (r["token"], r["margin"]) for r in rows}
 
 
-def _run_vllm(params: dict[str, Any], ctx: dict[str, Any], generated: dict[int, list[int]]) -> list[dict[str, Any]]:
-    from tasks.generate import _vllm_prompts, build_vllm_engine
+def _run_vllm(params: dict[str, Any], ctx: UnitContext, generated: dict[int, list[int]]) -> Rows:
+    from tasks.models.arms import build_vllm_engine, vllm_prompts
 
     ref = params["reference"]
-    prompts = _vllm_prompts(params)
-    decoded = reference_decoding(ctx["results"], ctx["sweep"], ref["unit_id"])
+    prompts = vllm_prompts(params)
+    decoded = reference_decoding(ctx, ref["unit_id"])
     sequences = [prompts[i] + generated[i] for i in range(len(prompts))]
     engine = build_vllm_engine(params)
     scores = engine.score(sequences, top_k=2)
@@ -59,15 +59,15 @@ def _run_vllm(params: dict[str, Any], ctx: dict[str, Any], generated: dict[int, 
     return rows
 
 
-def run(params: dict[str, Any], context: dict[str, Any] | None = None) -> dict[str, list[dict[str, Any]]]:
-    from tasks.generate import build_arm_model
+def run(params: dict[str, Any], context: UnitContext | None = None) -> dict[str, Rows]:
+    from tasks.models.arms import build_arm_model
     from tasks.prompts import prompts_from_payload
 
-    ctx = context or {}
-    if not ctx.get("results"):
-        raise ValueError("teacher_forced reads the reference arm's sequences from the results: no results root given")
+    if context is None:
+        raise ValueError("teacher_forced reads the reference arm's sequences from the results: no unit context given")
+    ctx = context
     ref = params["reference"]
-    generated = reference_sequences(ctx["results"], ctx["sweep"], ref["unit_id"])
+    generated = reference_sequences(ctx, ref["unit_id"])
     if not generated:
         raise RuntimeError(f"no sequences of the reference arm {ref['name']!r} (unit {ref['unit_id']}) in the results: "
                            "its generate unit has not finished")
@@ -92,3 +92,7 @@ def run(params: dict[str, Any], context: dict[str, Any] | None = None) -> dict[s
                 "arm_argmax": aa, "arm_margin": arm_scores.margins[i][j], "flip": ra != aa,
             })
     return {"teacher_forced": rows}
+
+
+KIND = Kind(name="teacher_forced", version=VERSION, spec=None, tables=("teacher_forced",), describe=describe,
+            run=run, doc=__doc__ or "")

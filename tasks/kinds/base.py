@@ -1,0 +1,125 @@
+"""The contract every experiment kind fulfils, and the unit it plans.
+
+A kind is one module under ``tasks/kinds/`` that builds a :class:`Kind`:
+
+==============  ===================================================================================
+field           what it is
+==============  ===================================================================================
+``name``        the ``kind = "..."`` of a spec experiment and of a ledger row
+``version``     the version of its computation: part of every unit id, so bumping it makes new work
+``spec``        its pydantic spec model (``None`` for a kind that another kind plans, such as
+                ``teacher_forced``, which ``generate`` expands)
+``tables``      the result tables its ``run`` writes (each declared in ``storage/schemas.py``)
+``problems``    ``problems(where, exp) -> [str]``: cross-field rules that need a registry (kernels,
+                algorithms, files); each message starts with its field path
+``expand``      ``expand(experiment, exp) -> [Unit]``: the units of one experiment, in a
+                deterministic order, resources (GPU requests) included
+``describe``    ``describe(params) -> str``: one human line per unit (progress, ``sweep plan``)
+``run``         ``run(params, ctx) -> {table: rows}``: compute one unit; ``ctx`` is a
+                :class:`UnitContext`, never a results path
+``resolve``     ``resolve(exp, resolve_path) -> exp``: make the spec's relative paths absolute
+==============  ===================================================================================
+
+Kinds never import ``orchestrator`` or ``storage``: what a unit needs from the results tree (its
+artifacts, an earlier stage's rows) comes through the :class:`UnitContext` the worker hands it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from tasks.kinds.fields import Resources, Strict
+
+Rows = list[dict[str, Any]]
+
+
+class UnitContext(Protocol):
+    """What a running unit may ask of the results tree (the worker implements it over storage)."""
+
+    @property
+    def sweep(self) -> str: ...
+
+    @property
+    def unit_id(self) -> str: ...
+
+    def put_artifact(self, name: str, data: bytes) -> str:
+        """Store ``data`` as this unit's artifact ``name``; return where it is (a relative path)."""
+        ...
+
+    def read_unit(self, table: str, unit_id: str, columns: list[str] | None = None) -> Rows:
+        """The rows another (earlier-stage) unit of this sweep wrote to ``table``; [] if none."""
+        ...
+
+
+def canonical_json(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def content_id(kind: str, version: str, params: Mapping[str, Any]) -> str:
+    """A unit id: the first 20 hex digits of SHA-256 over the kind, its version and its parameters."""
+    payload = canonical_json({"kind": kind, "task_version": version, "params": params})
+    return hashlib.sha256(payload.encode()).hexdigest()[:20]
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One unit of work: a kind, its canonical parameters and what it needs to run."""
+
+    id: str
+    kind: str
+    experiment: str
+    params: dict[str, Any]
+    resources: Resources = field(default_factory=Resources)
+    #: Units run stage by stage: a later stage reads what an earlier one wrote.
+    stage: int = 0
+    #: Run in a fresh worker process that exits afterwards (a cold restart).
+    fresh_process: bool = False
+    #: Python packages the unit needs on its node (named when a launch cannot place it).
+    needs: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        from tasks.kinds import get_kind
+
+        return get_kind(self.kind).describe(self.params)
+
+    def to_payload(self) -> dict[str, Any]:
+        return {"id": self.id, "kind": self.kind, "experiment": self.experiment, "params": self.params}
+
+
+def _no_problems(where: str, exp: Any) -> list[str]:
+    return []
+
+
+def _keep_paths(exp: Any, resolve_path: Callable[[str], Path]) -> Any:
+    return exp
+
+
+def _planned_elsewhere(experiment: str, exp: Any) -> list[Unit]:
+    raise TypeError("this kind has no spec model of its own: another kind plans its units")
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One experiment kind (see the module docstring for each field)."""
+
+    name: str
+    version: str
+    spec: type[Strict] | None
+    tables: tuple[str, ...]
+    describe: Callable[[dict[str, Any]], str]
+    run: Callable[[dict[str, Any], UnitContext | None], dict[str, Rows]]
+    expand: Callable[[str, Any], list[Unit]] = _planned_elsewhere
+    problems: Callable[[str, Any], list[str]] = _no_problems
+    resolve: Callable[[Any, Callable[[str], Path]], Any] = _keep_paths
+    doc: str = ""
+
+    def unit(self, experiment: str, params: dict[str, Any], resources: Resources | None = None,
+             **options: Any) -> Unit:
+        """A unit of this kind with its content-addressed id."""
+        return Unit(content_id(self.name, self.version, params), self.name, experiment, params,
+                    resources or Resources(), **options)

@@ -1,0 +1,220 @@
+"""The ``generate`` kind: one cold restart of one arm — a fresh process, greedy decoding, evidence.
+
+The runner gives every generate unit a fresh worker process (Ray ``max_calls=1``), so no engine,
+cache or kernel choice carries over between restarts. The arm's environment (variables that select
+kernels) is applied before the model is built. Which kernel each layer actually called is counted at
+run time; a unit whose observed kernels differ from the configured one fails with an error instead of
+producing rows, because a run that did not test what it claims must never count.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from tasks.kinds.base import Kind, Rows, Unit, UnitContext
+from tasks.kinds.fields import (
+    NAME,
+    Implementation,
+    FilePrompts,
+    Prompts,
+    Resources,
+    ScaleMode,
+    Strict,
+    SyntheticPrompts,
+    kernel_problem,
+    model_and_prompt_problems,
+    model_fingerprint,
+    prompt_payload,
+    resolve_model_and_prompts,
+)
+
+VERSION = "1"
+
+
+class Arm(Strict):
+    """One way of running the model: a kernel, a scale mode and the environment that selects kernels.
+
+    ``engine = "cpu"``: ``kernel`` is a registry kernel run by the CPU W8A8 engine. ``engine =
+    "vllm"``: ``kernel`` is a vLLM kernel family (``cutlass-int8``, ``triton-int8``, ``cutlass-fp8``,
+    ``torch-fp8``) forced per installed vLLM version (docs/gpu.md); such units request a GPU.
+    """
+
+    kernel: str = "int8-cutlass-order"
+    params: dict[str, Any] = Field(default_factory=dict)
+    scales: ScaleMode = "real"
+    engine: Literal["cpu", "vllm"] = "cpu"
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class TeacherForcing(Strict):
+    """Score the ``reference`` arm's restart-0 sequences with each of ``arms`` (teacher forcing)."""
+
+    reference: str
+    arms: list[str] = Field(min_length=1)
+
+
+class GenerateExperiment(Strict):
+    """Cold-restart greedy generation per arm, and teacher-forced replay across arms."""
+
+    kind: Literal["generate"]
+    model: str = "tiny-qwen3"
+    model_seed: int = Field(default=0, ge=0)
+    arms: dict[str, Arm] = Field(min_length=1)
+    restarts: int = Field(default=2, ge=1, le=64)
+    prompts: Prompts = Field(default_factory=SyntheticPrompts)
+    max_new_tokens: int = Field(default=32, ge=1, le=8192)
+    top_k: int = Field(default=5, ge=2, le=64)
+    teacher_forced: list[TeacherForcing] = Field(default_factory=list)
+    resources: Resources = Field(default_factory=Resources)
+
+    @field_validator("arms")
+    @classmethod
+    def _arm_names(cls, v: dict[str, Arm]) -> dict[str, Arm]:
+        bad = [a for a in v if not NAME.match(a)]
+        if bad:
+            raise ValueError(f"arm names {bad}: use letters, digits, '.', '_' or '-'")
+        return v
+
+    @model_validator(mode="after")
+    def _tf_arms(self) -> GenerateExperiment:
+        for i, tf in enumerate(self.teacher_forced):
+            for name in [tf.reference, *tf.arms]:
+                if name not in self.arms:
+                    raise ValueError(f"teacher_forced[{i}]: unknown arm {name!r}; arms: {', '.join(self.arms)}")
+            if tf.reference in tf.arms:
+                raise ValueError(f"teacher_forced[{i}]: the reference arm {tf.reference!r} is also listed in arms")
+        return self
+
+
+def problems(base: str, exp: GenerateExperiment) -> list[str]:
+    out = []
+    vllm = [name for name, arm in exp.arms.items() if arm.engine == "vllm"]
+    for name, arm in exp.arms.items():
+        if arm.engine == "vllm":
+            from tasks.models.vllm_selection import FAMILIES
+
+            if arm.kernel not in FAMILIES and arm.kernel not in ("cutlass", "triton", "torch"):
+                out.append(f"{base}.arms.{name}.kernel: {arm.kernel!r} is not a vLLM kernel family; allowed: {', '.join(FAMILIES)}")
+            if arm.scales != "real":
+                out.append(f"{base}.arms.{name}.scales: the vLLM engine runs a checkpoint's own scales; make a power-of-two probe checkpoint for pow2")
+            continue
+        p = kernel_problem(f"{base}.arms.{name}.kernel", Implementation(kernel=arm.kernel, params=arm.params), "int8")
+        if p:
+            out.append(p)
+    if vllm and len(vllm) != len(exp.arms):
+        out.append(f"{base}.arms: mix of vllm arms {vllm} and cpu arms; put them in separate experiments")
+    if not vllm:
+        out.extend(model_and_prompt_problems(base, exp.model, exp.prompts))
+    elif isinstance(exp.prompts, FilePrompts):
+        out.extend(model_and_prompt_problems(base, "tiny-qwen3", exp.prompts))
+    return out
+
+
+def arm_payload(name: str, arm: Arm) -> dict[str, Any]:
+    if arm.engine == "vllm":
+        version = "vllm"
+    else:
+        from tasks.kernels import get_kernel
+
+        version = get_kernel(arm.kernel, **arm.params).version
+    return {"name": name, "kernel": arm.kernel, "params": dict(sorted(arm.params.items())), "version": version,
+            "scales": arm.scales, "engine": arm.engine, "env": dict(sorted(arm.env.items()))}
+
+
+def expand(experiment: str, exp: GenerateExperiment) -> list[Unit]:
+    """Every arm's cold restarts (stage 0), then the teacher-forced units that read them (stage 1)."""
+    from tasks.kinds import get_kind
+
+    # vLLM arms run on a GPU: ask Ray for one unless the spec asked for more.
+    on_vllm = any(a.engine == "vllm" for a in exp.arms.values())
+    resources = exp.resources.with_gpu(on_vllm)
+    needs = ("vllm",) if on_vllm else ()
+    common = {
+        "model": exp.model,
+        "model_fingerprint": model_fingerprint(exp.model),
+        "model_seed": exp.model_seed,
+        "prompts": prompt_payload(exp.prompts),
+        "max_new_tokens": exp.max_new_tokens,
+        "top_k": exp.top_k,
+    }
+    units: list[Unit] = []
+    restart0: dict[str, str] = {}
+    for arm_name, arm in exp.arms.items():
+        for restart in range(exp.restarts):
+            params = {**common, "arm": arm_payload(arm_name, arm), "restart": restart}
+            u = KIND.unit(experiment, params, resources, stage=0, fresh_process=True, needs=needs)
+            units.append(u)
+            if restart == 0:
+                restart0[arm_name] = u.id
+    scorer = get_kind("teacher_forced")
+    for tf in exp.teacher_forced:
+        ref = {**arm_payload(tf.reference, exp.arms[tf.reference]), "unit_id": restart0[tf.reference]}
+        for other in tf.arms:
+            params = {**common, "reference": ref, "arm": arm_payload(other, exp.arms[other])}
+            units.append(scorer.unit(experiment, params, resources, stage=1, fresh_process=True, needs=needs))
+    return units
+
+
+def describe(p: dict[str, Any]) -> str:
+    return f"generate arm={p['arm']['name']} restart={p['restart']} ({p['arm']['kernel']}, {p['arm']['scales']} scales)"
+
+
+def run(params: dict[str, Any], context: UnitContext | None = None) -> dict[str, Rows]:
+    from tasks.kernels import get_kernel
+    from tasks.models.arms import build_arm_model, build_vllm_engine, vllm_prompts
+    from tasks.models.evidence import kernel_evidence
+    from tasks.models.predictions import sequence_hash
+    from tasks.prompts import prompts_from_payload
+
+    arm = params["arm"]
+    if arm["engine"] == "vllm":
+        engine = build_vllm_engine(params)
+        prompts = vllm_prompts(params)
+        engine.reset_kernel_calls()
+        gen = engine.generate(prompts, params["max_new_tokens"], top_k=params["top_k"])
+        evidence = engine.require_evidence()  # raises KernelEvidenceError: a run must test what it claims
+        calls = engine.kernel_calls()
+        configured = evidence["configured"]
+        observed = sorted(evidence["layer_kernels"])
+        weights = engine.weights_sha256()
+    else:
+        model = build_arm_model(params)
+        prompts = prompts_from_payload(params["prompts"], int(model.config.vocab_size))
+        model.reset_kernel_calls()
+        gen = model.generate(prompts, params["max_new_tokens"], top_k=params["top_k"])
+        calls = model.kernel_calls()
+        configured = get_kernel(arm["kernel"], **arm["params"]).name
+        observed, ok, problem = kernel_evidence(calls, configured)
+        if not ok:
+            raise RuntimeError(f"kernel-selection evidence does not match the arm {arm['name']!r}: {problem}")
+        evidence = {"ok": True}
+        weights = model.weights_sha256()
+    ident = {"arm": arm["name"], "restart": params["restart"]}
+    generations = [
+        {**ident, "prompt_index": r["sequence"], "position": r["position"], "token": r["token"],
+         "margin": r["margin"], "topk_ids": r["topk_ids"], "topk_logits": r["topk_logits"]}
+        for r in gen.rows()
+    ]
+    sequences = [
+        {**ident, "prompt_index": i, "prompt_hash": sequence_hash(p), "sequence_hash": sequence_hash(t),
+         "n_tokens": len(t), "tokens": t}
+        for i, (p, t) in enumerate(zip(gen.prompts, gen.tokens, strict=True))
+    ]
+    run_row = {
+        **ident, "model": params["model"], "engine": arm["engine"], "configured_kernel": configured,
+        "scales": arm["scales"], "env_json": json.dumps(arm["env"], sort_keys=True), "host": socket.gethostname(),
+        "pid": os.getpid(), "observed_kernels": observed,
+        "kernel_calls_json": json.dumps({"calls": calls, "evidence": evidence}, sort_keys=True, default=str),
+        "evidence_ok": bool(evidence["ok"]), "weights_sha256": weights,
+    }
+    return {"generations": generations, "sequences": sequences, "arm_runs": [run_row]}
+
+
+KIND = Kind(name="generate", version=VERSION, spec=GenerateExperiment,
+            tables=("generations", "sequences", "arm_runs"), describe=describe, run=run, expand=expand,
+            problems=problems, resolve=resolve_model_and_prompts, doc=__doc__ or "")
