@@ -23,6 +23,7 @@ from typing import Any
 from orchestrator.errors import InfrastructureError, UsageError
 from orchestrator.plan import Plan, Unit, make_plan
 from orchestrator.spec import LoadedSpec
+from tasks.kinds import kind_ref
 from storage.store import ResultStore, open_store, utcnow
 
 #: Units in flight at once; Ray queues the rest cheaply, this only bounds driver memory.
@@ -205,7 +206,7 @@ def _run_units(spec: LoadedSpec, plan: Plan, pending: list, results: str, summar
         }
         if res.memory_gb:
             opts["memory"] = int(res.memory_gb * 2**30)
-        payload = {**unit.to_payload(), "description": unit.describe()}
+        payload = {**unit.to_payload(), "description": unit.describe(), "kind_ref": kind_ref(unit.kind)}
         fn = remote_fresh if unit.fresh_process else remote
         ref = fn.options(**opts).remote(payload, results, plan.sweep, spec.sha256)
         in_flight[ref] = unit

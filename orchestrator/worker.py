@@ -100,7 +100,7 @@ def execute_unit(payload: dict[str, Any], results: str, sweep: str, spec_sha256:
     rows = 0
     error = None
     try:
-        kind = get_kind(payload["kind"])
+        kind = get_kind(payload["kind"], payload.get("kind_ref"))
         produced = kind.run(payload["params"], UnitFiles(store, sweep, unit_id))
         undeclared = sorted(set(produced) - set(kind.tables))
         if undeclared:

@@ -288,3 +288,18 @@ TABLES: dict[str, pa.Schema] = {
     "sweeps": SWEEPS,
     "launches": LAUNCHES,
 }
+
+
+def register_table(name: str, schema: pa.Schema) -> pa.Schema:
+    """Declare another results table (a plugin kind's); the same name twice must be the same schema.
+
+    Built-in tables are declared above; a kind defined outside this package registers its tables
+    when its module is imported, so the worker that runs it and the catalog that reads it agree.
+    """
+    if not isinstance(schema, pa.Schema) or "unit_id" not in schema.names:
+        raise ValueError(f"table {name!r}: a result table is a pyarrow Schema with a unit_id column")
+    known = TABLES.get(name)
+    if known is not None and not known.equals(schema):
+        raise ValueError(f"table {name!r} is already declared with another schema")
+    TABLES[name] = schema
+    return schema

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import sys
 from typing import Any
 
 from tasks.kinds.base import Kind, Rows, Unit, UnitContext, canonical_json, content_id
@@ -27,6 +28,7 @@ __all__ = [
     "experiment_kinds",
     "get_kind",
     "kind_names",
+    "kind_ref",
     "register_kind",
     "unit_id",
     "unregister_kind",
@@ -67,8 +69,14 @@ def kind_names() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def get_kind(name: str) -> Kind:
-    """The kind called ``name``; an unknown name raises :class:`KindError` with the valid names."""
+def get_kind(name: str, ref: str | None = None) -> Kind:
+    """The kind called ``name``; an unknown name raises :class:`KindError` with the valid names.
+
+    ``ref`` (``"module:attr"``, from :func:`kind_ref` in the process that planned the unit) lets a
+    worker process find a kind that was registered at run time in the driver (a plugin, a test).
+    """
+    if isinstance(name, str) and name not in _REGISTRY and ref:
+        _REGISTRY[name] = ref
     entry = _REGISTRY.get(name) if isinstance(name, str) else None
     if entry is None:
         close = difflib.get_close_matches(str(name), list(_REGISTRY), n=3, cutoff=0.5)
@@ -81,6 +89,18 @@ def get_kind(name: str) -> Kind:
             raise KindError(f"{entry} is not the Kind {name!r}")
         _REGISTRY[name] = entry = loaded
     return entry
+
+
+def kind_ref(name: str) -> str | None:
+    """Where another process finds kind ``name``: its lazy entry, or the module attribute holding it."""
+    entry = _REGISTRY.get(name)
+    if entry is None or isinstance(entry, str):
+        return entry
+    module = sys.modules.get(getattr(entry.run, "__module__", ""))
+    for attr, value in vars(module).items() if module else ():
+        if value is entry:
+            return f"{module.__name__}:{attr}"  # type: ignore[union-attr]
+    return None
 
 
 def experiment_kinds() -> list[str]:
