@@ -1,26 +1,47 @@
 """DuckDB views over the Parquet tree, named queries, and a read-only query entry point.
 
 Each table of ``storage.schemas.TABLES`` is a view with the same name (``kdepth``, ``units``,
-``sweeps``, ``launches``) plus its ``sweep`` partition column; a table with no files yet is an empty
-view with the declared columns, so queries never fail for lack of results.
+``sweeps``, ``launches``, ...) plus its ``sweep`` partition column; a table with no files yet is an
+empty view with the declared columns, so queries never fail for lack of results.
+
+A command opens one :class:`Catalog` (one read-only DuckDB connection, the views created once) and
+asks it every question it has; ``read_only_query`` and ``run_named`` are one-shot conveniences
+(open, run one query, close) built on it.
 """
 
 from __future__ import annotations
 
+import re
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import Any, ClassVar
 
 import duckdb
 import pyarrow as pa
 
 from storage.errors import QueryError
 from storage.schemas import TABLES
+from storage.store import ResultStore, is_uri, open_store
 
-__all__ = ["QueryError", "connect", "lock_down", "named_query", "query_names", "read_only_query", "run_named"]
+__all__ = [
+    "Catalog",
+    "QueryError",
+    "connect",
+    "lock_down",
+    "named_query",
+    "open_catalog",
+    "query_names",
+    "read_only_query",
+    "run_named",
+]
 
 #: Statement kinds ``swapcheck query`` accepts: reading only (DESCRIBE and SHOW parse as SELECT).
 READ_ONLY_STATEMENTS = {"SELECT", "EXPLAIN"}
+
+#: ``$name`` placeholders of a named query (after comments and string literals are removed).
+_PARAM = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
+_COMMENTS_AND_STRINGS = re.compile(r"--[^\n]*|/\*.*?\*/|'(?:[^']|'')*'", re.DOTALL)
 
 
 def _arrow(result: Any) -> pa.Table:
@@ -38,24 +59,29 @@ def _sql_str(s: str) -> str:
 
 def _root(results: str | Path) -> str:
     """The results root as DuckDB reads it: an absolute local path, or the URI as given."""
-    from storage.store import is_uri
-
     return str(results).rstrip("/") if is_uri(results) else str(Path(results).resolve())
 
 
-def connect(results: str | Path) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB connection with one view per results table (local path or URI)."""
-    from storage.store import is_uri, open_store
+def sql_params(sql: str) -> list[str]:
+    """The ``$name`` placeholders ``sql`` uses, in order of first use (comments and strings ignored)."""
+    return list(dict.fromkeys(_PARAM.findall(_COMMENTS_AND_STRINGS.sub(" ", sql))))
 
+
+def connect(results: str | Path, store: ResultStore | None = None) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB connection with one view per results table (local path or URI).
+
+    Lists each table's sweep partitions once (``ResultStore.sweep_partitions``). The connection is
+    not locked down yet: see :func:`lock_down`, or use :class:`Catalog`, which does both.
+    """
     root = _root(results)
+    store = store if store is not None else open_store(results)
     con = duckdb.connect(":memory:")
+    Catalog.connections_opened += 1
     if is_uri(results) and not root.startswith("file://"):
         # s3:// gs:// https://: DuckDB's httpfs extension (credentials from the environment).
         con.execute("INSTALL httpfs; LOAD httpfs")
-    store = open_store(results)
     for table, schema in TABLES.items():
-        files = [f for sw in _table_sweeps(store, table) for f in store.parquet_files(table, sw)]
-        if files:
+        if any(store.parquet_files(table, sw) for sw in store.sweep_partitions(table)):
             glob = _sql_str(f"{root}/table={table}/sweep=*/*.parquet")
             con.execute(
                 f'CREATE VIEW "{table}" AS SELECT * EXCLUDE ("table") FROM read_parquet({glob}, '
@@ -68,22 +94,6 @@ def connect(results: str | Path) -> duckdb.DuckDBPyConnection:
     return con
 
 
-def _table_sweeps(store: Any, table: str) -> list[str]:
-    """Sweep partitions present under ``table=<table>``."""
-    from storage.store import ObjectStore
-
-    if isinstance(store, ObjectStore):
-        import pyarrow.fs as pafs
-
-        try:
-            infos = store.fs.get_file_info(pafs.FileSelector(store._p(f"table={table}"), allow_not_found=True))
-        except (FileNotFoundError, OSError):
-            return []
-        return [i.base_name.split("=", 1)[1] for i in infos if i.base_name.startswith("sweep=")]
-    d = Path(store.root) / f"table={table}"
-    return [p.name.split("=", 1)[1] for p in d.iterdir() if p.name.startswith("sweep=")] if d.is_dir() else []
-
-
 def lock_down(con: duckdb.DuckDBPyConnection, results: str | Path) -> None:
     """Forbid file access outside the results tree and any later change of that setting."""
     root = _root(results).rstrip("/") + "/"
@@ -92,8 +102,8 @@ def lock_down(con: duckdb.DuckDBPyConnection, results: str | Path) -> None:
     con.execute("SET lock_configuration = true")
 
 
-def read_only_query(results: str | Path, sql: str) -> pa.Table:
-    """Run ``sql`` (SELECT / EXPLAIN / DESCRIBE / SHOW only) over the results; return an Arrow table."""
+def _read_only_statements(sql: str) -> list[Any]:
+    """The statements of ``sql``; QueryError unless every one of them only reads."""
     try:
         statements = duckdb.extract_statements(sql)
     except duckdb.Error as exc:
@@ -107,16 +117,85 @@ def read_only_query(results: str | Path, sql: str) -> pa.Table:
                 f"refused a {kind} statement: `swapcheck query` is read-only "
                 f"(allowed: {', '.join(sorted(READ_ONLY_STATEMENTS))}, DESCRIBE, SHOW); nothing was changed"
             )
-    con = connect(results)
-    lock_down(con, results)
-    try:
-        for st in statements[:-1]:
-            con.execute(st.query)
-        return _arrow(con.sql(statements[-1].query))
-    except duckdb.Error as exc:
-        raise QueryError(f"{type(exc).__name__}: {exc}") from None
-    finally:
-        con.close()
+    return list(statements)
+
+
+class Catalog:
+    """One read-only DuckDB connection over a results tree; the views are created once."""
+
+    #: Incremented for every DuckDB connection opened over a results tree (tests count it).
+    connections_opened: ClassVar[int] = 0
+
+    def __init__(self, results: str | Path) -> None:
+        self.results = str(results)
+        self.store = open_store(results)
+        self._con: duckdb.DuckDBPyConnection | None = None
+        con = connect(results, self.store)
+        try:
+            lock_down(con, results)
+        except BaseException:
+            con.close()
+            raise
+        self._con = con
+
+    @property
+    def con(self) -> duckdb.DuckDBPyConnection:
+        if self._con is None:
+            raise QueryError(f"the catalog over {self.results} is closed")
+        return self._con
+
+    def named(self, name: str, **params: Any) -> list[dict[str, Any]]:
+        """Rows of ``storage/queries/<name>.sql`` with its ``$param`` placeholders bound from ``params``."""
+        rows: list[dict[str, Any]] = self.named_arrow(name, **params).to_pylist()
+        return rows
+
+    def named_arrow(self, name: str, **params: Any) -> pa.Table:
+        """``named`` as an Arrow table. Binds exactly the placeholders the SQL uses (missing ones as NULL)."""
+        sql = named_query(name)
+        bound = {p: params.get(p) for p in sql_params(sql)}
+        try:
+            return _arrow(self.con.sql(sql, params=bound or None))
+        except duckdb.Error as exc:
+            raise QueryError(f"named query {name!r} failed: {type(exc).__name__}: {exc}") from None
+
+    def query(self, sql: str) -> pa.Table:
+        """Run user ``sql`` (SELECT / EXPLAIN / DESCRIBE / SHOW only); return an Arrow table."""
+        statements = _read_only_statements(sql)
+        con = self.con
+        try:
+            for st in statements[:-1]:
+                con.execute(st.query)
+            return _arrow(con.sql(statements[-1].query))
+        except duckdb.Error as exc:
+            raise QueryError(f"{type(exc).__name__}: {exc}") from None
+
+    def sweeps(self) -> list[str]:
+        """The sweeps that have a spec record."""
+        return self.store.sweeps()
+
+    def close(self) -> None:
+        if self._con is not None:
+            self._con.close()
+            self._con = None
+
+    def __enter__(self) -> Catalog:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+def open_catalog(results: str | Path) -> Catalog:
+    """The read-only catalog over ``--results`` (a local directory or a pyarrow filesystem URI)."""
+    return Catalog(results)
+
+
+def read_only_query(results: str | Path, sql: str) -> pa.Table:
+    """Run ``sql`` (SELECT / EXPLAIN / DESCRIBE / SHOW only) over the results; return an Arrow table."""
+    _read_only_statements(sql)  # refuse before listing the results tree
+    with Catalog(results) as cat:
+        return cat.query(sql)
 
 
 def named_query(name: str) -> str:
@@ -132,12 +211,6 @@ def query_names() -> list[str]:
 
 
 def run_named(results: str | Path, name: str, **params: Any) -> pa.Table:
-    """Run a named query with ``$param`` placeholders bound from ``params``."""
-    con = connect(results)
-    lock_down(con, results)
-    try:
-        return _arrow(con.sql(named_query(name), params=params or None))
-    except duckdb.Error as exc:
-        raise QueryError(f"named query {name!r} failed: {type(exc).__name__}: {exc}") from None
-    finally:
-        con.close()
+    """Run a named query with ``$param`` placeholders bound from ``params`` (one-shot)."""
+    with Catalog(results) as cat:
+        return cat.named_arrow(name, **params)

@@ -3,5 +3,9 @@
 from __future__ import annotations
 
 
-class QueryError(ValueError):
+class StorageError(Exception):
+    """A named error of the storage layer: a message for the user, nothing half-written."""
+
+
+class QueryError(StorageError, ValueError):
     """A query was refused or failed; nothing was changed."""

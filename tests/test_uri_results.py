@@ -13,7 +13,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from orchestrator.cli.main import app
-from storage.store import ObjectStore, is_uri, open_store
+from storage.store import ResultStore, is_uri, open_store
 from tests.conftest import REPO, tiny_spec_text
 
 runner = CliRunner()
@@ -22,7 +22,7 @@ runner = CliRunner()
 def test_uri_store_roundtrip(tmp_path: Path) -> None:
     uri = f"file://{tmp_path}/r"
     store = open_store(uri)
-    assert isinstance(store, ObjectStore) and is_uri(uri)
+    assert isinstance(store, ResultStore) and is_uri(uri)
     assert not store.exists()
     assert store.mark_attempt("s", "u", "node") == 1 and store.attempts("s", "u") == 1
     assert store.attempt_markers("s")[0]["node_id"] == "node"

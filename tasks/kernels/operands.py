@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .registry import KernelError
+from .errors import KernelError
 
 if TYPE_CHECKING:
     from .registry import Kernel

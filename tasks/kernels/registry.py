@@ -49,6 +49,8 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from .errors import KernelError
+
 if TYPE_CHECKING:
     import torch
 
@@ -69,13 +71,6 @@ ENTRY_POINT_GROUP = "swapcheck.kernels"
 OPERAND_DTYPES = ("int8", "fp8_e4m3", "any")
 DEVICES = ("cpu", "cuda")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
-
-
-class KernelError(ValueError):
-    """A bad kernel name, bad kernel parameters, or operands the kernel does not accept.
-
-    The message always says what is allowed (the valid names, parameters, dtypes or layouts).
-    """
 
 
 class Kernel(abc.ABC):

@@ -81,11 +81,11 @@ class Unit:
     fresh_process: bool = False
     #: Python packages the unit needs on its node (named when a launch cannot place it).
     needs: tuple[str, ...] = ()
+    #: One human line (its kind's ``describe``); not part of the id.
+    description: str = ""
 
     def describe(self) -> str:
-        from tasks.kinds import get_kind
-
-        return get_kind(self.kind).describe(self.params)
+        return self.description
 
     def to_payload(self) -> dict[str, Any]:
         return {"id": self.id, "kind": self.kind, "experiment": self.experiment, "params": self.params}
@@ -122,4 +122,4 @@ class Kind:
              **options: Any) -> Unit:
         """A unit of this kind with its content-addressed id."""
         return Unit(content_id(self.name, self.version, params), self.name, experiment, params,
-                    resources or Resources(), **options)
+                    resources or Resources(), description=self.describe(params), **options)

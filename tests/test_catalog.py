@@ -1,0 +1,168 @@
+"""The catalog (one read-only DuckDB connection per command) and the one store over pyarrow.fs."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+
+from storage.catalog import Catalog, QueryError, open_catalog, read_only_query, run_named
+from storage.errors import StorageError
+from storage.schemas import TABLES
+from storage.store import ResultStore, open_store
+
+
+def _unit(uid: str, status: str = "ok") -> dict[str, Any]:
+    now = datetime.now(UTC)
+    return {"unit_id": uid, "kind": "kdepth", "experiment": "e", "description": "", "params_json": "{}",
+            "status": status, "attempts": 1, "host": "h", "pid": 1, "node_id": "n", "started_at": now,
+            "finished_at": now, "duration_s": 0.5, "error": None if status == "ok" else "boom",
+            "tables": ["kdepth"], "rows": 1, "spec_sha256": "x", "swapcheck_version": "0", "torch_version": "2"}
+
+
+def _kdepth(uid: str, differing: int) -> dict[str, Any]:
+    return {"unit_id": uid, "experiment": "e", "dtype": "int8", "m": 16, "n": 24, "k": 32, "seed": 0,
+            "impl_a": "a", "impl_b": "b", "elements": 384, "differing": differing}
+
+
+def _sweep_record() -> dict[str, Any]:
+    return {"spec_sha256": "x", "question": "q", "spec_path": "s.toml", "spec_toml": "", "n_units": 2,
+            "unit_ids": ["u1", "u2"], "created_at": datetime.now(UTC)}
+
+
+def _populate(store: ResultStore) -> None:
+    """Two sweeps: s1 (one ok unit, one failed unit, a spec record) and s2 (one ok unit, no record)."""
+    store.write("sweeps", "s1", "spec", [_sweep_record()])
+    store.write("kdepth", "s1", "u1", [_kdepth("u1", 3)])
+    store.record_unit("s1", _unit("u1", "ok"))
+    store.record_unit("s1", _unit("u2", "failed"))
+    store.write("kdepth", "s2", "v1", [_kdepth("v1", 0)])
+    store.record_unit("s2", _unit("v1", "ok"))
+
+
+@pytest.fixture
+def results(tmp_path: Path) -> Path:
+    root = tmp_path / "results"
+    _populate(ResultStore(root))
+    return root
+
+
+def test_named_queries_with_and_without_sweep(results: Path) -> None:
+    with open_catalog(results) as cat:
+        assert cat.results == str(results)
+        every = cat.named("unit_status", sweep=None)
+        assert {(r["sweep"], r["status"], r["units"]) for r in every} == {("s1", "ok", 1), ("s1", "failed", 1), ("s2", "ok", 1)}
+        assert cat.named("unit_status") == every, "a parameter the SQL uses but nobody gave is NULL"
+        only = cat.named("unit_status", sweep="s1", unused="ignored")
+        assert {(r["sweep"], r["status"]) for r in only} == {("s1", "ok"), ("s1", "failed")}
+        assert cat.named_arrow("unit_status", sweep="s2").num_rows == 1
+        assert cat.query("SELECT sum(differing) AS d FROM kdepth").to_pylist() == [{"d": 3}]
+        assert cat.sweeps() == ["s1"], "only sweeps with a spec record"
+        with pytest.raises(QueryError, match="no named query"):
+            cat.named("no_such_query")
+    assert run_named(results, "unit_status", sweep="s2").num_rows == 1
+
+
+@pytest.mark.parametrize("sql", ["INSERT INTO units SELECT * FROM units", "COPY (SELECT 1) TO 'out.csv'",
+                                 "ATTACH 'x.db'", "SELECT 1; DROP VIEW units"])
+def test_catalog_query_refuses_writes(results: Path, sql: str) -> None:
+    before = sorted(p.name for p in results.parent.rglob("*"))
+    with Catalog(results) as cat:
+        with pytest.raises(QueryError):
+            cat.query(sql)
+        # the connection is still usable, and nothing changed
+        assert cat.query("SELECT count(*) AS n FROM units").to_pylist() == [{"n": 3}]
+    assert sorted(p.name for p in results.parent.rglob("*")) == before
+    assert issubclass(QueryError, StorageError)
+
+
+def test_catalog_cannot_read_outside_results(results: Path, tmp_path: Path) -> None:
+    secret = tmp_path / "secret.csv"
+    secret.write_text("a\n1\n")
+    with Catalog(results) as cat, pytest.raises(QueryError, match="(?i)permission|access"):
+        cat.query(f"SELECT * FROM read_csv('{secret}')")
+
+
+def test_views_exist_for_empty_tables(results: Path, tmp_path: Path) -> None:
+    for root in (results, tmp_path / "empty"):
+        root.mkdir(exist_ok=True)
+        with Catalog(root) as cat:
+            for table, schema in TABLES.items():
+                cols = [r["column_name"] for r in cat.query(f'DESCRIBE "{table}"').to_pylist()]
+                assert set(schema.names) | {"sweep"} <= set(cols), table
+            assert cat.query("SELECT count(*) AS n FROM replay").to_pylist() == [{"n": 0}]
+
+
+def test_opening_a_catalog_lists_each_table_once_and_opens_one_connection(
+        results: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    listed: list[str] = []
+    real = ResultStore.sweep_partitions
+
+    def counting(self: ResultStore, table: str) -> list[str]:
+        listed.append(table)
+        return real(self, table)
+
+    opened: list[str] = []
+    real_connect = duckdb.connect
+
+    def counting_connect(*args: Any, **kwargs: Any) -> duckdb.DuckDBPyConnection:
+        opened.append(str(args[0] if args else kwargs.get("database")))
+        return real_connect(*args, **kwargs)
+
+    monkeypatch.setattr(ResultStore, "sweep_partitions", counting)
+    monkeypatch.setattr(duckdb, "connect", counting_connect)
+    before = Catalog.connections_opened
+    with Catalog(results) as cat:
+        assert sorted(listed) == sorted(TABLES), "each table's partitions listed exactly once"
+        assert Catalog.connections_opened == before + 1 and len(opened) == 1
+        listed.clear()
+        for _ in range(3):
+            cat.named("unit_status", sweep=None)
+            cat.query("SELECT count(*) FROM kdepth")
+        assert listed == [] and len(opened) == 1, "queries reuse the views and the connection"
+    with pytest.raises(QueryError, match="closed"):
+        cat.query("SELECT 1")
+
+
+@pytest.mark.parametrize("kind", ["path", "file_uri"])
+def test_path_and_file_uri_give_the_same_answers(tmp_path: Path, kind: str) -> None:
+    root = tmp_path / "r"
+    store = open_store(root if kind == "path" else f"file://{root}")
+    assert isinstance(store, ResultStore) and not store.exists()
+    _populate(store)
+    assert store.mark_attempt("s1", "u1", "node") == 1 and store.mark_attempt("s1", "u1") == 2
+    assert store.exists()
+    assert store.ledger("s1") == {"u1": {"unit_id": "u1", "status": "ok", "attempts": 1, "error": None},
+                                  "u2": {"unit_id": "u2", "status": "failed", "attempts": 1, "error": "boom"}}
+    assert store.done_units("s1") == {"u1"} and store.done_units("s2") == {"v1"} and store.done_units("s3") == set()
+    assert store.sweeps() == ["s1"]
+    assert store.sweep_partitions("units") == ["s1", "s2"] and store.sweep_partitions("replay") == []
+    assert store.read_unit("kdepth", "s1", "u1", columns=["unit_id", "differing"]) == [{"unit_id": "u1", "differing": 3}]
+    assert store.read_unit("kdepth", "s1", "nope") == [] and store.read_unit("replay", "s9", "u1") == []
+    assert store.attempts("s1", "u1") == 2 and store.attempts("s1", "u2") == 0
+    assert [m["unit_id"] for m in store.attempt_markers("s1")] == ["u1", "u1"]
+    assert (store.sweep_record("s1") or {})["question"] == "q" and store.sweep_record("s2") is None
+    assert [Path(p).name for p in store.parquet_files("units", "s1")] == ["u1.parquet", "u2.parquet"]
+    # What one wrote, the other reads: they are the same files.
+    other = open_store(f"file://{root}" if kind == "path" else root)
+    assert other.ledger("s1") == store.ledger("s1") and other.sweeps() == store.sweeps()
+    assert read_only_query(root, "SELECT count(*) AS n FROM units").to_pylist() == [{"n": 3}]
+
+
+@pytest.mark.parametrize("kind", ["path", "file_uri"])
+def test_local_writes_are_atomic_and_leave_no_temporary_files(tmp_path: Path, kind: str) -> None:
+    root = tmp_path / "r"
+    store = open_store(root if kind == "path" else f"file://{root}")
+    store.record_unit("s", _unit("u1", "failed"))
+    store.record_unit("s", _unit("u1", "ok"))  # replaces the file: still one row
+    store.mark_attempt("s", "u1")
+    where = store.put_bytes("nightly/x/report.md", b"# hi")
+    assert where.endswith("nightly/x/report.md") and (root / "nightly" / "x" / "report.md").read_bytes() == b"# hi"
+    store.write_text("nightly/x/report.md", "# again")
+    assert (root / "nightly" / "x" / "report.md").read_text() == "# again"
+    names = [p.name for p in root.rglob("*") if p.is_file()]
+    assert not [n for n in names if ".tmp" in n], names
+    assert store.ledger("s") == {"u1": {"unit_id": "u1", "status": "ok", "attempts": 1, "error": None}}
