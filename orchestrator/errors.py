@@ -1,6 +1,55 @@
-"""Named exceptions the CLI turns into user messages (exit code 2 for bad input)."""
+"""The one tree of errors swapcheck reports to a user, and the exit code of each.
+
+Every command runs inside :func:`orchestrator.cli.common.user_errors`, the one place that turns an
+exception into ``error: <message>`` on stderr and an exit code, through :func:`exit_code_for`.  The
+library layers keep their own exception classes (``storage`` and ``tasks`` import nothing of
+``orchestrator``); :func:`exit_code_for` maps them here, so no command translates errors itself.
+
+===============================  =========  ===============================================================
+class                            exit code  meaning
+===============================  =========  ===============================================================
+:class:`SwapcheckError`          1          base class of every error swapcheck reports to a user
+:class:`SpecError`               2          a sweep spec is missing, unreadable or invalid; nothing was written
+:class:`UsageError`              2          a command-line argument is invalid (bad --results, bad --shape, ...)
+:class:`InfrastructureError`     2          Ray could not be started or reached, the disk is full, ...
+``storage.errors.StorageError``  2          the storage layer refused or failed a request (``QueryError``: a
+                                            bad or failed query); nothing was changed
+``tasks.kernels.KernelError``    2          unknown kernel, unimportable ``module:attr``, bad parameters, a
+                                            problem or operands the kernel does not support
+``tasks.checks.CheckInputError`` 2          bad input to a correctness check (shape, dtype, trials, kernel)
+anything else                    (none)     not translated: a bug, shown with its traceback (exit 1)
+===============================  =========  ===============================================================
+
+Exit codes of a command, in short: 0 it ran and what it judged passed; 1 a result failed (a check's
+verdict, a nightly regression) or an unexpected error; 2 bad input or broken infrastructure, nothing
+judged.
+"""
 
 from __future__ import annotations
+
+import sys
+
+from storage import errors as _storage_errors
+
+__all__ = [
+    "SwapcheckError",
+    "SpecError",
+    "UsageError",
+    "InfrastructureError",
+    "StorageError",
+    "exit_code_for",
+]
+
+#: The storage layer's base error (QueryError and its siblings subclass it; QueryError on older trees).
+StorageError: type[Exception] = getattr(_storage_errors, "StorageError", _storage_errors.QueryError)
+
+#: The tasks layer's input errors, as (module, class).  They are looked up in ``sys.modules`` rather
+#: than imported: importing ``tasks.kernels`` imports torch, which ``--help`` must not, and an
+#: instance of one of these classes can only exist once its module has been imported.
+_TASK_INPUT_ERRORS = (
+    ("tasks.kernels.registry", "KernelError"),
+    ("tasks.checks.subject", "CheckInputError"),
+)
 
 
 class SwapcheckError(Exception):
@@ -31,3 +80,16 @@ class InfrastructureError(SwapcheckError):
     """Ray could not be started or reached, the disk is full, ... (never a numerical result)."""
 
     exit_code = 2
+
+
+def exit_code_for(exc: BaseException) -> int | None:
+    """The exit code of an error a user should see as a message (table above); None for a bug."""
+    if isinstance(exc, SwapcheckError):
+        return exc.exit_code
+    if isinstance(exc, StorageError):
+        return 2
+    for module, name in _TASK_INPUT_ERRORS:
+        cls = getattr(sys.modules.get(module), name, None)
+        if isinstance(cls, type) and isinstance(exc, cls):
+            return 2
+    return None

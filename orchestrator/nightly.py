@@ -1,7 +1,7 @@
 """The nightly regression job: run a suite as a dated sweep, compare its metrics, report.
 
 ``swapcheck nightly SUITE --baseline FILE --results DIR`` launches the suite spec under the sweep name
-``<name>-<UTC timestamp>``, computes its summary metrics (``storage.summary``), compares them with the
+``<name>-<UTC timestamp>``, computes its summary metrics (``reports.metrics``), compares them with the
 baseline file under the declared rules and with the previous night's sweep, and writes a report in
 Markdown, HTML and JSON under ``<results>/nightly/<sweep>/``.
 
@@ -16,9 +16,12 @@ import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import InfrastructureError, UsageError
+
+if TYPE_CHECKING:
+    from storage.catalog import Catalog
 
 BASELINE_VERSION = 1
 
@@ -60,8 +63,8 @@ def run_nightly(suite: str | Path, baseline: str | Path, results: str | Path, *,
                 on_event: Any = None) -> NightlyOutcome:
     from orchestrator.runner import launch
     from orchestrator.spec import load_spec
-    from storage.store import open_store
-    from storage.summary import compare, sweep_metrics
+    from reports.metrics import compare, sweep_metrics
+    from storage.catalog import open_catalog
 
     spec = load_spec(suite)
     baseline_path = Path(baseline)
@@ -75,26 +78,26 @@ def run_nightly(suite: str | Path, baseline: str | Path, results: str | Path, *,
         raise InfrastructureError(
             f"{summary.n_failed} unit(s) of {dated} failed to run (e.g. {first[0]}: {first[1]}); "
             "the nightly comparison needs every unit: see `swapcheck report units`")
-    store = open_store(results)
-    today = sweep_metrics(results, dated)
-    outcome = NightlyOutcome(sweep=dated, exit_code=0)
-    if base is not None:
-        outcome.changes = compare(base["metrics"], today)
-        outcome.regressions = [c for c in outcome.changes if c["regression"]]
-    prev = previous_sweep(store, spec_base_name(dated), dated)
-    if prev:
-        outcome.previous = prev
-        outcome.since_previous = compare(sweep_metrics(results, prev), today)
-    if update_baseline:
-        baseline_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = baseline_path.with_name(baseline_path.name + ".tmp")
-        tmp.write_text(json.dumps({"version": BASELINE_VERSION, "suite": str(suite), "sweep": dated,
-                                   "created_at": datetime.utcnow().isoformat() + "Z", "metrics": today},
-                                  indent=1, sort_keys=True))
-        tmp.replace(baseline_path)
-        outcome.baseline_updated = True
-    outcome.exit_code = 1 if outcome.regressions and not update_baseline else 0
-    outcome.report_dir = write_report(results, outcome, today, base)
+    with open_catalog(results) as cat:
+        today = sweep_metrics(cat, dated)
+        outcome = NightlyOutcome(sweep=dated, exit_code=0)
+        if base is not None:
+            outcome.changes = compare(base["metrics"], today)
+            outcome.regressions = [c for c in outcome.changes if c["regression"]]
+        prev = previous_sweep(cat.store, spec_base_name(dated), dated)
+        if prev:
+            outcome.previous = prev
+            outcome.since_previous = compare(sweep_metrics(cat, prev), today)
+        if update_baseline:
+            baseline_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = baseline_path.with_name(baseline_path.name + ".tmp")
+            tmp.write_text(json.dumps({"version": BASELINE_VERSION, "suite": str(suite), "sweep": dated,
+                                       "created_at": datetime.utcnow().isoformat() + "Z", "metrics": today},
+                                      indent=1, sort_keys=True))
+            tmp.replace(baseline_path)
+            outcome.baseline_updated = True
+        outcome.exit_code = 1 if outcome.regressions and not update_baseline else 0
+        outcome.report_dir = write_report(cat, outcome, today, base)
     return outcome
 
 
@@ -102,45 +105,19 @@ def spec_base_name(dated: str) -> str:
     return dated.rsplit("-", 1)[0]
 
 
-def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return "—" if v is None else str(v)
-
-
 def markdown(outcome: NightlyOutcome, today: dict[str, Any], base: dict[str, Any] | None) -> str:
-    verdict = ("REGRESSION" if outcome.regressions else "no regression") if base else "baseline created"
-    lines = [f"# Nightly {outcome.sweep}: {verdict}", ""]
-    if base:
-        lines += [f"Baseline: sweep `{base.get('sweep')}` ({base.get('created_at', '?')}); "
-                  f"{len(today)} metrics today, {len(outcome.changes)} changed, {len(outcome.regressions)} regressed.", ""]
-    if outcome.baseline_updated:
-        lines += ["The baseline was updated to today's metrics (--update-baseline).", ""]
-    def table(title: str, changes: list[dict[str, Any]]) -> None:
-        lines.extend([f"## {title}", ""])
-        if not changes:
-            lines.extend(["No change.", ""])
-            return
-        lines.extend(["| metric | rule | before | today | change | regression |", "|---|---|---|---|---|---|"])
-        for c in changes:
-            lines.append(f"| `{c['metric']}` | {c['rule']} | {_fmt(c['baseline'])} | {_fmt(c['today'])} | {c['kind']} | "
-                         f"{'**yes**' if c['regression'] else 'no'} |")
-        lines.append("")
-    if base:
-        table("Since the baseline", outcome.changes)
-    if outcome.previous:
-        table(f"Since the previous night ({outcome.previous})", outcome.since_previous)
-    lines += ["## Today's metrics", "", "| metric | rule | value |", "|---|---|---|"]
-    lines += [f"| `{k}` | {m['rule']} | {_fmt(m['value'])} |" for k, m in today.items()]
-    return "\n".join(lines) + "\n"
+    """The nightly report in Markdown (rendered by ``reports.render.nightly_markdown``)."""
+    from reports.render import nightly_markdown
+
+    return nightly_markdown(outcome, today, base)
 
 
-def write_report(results: str | Path, outcome: NightlyOutcome, today: dict[str, Any],
+def write_report(cat: Catalog, outcome: NightlyOutcome, today: dict[str, Any],
                  base: dict[str, Any] | None) -> str:
-    from storage.report import html_document
-    from storage.store import open_store
+    """report.md, report.json and report.html under ``nightly/<sweep>/`` of the catalog's results."""
+    from reports.render import html_document
 
-    store = open_store(results)
+    store = cat.store
     rel = f"nightly/{outcome.sweep}"
     md = markdown(outcome, today, base)
     store.write_text(f"{rel}/report.md", md)
@@ -148,5 +125,5 @@ def write_report(results: str | Path, outcome: NightlyOutcome, today: dict[str, 
         "sweep": outcome.sweep, "exit_code": outcome.exit_code, "regressions": outcome.regressions,
         "changes": outcome.changes, "previous": outcome.previous, "since_previous": outcome.since_previous,
         "baseline_updated": outcome.baseline_updated, "metrics": today}, indent=1, default=str))
-    where = store.write_text(f"{rel}/report.html", html_document(results, outcome.sweep, preface_markdown=md))
+    where = store.write_text(f"{rel}/report.html", html_document(cat, outcome.sweep, preface_markdown=md))
     return where.rsplit("/", 1)[0]

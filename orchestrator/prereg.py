@@ -25,86 +25,54 @@ any unit runs. Registered files are append-only: a file whose hash changed after
 the launch fail (exit 2), and the report flags it. A change is a *new* file with
 ``amends = "<sha256 of the file it amends>"``; its predictions replace those with the same ``id``, and
 the report marks them amended, and whether results already existed when the amendment was registered.
+
+Registration (here) happens at launch; scoring is ``reports.predictions.score`` (``report
+predictions``, ``report all``), which also holds the prediction file model shared by both.
 """
 
 from __future__ import annotations
 
-import hashlib
-import tomllib
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-
 from orchestrator.errors import SpecError
+from reports.predictions import (
+    Prediction,
+    PredictionFile,
+    PredictionFileError,
+    parse,
+    registrations,
+    sha256,
+)
 
-
-class Prediction(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-    id: str = Field(min_length=1)
-    statement: str = Field(min_length=1)
-    table: str
-    where: str = "true"
-    every: str | None = None
-    aggregate: str | None = None
-    measure: str | None = None
-    label: str | None = None
-    noun: str = "rows"
-
-    @model_validator(mode="after")
-    def _one_test(self) -> Prediction:
-        if (self.every is None) == (self.aggregate is None):
-            raise ValueError("give exactly one of `every` (each matching row) or `aggregate` (all of them)")
-        return self
-
-
-class PredictionFile(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-    sweep: str
-    description: str | None = None
-    author: str | None = None
-    amends: str | None = None
-    predictions: list[Prediction] = Field(min_length=1)
-
-
-def sha256(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
+__all__ = ["Prediction", "PredictionFile", "parse_file", "plan_registration", "registrations", "sha256",
+           "write_registrations"]
 
 
 def parse_file(text: str, path: str) -> PredictionFile:
+    """``reports.predictions.parse``, its problems raised as a SpecError (exit 2, nothing written)."""
     try:
-        raw = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise SpecError(path, [f"not valid TOML: {exc}"]) from None
-    try:
-        pf = PredictionFile.model_validate(raw)
-    except ValidationError as exc:
-        raise SpecError(path, [f"{'.'.join(str(p) for p in e['loc']) or '<top level>'}: {e['msg']}"
-                               for e in exc.errors(include_url=False)]) from None
-    ids = [p.id for p in pf.predictions]
-    dupes = sorted({i for i in ids if ids.count(i) > 1})
-    if dupes:
-        raise SpecError(path, [f"predictions: duplicate ids {dupes}"])
-    return pf
+        return parse(text, path)
+    except PredictionFileError as exc:
+        raise SpecError(path, exc.problems) from None
 
 
 def _check_sql(pf: PredictionFile, path: str) -> None:
     """Run every prediction against empty typed views, so a typo fails at launch, not at report."""
     import tempfile
 
-    from storage.catalog import QueryError
+    from reports.predictions import evaluate
+    from storage.catalog import QueryError, open_catalog
     from storage.schemas import TABLES
 
     problems = []
-    with tempfile.TemporaryDirectory() as empty:
+    with tempfile.TemporaryDirectory() as empty, open_catalog(empty) as cat:
         for i, p in enumerate(pf.predictions):
             if p.table not in TABLES:
                 problems.append(f"predictions[{i}] ({p.id}).table: unknown table {p.table!r}; allowed: {', '.join(TABLES)}")
                 continue
             try:
-                evaluate(empty, pf.sweep, p)
+                evaluate(cat, pf.sweep, p)
             except QueryError as exc:
                 problems.append(f"predictions[{i}] ({p.id}): {exc}")
     if problems:
@@ -144,58 +112,6 @@ def plan_registration(store: Any, sweep: str, paths: list[str]) -> list[dict[str
     return new
 
 
-def registrations(store: Any, sweep: str) -> list[dict[str, Any]]:
-    rows = [r for p in store.parquet_files("preregistrations", sweep) for r in store.read_table(p).to_pylist()]
-    return sorted(rows, key=lambda r: r["registered_at"])
-
-
 def write_registrations(store: Any, sweep: str, rows: list[dict[str, Any]]) -> None:
     for row in rows:
         store.write("preregistrations", sweep, row["sha256"][:20], [row])
-
-
-def evaluate(results: str | Path, sweep: str, p: Prediction) -> dict[str, Any]:
-    """Score one prediction over the sweep's rows (read-only DuckDB)."""
-    from storage.catalog import read_only_query
-
-    scope = f"FROM {p.table} WHERE sweep = '{sweep.replace(chr(39), '')}' AND ({p.where})"
-    out: dict[str, Any] = {"counterexample": None, "measured": None}
-    if p.every is not None:
-        row = read_only_query(results, f"SELECT count(*) AS n, count(*) FILTER (WHERE coalesce(({p.every}), false)) AS k {scope}").to_pylist()[0]
-        n, k = int(row["n"]), int(row["k"])
-        out.update(status="confirmed" if n > 0 and k == n else "refuted", support=f"{k}/{n}", matched=n)
-        if k < n:
-            label = p.label or "unit_id"
-            bad = read_only_query(results, f"SELECT {label} AS label {scope} AND NOT coalesce(({p.every}), false) ORDER BY 1 LIMIT 1").to_pylist()
-            out["counterexample"] = str(bad[0]["label"]) if bad else None
-    else:
-        measure = f", ({p.measure}) AS measured" if p.measure else ""
-        row = read_only_query(results, f"SELECT count(*) AS n, coalesce(({p.aggregate}), false) AS ok{measure} {scope}").to_pylist()[0]
-        n = int(row["n"])
-        ok = bool(row["ok"]) and n > 0
-        out.update(status="confirmed" if ok else "refuted", support=f"{'holds' if ok else 'fails'} over {n}", matched=n,
-                   measured=row.get("measured"))
-    return out
-
-
-def score(results: str | Path, store: Any, sweep: str) -> list[dict[str, Any]]:
-    """One row per prediction in force (amendments replace earlier predictions with the same id)."""
-    in_force: dict[str, dict[str, Any]] = {}
-    for reg in registrations(store, sweep):
-        pf = parse_file(reg["text"], reg["path"])
-        on_disk = Path(reg["path"])
-        edited = on_disk.is_file() and sha256(on_disk.read_text(encoding="utf-8")) != reg["sha256"]
-        for p in pf.predictions:
-            amended = p.id in in_force or pf.amends is not None
-            in_force[p.id] = {
-                "prediction": p.id, "statement": p.statement, "p": p, "file": reg["path"],
-                "sha256": reg["sha256"], "amended": amended,
-                "amended_after_results": bool(amended and reg["results_existed"]),
-                "file_edited_after_registration": edited,
-            }
-    rows = []
-    for entry in in_force.values():
-        p = entry.pop("p")
-        result = evaluate(results, sweep, p)
-        rows.append({"sweep": sweep, **entry, **result, "noun": p.noun if p.every is not None else None})
-    return rows

@@ -25,6 +25,17 @@ def pytest_configure(config: pytest.Config) -> None:
 
     torch.set_num_threads(1)
 
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread() -> None:
+    """Every test starts with one intra-op thread, even after a test that changed it and did not
+    restore it (pytest_configure sets it once per process, xdist workers included)."""
+    import torch  # already imported by pytest_configure
+
+    if torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
+
+
 TINY_SPEC = """
 question = "Do the INT8 epilogue orders agree on tiny shapes?"
 name = "{name}"

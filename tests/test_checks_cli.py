@@ -5,22 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 from typer.testing import CliRunner
 
 from orchestrator.cli.main import app
 
 runner = CliRunner()
 SMALL = ["--shape", "32x300x24", "--shape", "17x1000x9", "--trials", "4"]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Small matmuls: one thread is faster, and immune to OpenMP spinning on a busy machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def _run(*args: str):

@@ -52,8 +52,8 @@ def test_precision_defects_pass_exact_match_but_not_bounds() -> None:
 def _allclose_passes(attr: str) -> bool:
     import _planted_kernels as planted
 
-    from tasks.kinds.kdepth import draw_operands
     from tasks.kernels import get_kernel
+    from tasks.kinds.kdepth import draw_operands
 
     ok = True
     for i, (m, k, n) in enumerate(SHAPES):

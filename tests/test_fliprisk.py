@@ -1,10 +1,11 @@
-"""The flip-risk model (storage/fliprisk.py) and `report flips`: synthetic teacher-forced data whose
+"""The flip-risk model (reports/fliprisk.py) and `report flips`: synthetic teacher-forced data whose
 flip probability falls with the margin, degenerate data, and the CLI's JSON."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -12,7 +13,8 @@ from sklearn.metrics import roc_auc_score
 from typer.testing import CliRunner
 
 from orchestrator.cli.main import app
-from storage import fliprisk as fr
+from reports import fliprisk as fr
+from storage.catalog import open_catalog
 from storage.store import ResultStore
 
 runner = CliRunner()
@@ -158,6 +160,17 @@ def write_teacher_forced(root: Path, sweep: str, ref_arm: str, arm: str, data: f
     ResultStore(root).write("teacher_forced", sweep, f"{ref_arm}-{arm}", rows)
 
 
+def _load(results: Path, **filters: Any) -> fr.FlipData:
+    """``fliprisk.load`` over a catalog opened for this one call (the tests write between calls)."""
+    with open_catalog(results) as cat:
+        return fr.load(cat, **filters)
+
+
+def _flip_report(results: Path, **options: Any) -> dict[str, Any]:
+    with open_catalog(results) as cat:
+        return fr.flip_report(cat, **options)
+
+
 @pytest.fixture
 def tf_results(tmp_path: Path) -> Path:
     root = tmp_path / "results"
@@ -169,17 +182,17 @@ def tf_results(tmp_path: Path) -> Path:
 
 
 def test_load_pulls_margins_and_flips_with_duckdb(tf_results: Path) -> None:
-    d = fr.load(tf_results)
+    d = _load(tf_results)
     assert len(d) == 4000 and [p["ref_arm"] for p in d.pairs] == ["cutlass", "cutlass-pow2"]
     assert len(np.unique(d.sequence)) == 80  # 40 reference sequences per reference arm
-    one = fr.load(tf_results, ref_arm="cutlass", arm="triton")
+    one = _load(tf_results, ref_arm="cutlass", arm="triton")
     assert len(one) == 2000 and one.flip.sum() == synthetic(n_seq=40).flip.sum()
     # a missing margin is dropped and counted; a reference argmax != its own token is counted
     ResultStore(tf_results).write("teacher_forced", "e2e", "odd", [
         {"unit_id": "odd", "experiment": "e2e", "ref_arm": "cutlass", "ref_restart": 0, "arm": "triton",
          "prompt_index": 99, "position": 0, "ref_token": 1, "ref_argmax": 2, "ref_margin": None,
          "arm_argmax": 2, "arm_margin": 0.1, "flip": False}])
-    d = fr.load(tf_results, arm="triton")
+    d = _load(tf_results, arm="triton")
     assert (len(d), d.dropped, d.ref_mismatch) == (2000, 1, 1)
 
 
@@ -251,12 +264,12 @@ def test_docs_queries_recompute_the_reports(tmp_path: Path) -> None:
     first = run_named(root, "first_divergence", sweep=None).to_pylist()
     assert [r["first_divergence"] for r in q[3]] == [r["first_divergence"] for r in first]
 
-    rep = fr.flip_report(root, resamples=10)
+    rep = _flip_report(root, resamples=10)
     pairs = rep["pairs"]
     assert [(r["positions"], r["flips"]) for r in q[4]] == [(p["positions"], p["flips"]) for p in pairs]
     assert [r["flip_rate"] for r in q[4]] == pytest.approx([p["flip_rate"] for p in pairs])
     assert q[5][0]["auc"] == pytest.approx(pairs[0]["auc"], abs=1e-12) and q[5][1]["auc"] is None
-    one = fr.flip_report(root, ref_arm="cutlass", arm="triton", resamples=10)
+    one = _flip_report(root, ref_arm="cutlass", arm="triton", resamples=10)
     c90 = next(c for c in one["concentration"] if c["flip_share"] == 0.9)
     assert len(q[6]) == 1 and q[6][0]["margin_90"] == c90["margin"] == pairs[0]["concentration_margin"]
     assert q[6][0]["share_of_positions"] == pytest.approx(c90["share_of_positions"])

@@ -6,126 +6,55 @@ Thin over :mod:`tasks.checks`; runs in this process (no Ray).  Exit code 0 when 
 
 from __future__ import annotations
 
-import json
-import sys
-from enum import Enum
 from typing import Any
 
 import typer
 
-from orchestrator.cli.common import err
+from orchestrator.cli.check_options import (
+    DeviceOpt,
+    Dtype,
+    DtypeOpt,
+    KernelOpt,
+    OperandsOpt,
+    OutFormat,
+    ParamOpt,
+    Scales,
+    ScalesOpt,
+    SeedOpt,
+    ShapeOpt,
+    TrialsOpt,
+    input_kinds,
+    out_dtype,
+    params,
+    run_checks,
+    shapes,
+)
 
 app = typer.Typer(
     help="Check one kernel: exact match on binary inputs, error bounds on general inputs (docs/checks.md).",
     no_args_is_help=True,
 )
 
-#: Shapes checked when none is named: not multiples of typical tile sizes, one decode-like row.
-DEFAULT_SHAPES = ("64x1000x48", "127x2049x65", "1x4096x33")
-DTYPES = {
-    "bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16",
-    "half": "float16", "float32": "float32", "fp32": "float32",
-}  # fmt: skip
-
-
-class OutFormat(str, Enum):
-    table = "table"
-    json = "json"
-
-
-KERNEL_HELP = "Kernel: a registry name, an entry-point name, or package.module:attr (a Kernel, a factory, or a plain f(A, B) -> C)."
-DTYPE_HELP = "Output dtype (bfloat16, float16, float32); a plain f(A, B) gets its operands in it too."
-SHAPE_HELP = f"Problem MxKxN; repeat for several. Default: {', '.join(DEFAULT_SHAPES)}."
-PARAM_HELP = "Kernel parameter KEY=VALUE (VALUE read as JSON if it parses, else a string); repeatable."
-
-
-class _BadInput(Exception):
-    pass
-
-
-def _shapes(shape: list[str] | None) -> list[tuple[int, int, int]]:
-    out = []
-    for s in shape or list(DEFAULT_SHAPES):
-        parts = s.lower().replace("×", "x").split("x")
-        try:
-            m, k, n = (int(p) for p in parts)
-        except ValueError:
-            raise _BadInput(f"--shape {s!r}: expected MxKxN with three positive integers, e.g. 64x1000x48") from None
-        if min(m, k, n) < 1:
-            raise _BadInput(f"--shape {s!r}: M, K and N must be >= 1")
-        out.append((m, k, n))
-    return out
-
-
-def _params(param: list[str] | None) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for p in param or []:
-        key, sep, value = p.partition("=")
-        if not sep or not key.strip():
-            raise _BadInput(f"--param {p!r}: expected KEY=VALUE")
-        try:
-            out[key.strip()] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key.strip()] = value
-    return out
-
-
-def _dtype(dtype: str) -> Any:
-    import torch
-
-    key = dtype.strip().lower().removeprefix("torch.")
-    if key not in DTYPES:
-        raise _BadInput(f"--dtype {dtype!r}: allowed bfloat16, float16, float32 (or bf16, fp16, fp32)")
-    return getattr(torch, DTYPES[key])
-
-
-def _inputs(inputs: list[str] | None) -> tuple[str, ...]:
-    from tasks.checks import INPUT_KINDS
-
-    kinds = [k.strip() for item in (inputs or []) for k in item.split(",") if k.strip()]
-    return tuple(kinds) if kinds else INPUT_KINDS
-
-
-def _run(fn: Any, fmt: OutFormat) -> None:
-    """Run ``fn() -> list[CheckResult]``, print, exit 0/1; bad input exits 2."""
-    from tasks.checks import CheckInputError, combined
-
-    try:
-        results = fn()
-    except (_BadInput, CheckInputError) as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True)
-        raise typer.Exit(2) from None
-    if fmt is OutFormat.json:
-        obj = results[0].to_dict() if len(results) == 1 else combined(results)
-        sys.stdout.write(json.dumps(obj, default=str) + "\n")
-    else:
-        typer.echo("\n\n".join(r.text() for r in results))
-        if len(results) > 1:
-            overall = combined(results)
-            typer.echo(f"\noverall: {overall['verdict']} ({'pass' if overall['passed'] else 'FAIL'})")
-    ok = all(r.passed for r in results)
-    raise typer.Exit(0 if ok else 1)
-
 
 def _subject(kernel: str, param: list[str] | None, device: str | None, operands: str | None) -> Any:
     from tasks.checks import load_subject
 
-    return load_subject(kernel, _params(param), device=device, operands=operands)
+    return load_subject(kernel, params(param), device=device, operands=operands)
 
 
 @app.command("exact-match")
 def exact_match(
-    kernel: str = typer.Option(..., "--kernel", "-k", help=KERNEL_HELP),
-    dtype: str = typer.Option("bfloat16", "--dtype", help=DTYPE_HELP),
-    trials: int = typer.Option(20, "--trials", help="Fresh draws of operands per shape."),
-    shape: list[str] = typer.Option(None, "--shape", help=SHAPE_HELP),
-    seed: int = typer.Option(0, "--seed", help="Base seed (each trial's operands derive from it)."),
+    kernel: KernelOpt,
+    dtype: DtypeOpt = Dtype.bfloat16,
+    trials: TrialsOpt = 20,
+    shape: ShapeOpt = None,
+    seed: SeedOpt = 0,
     p: float = typer.Option(None, "--p", help="Force P(entry is 0) instead of deriving it from K and the output format."),
     overflow: float = typer.Option(0.01, "--overflow", help="Expected fraction of outputs allowed above the exact range when deriving p."),
-    scales: str = typer.Option("pow2", "--scales", help="Scaled kernels: pow2 (random powers of two per token and channel) or unit."),
-    operands: str = typer.Option(None, "--operands", help="Scaled kernels taking either: int8 (default) or fp8_e4m3."),
-    device: str = typer.Option(None, "--device", help="cpu or cuda (default: the kernel's; cpu for a plain f(A, B))."),
-    param: list[str] = typer.Option(None, "--param", help=PARAM_HELP),
+    scales: ScalesOpt = Scales.pow2,
+    operands: OperandsOpt = None,
+    device: DeviceOpt = None,
+    param: ParamOpt = None,
     fmt: OutFormat = typer.Option(OutFormat.table, "--format", help="table or json (one JSON object)."),
 ) -> None:
     """Exact match on binary inputs (CUDA-L2's check): 0/1 operands, sparse enough that the
@@ -140,26 +69,26 @@ def exact_match(
         from tasks.checks import run_exact_match
 
         subject = _subject(kernel, param, device, operands)
-        return [run_exact_match(subject, _shapes(shape), _dtype(dtype), trials, seed, scales, p, overflow)]
+        return [run_exact_match(subject, shapes(shape), out_dtype(dtype), trials, seed, scales.value, p, overflow)]
 
-    _run(go, fmt)
+    run_checks(go, fmt)
 
 
 @app.command("bounds")
 def bounds(
-    kernel: str = typer.Option(..., "--kernel", "-k", help=KERNEL_HELP),
+    kernel: KernelOpt,
     algorithm: str = typer.Option("any", "--algorithm", "-a", help="any (default), sequential, pairwise, blocked-<b>, exact or slots16."),
     accumulate: str = typer.Option("fp32", "--accumulate", help="The algorithm's accumulation format (fp32, bf16, fp16)."),
     fma: bool = typer.Option(True, "--fma/--no-fma", help="Whether the algorithm fuses each product into its addition."),
     inputs: list[str] = typer.Option(None, "--inputs", help="Input kinds, in turn per trial: randn, uniform-positive, mixed-scale (default all)."),
-    dtype: str = typer.Option("bfloat16", "--dtype", help=DTYPE_HELP),
-    trials: int = typer.Option(20, "--trials", help="Fresh draws of operands per shape."),
-    shape: list[str] = typer.Option(None, "--shape", help=SHAPE_HELP),
-    seed: int = typer.Option(0, "--seed", help="Base seed (each trial's operands derive from it)."),
-    scales: str = typer.Option("pow2", "--scales", help="Scaled kernels: pow2 (random powers of two per token and channel) or unit."),
-    operands: str = typer.Option(None, "--operands", help="Scaled kernels taking either: int8 (default) or fp8_e4m3."),
-    device: str = typer.Option(None, "--device", help="cpu or cuda (default: the kernel's; cpu for a plain f(A, B))."),
-    param: list[str] = typer.Option(None, "--param", help=PARAM_HELP),
+    dtype: DtypeOpt = Dtype.bfloat16,
+    trials: TrialsOpt = 20,
+    shape: ShapeOpt = None,
+    seed: SeedOpt = 0,
+    scales: ScalesOpt = Scales.pow2,
+    operands: OperandsOpt = None,
+    device: DeviceOpt = None,
+    param: ParamOpt = None,
     fmt: OutFormat = typer.Option(OutFormat.table, "--format", help="table or json (one JSON object)."),
 ) -> None:
     """Error bounds on general inputs: every output on randn and adversarial operands must be one
@@ -174,25 +103,25 @@ def bounds(
         from tasks.checks import run_bounds
 
         subject = _subject(kernel, param, device, operands)
-        return [run_bounds(subject, _shapes(shape), algorithm, _dtype(dtype), trials, seed,
-                           _inputs(inputs), accumulate, fma, scales)]  # fmt: skip
+        return [run_bounds(subject, shapes(shape), algorithm, out_dtype(dtype), trials, seed,
+                           input_kinds(inputs), accumulate, fma, scales.value)]  # fmt: skip
 
-    _run(go, fmt)
+    run_checks(go, fmt)
 
 
 @app.command("all")
 def all_(
-    kernel: str = typer.Option(..., "--kernel", "-k", help=KERNEL_HELP),
+    kernel: KernelOpt,
     algorithm: str = typer.Option("any", "--algorithm", "-a", help="Bounds: any (default), sequential, pairwise, blocked-<b>, exact or slots16."),
     accumulate: str = typer.Option("fp32", "--accumulate", help="Bounds: the algorithm's accumulation format."),
-    dtype: str = typer.Option("bfloat16", "--dtype", help=DTYPE_HELP),
+    dtype: DtypeOpt = Dtype.bfloat16,
     trials: int = typer.Option(20, "--trials", help="Fresh draws of operands per shape, for each check."),
-    shape: list[str] = typer.Option(None, "--shape", help=SHAPE_HELP),
+    shape: ShapeOpt = None,
     seed: int = typer.Option(0, "--seed", help="Base seed."),
-    scales: str = typer.Option("pow2", "--scales", help="Scaled kernels: pow2 or unit."),
-    operands: str = typer.Option(None, "--operands", help="Scaled kernels taking either: int8 (default) or fp8_e4m3."),
+    scales: Scales = typer.Option(Scales.pow2, "--scales", help="Scaled kernels: pow2 or unit."),
+    operands: OperandsOpt = None,
     device: str = typer.Option(None, "--device", help="cpu or cuda."),
-    param: list[str] = typer.Option(None, "--param", help=PARAM_HELP),
+    param: ParamOpt = None,
     fmt: OutFormat = typer.Option(OutFormat.table, "--format", help="table or json (one JSON object with both checks)."),
 ) -> None:
     """Both checks (exact match, then bounds) on the shapes you name or a default set; the verdict
@@ -205,10 +134,10 @@ def all_(
         from tasks.checks import run_bounds, run_exact_match
 
         subject = _subject(kernel, param, device, operands)
-        shapes, dt = _shapes(shape), _dtype(dtype)
+        sh, dt = shapes(shape), out_dtype(dtype)
         return [
-            run_exact_match(subject, shapes, dt, trials, seed, scales),
-            run_bounds(subject, shapes, algorithm, dt, trials, seed, _inputs(None), accumulate, True, scales),
+            run_exact_match(subject, sh, dt, trials, seed, scales.value),
+            run_bounds(subject, sh, algorithm, dt, trials, seed, input_kinds(None), accumulate, True, scales.value),
         ]
 
-    _run(go, fmt)
+    run_checks(go, fmt)

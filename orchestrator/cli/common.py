@@ -15,8 +15,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from orchestrator.errors import SwapcheckError
-from storage.errors import QueryError
+from orchestrator.errors import exit_code_for
 
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
@@ -42,15 +41,19 @@ FormatOpt = Annotated[Format, typer.Option("--format", help="table, json, csv or
 
 @contextmanager
 def user_errors() -> Iterator[None]:
-    """Translate swapcheck's named errors into a message and their exit code (2 = bad input)."""
+    """The one place an error becomes a message and an exit code (orchestrator.errors' table).
+
+    An error :func:`~orchestrator.errors.exit_code_for` knows prints ``error: <message>`` on stderr
+    and exits with its code (2 = bad input); anything else (a bug, ``typer.Exit``) propagates.
+    """
     try:
         yield
-    except SwapcheckError as exc:
+    except Exception as exc:
+        code = exit_code_for(exc)
+        if code is None:
+            raise
         err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, markup=True)
-        raise typer.Exit(exc.exit_code) from None
-    except QueryError as exc:
-        err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, markup=True)
-        raise typer.Exit(2) from None
+        raise typer.Exit(code) from None
 
 
 def _json_default(v: Any) -> Any:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import typer
 
-from orchestrator.cli.common import Format, emit_rows, user_errors
+from orchestrator.cli.common import Format, FormatOpt, emit_rows, user_errors
 
 app = typer.Typer(help="Kernels swapcheck can run (built-ins, entry points, module:attr).", no_args_is_help=True)
 
 
 @app.command("list")
 def list_(
-    fmt: Format = typer.Option(Format.table, "--format", help="table, json, csv or markdown."),
+    fmt: FormatOpt = Format.table,
     all_: bool = typer.Option(True, "--all/--available", help="Show unavailable kernels too (with the reason)."),
     long: bool = typer.Option(False, "--long", "-l", help="Add each kernel's formula (always in JSON)."),
 ) -> None:

@@ -1,4 +1,4 @@
--- Teacher-forced positions for the flip-risk model (storage/fliprisk.py): one row per scored
+-- Teacher-forced positions for the flip-risk model (reports/fliprisk.py): one row per scored
 -- position with the reference margin and the flip flag. sequence_id numbers the reference
 -- sequences (sweep, ref_arm, ref_restart, prompt_index), the unit the bootstrap resamples;
 -- pair_id numbers the (sweep, ref_arm, arm) pairs.

@@ -1,4 +1,6 @@
 -- K-depth table: one row per (sweep, dtype, impl_a, impl_b, scale_mode, k), summed over seeds.
+-- The one definition of K-depth results: `report kdepth` shows it; conformance, the HTML curves
+-- and the nightly metrics sum it over K (reports.kdepth.pair_totals).
 -- Parameters: $sweep (NULL for every sweep).
 SELECT
     sweep,

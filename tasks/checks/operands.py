@@ -24,10 +24,11 @@ is exact and the checks stay exact.
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 import torch
+
+from tasks.seeds import stable_seed
 
 __all__ = [
     "INPUT_KINDS",
@@ -46,8 +47,7 @@ POW2_RANGE = 2
 
 def generator(*parts: Any) -> torch.Generator:
     """A CPU generator seeded by a hash of ``parts`` (stable across processes and versions)."""
-    digest = hashlib.sha256(repr(parts).encode()).digest()
-    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))
+    return torch.Generator().manual_seed(stable_seed(*parts))
 
 
 def binary(m: int, k: int, n: int, p: float, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from tasks.kernels import Kernel, KernelError, MatmulKernel, get_kernel
+from tasks.numerics.formats import FORMATS, torch_dtype
 
 __all__ = [
     "CheckInputError",
@@ -32,9 +33,10 @@ __all__ = [
 ]
 
 OPERAND_DTYPES = {"int8": torch.int8, "fp8_e4m3": torch.float8_e4m3fn}
-FLOAT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+#: Output dtypes of the checks by short name (tasks.numerics.formats.torch_dtype takes any name).
+FLOAT_DTYPES = {name: torch_dtype(name) for name in ("bf16", "fp16", "fp32")}
 #: Output dtypes a check can judge (those tasks.numerics has a format for).
-FORMAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2)
+FORMAT_DTYPES = tuple(fmt.torch_dtype for fmt in FORMATS.values())
 
 
 class CheckInputError(ValueError):

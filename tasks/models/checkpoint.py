@@ -19,13 +19,14 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+
+from tasks.seeds import stable_seed
 
 if TYPE_CHECKING:
     from .engine import W8A8Model
@@ -82,10 +83,6 @@ COMPRESSED_TENSORS_W8A8: dict[str, Any] = {
 }
 
 
-def _stable_seed(*parts: Any) -> int:
-    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "little") & (2**63 - 1)
-
-
 def tiny_qwen3_config(**overrides: Any) -> Any:
     """The ``tiny-qwen3`` ``Qwen3Config`` (:data:`TINY_QWEN3`, updated by ``overrides``)."""
     from transformers import Qwen3Config
@@ -133,7 +130,7 @@ def tiny_qwen3_float(seed: int = 0, reductions: str = "fp64", **overrides: Any) 
     model = _build_float(tiny_qwen3_config(**overrides), reductions)
     with torch.no_grad():
         for name, p in sorted(model.named_parameters()):
-            g = torch.Generator().manual_seed(_stable_seed("tiny-qwen3", seed, name))
+            g = torch.Generator().manual_seed(stable_seed("tiny-qwen3", seed, name))
             kind = _init_kind(name)
             z = torch.randn(p.shape, generator=g, dtype=torch.float32)
             p.copy_(1.0 + INIT_STD[kind] * z if kind == "norm" else INIT_STD[kind] * z)

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from tasks.kernels.cuda import ALIGNMENT, TRITON_SCALED_MM_MODULE, parse_version
+from tasks.models.evidence import kernel_evidence
 
 __all__ = [
     "CLASS_TO_KERNEL",
@@ -427,12 +428,6 @@ class CallCounter:
 # configured versus observed (§1.3, §7.2)
 
 
-def _kernel_evidence(calls: dict[str, dict[str, int]], configured: str) -> tuple[list[str], bool, str | None]:
-    from tasks.generate import kernel_evidence
-
-    return kernel_evidence(calls, configured)
-
-
 def check_evidence(
     forced: Mapping[str, Any],
     *,
@@ -490,7 +485,7 @@ def check_evidence(
     if layer_calls is not None:
         calls = {n: dict(c) for n, c in layer_calls.items()}
         if len(exp_set) == 1:
-            _, ok, problem = _kernel_evidence(calls, expected[0])
+            _, ok, problem = kernel_evidence(calls, expected[0])
             if not ok and problem:
                 problems.append(f"apply_weights calls: {problem}")
         else:
@@ -506,7 +501,7 @@ def check_evidence(
         if missing_op and not op_calls.get(op):
             problems.append(f"could not count calls of the {op} op (hooks missing: {', '.join(missing_op)})")
         families = {k: int(v) for k, v in op_calls.items() if k in ("cutlass", "triton", "torch")}
-        _, ok, problem = _kernel_evidence({"ops": families}, op)
+        _, ok, problem = kernel_evidence({"ops": families}, op)
         if not ok:
             text = f"run-time op calls {families}: {problem}"
             if op == "cutlass" and families.get("triton"):

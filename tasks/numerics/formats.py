@@ -22,7 +22,7 @@ import numpy as np
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["FloatFormat", "FORMATS", "get_format"]
+__all__ = ["FloatFormat", "FORMATS", "get_format", "torch_dtype"]
 
 
 @dataclass(frozen=True)
@@ -113,12 +113,14 @@ class FloatFormat:
         """The matching ``torch.dtype`` (torch is imported lazily)."""
         import torch
 
-        return getattr(torch, _TORCH_NAMES[self.name])
+        dtype: torch.dtype = getattr(torch, _TORCH_NAMES[self.name])
+        return dtype
 
     @property
     def numpy_dtype(self) -> np.dtype[Any]:
         """The matching numpy dtype (ml_dtypes for bf16 and the fp8 formats)."""
-        return np.dtype(_NUMPY_TYPES[self.name])
+        dtype: np.dtype[Any] = np.dtype(_NUMPY_TYPES[self.name])
+        return dtype
 
     @property
     def int_dtype(self) -> np.dtype[Any]:
@@ -200,3 +202,16 @@ def get_format(x: str | torch.dtype | np.dtype[Any] | type | FloatFormat) -> Flo
         f"(aliases: {', '.join(k for k in _ALIASES if k not in FORMATS)}; torch and numpy/ml_dtypes "
         "dtypes of these formats are accepted too)"
     )
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The ``torch.dtype`` of the format called ``name`` (torch is imported lazily).
+
+    ``name`` is a canonical name or an alias of :func:`get_format`, case-insensitive, with or without
+    a ``torch.`` prefix: ``"bf16"``/``"bfloat16"``, ``"fp16"``/``"float16"``/``"half"``,
+    ``"fp32"``/``"float32"``, ``"fp8_e4m3"`` (``float8_e4m3fn``), ``"fp8_e5m2"``.
+
+    Raises:
+        ValueError: an unknown name, listing the valid names and aliases.
+    """
+    return get_format(name).torch_dtype

@@ -1,10 +1,14 @@
 """Reports people would rather look at than read: one self-contained HTML page, or Markdown.
 
-``html_document(results, sweep)`` draws, with matplotlib (images embedded as base64 PNG, so the page
+``html_document(cat, sweep)`` draws, with matplotlib (images embedded as base64 PNG, so the page
 needs no network): the K-depth curves (fraction of differing outputs vs K, log axes, per dtype and
 pair), the per-layer replay heatmap, the ROC curve and calibration plot of the flip-risk model, and
 the tables: agreement, the prediction scorecard, the conformance summary per kernel pair and the
 run's provenance. ``markdown_document`` gives the same tables for terminals and pull requests.
+
+This is the one Markdown/HTML renderer of swapcheck (the nightly report too: ``nightly_markdown``).
+Every number comes from a reports function reading the one named query of its fact through the
+``Catalog`` it is given; a document opens no connection of its own.
 """
 
 from __future__ import annotations
@@ -14,21 +18,17 @@ import html
 import io
 import json
 import re
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from reports import agreement, conformance, fliprisk, kdepth, predictions, replay
+
+if TYPE_CHECKING:
+    from storage.catalog import Catalog
+
+__all__ = ["figures", "flip_figures", "html_document", "kdepth_figures", "markdown_document", "markdown_to_html",
+           "md_table", "nightly_markdown", "replay_figure", "tables"]
 
 SYMLOG_FLOOR = 1e-7
-
-
-def _q(results: str | Path, sql: str) -> list[dict[str, Any]]:
-    from storage.catalog import read_only_query
-
-    return read_only_query(results, sql).to_pylist()
-
-
-def _where(sweep: str | None, alias: str = "") -> str:
-    return "true" if sweep is None else f"{alias}sweep = '" + sweep.replace("'", "") + "'"
-
 
 def _png(fig: Any) -> str:
     import matplotlib.pyplot as plt
@@ -50,16 +50,15 @@ def _figure(width: float, height: float, ncols: int = 1) -> tuple[Any, Any]:
 
 # -- the pictures ----------------------------------------------------------------------------------
 
-def kdepth_figures(results: str | Path, sweep: str | None) -> list[tuple[str, str]]:
-    rows = _q(results, f"""SELECT dtype, impl_a, impl_b, scale_mode, k, sum(differing) / sum(elements) AS frac
-                            FROM kdepth WHERE {_where(sweep)} GROUP BY ALL ORDER BY dtype, impl_a, impl_b, scale_mode, k""")
+def kdepth_figures(cat: Catalog, sweep: str | None) -> list[tuple[str, str]]:
+    rows = kdepth.curves(kdepth.summary(cat, sweep))
     figs = []
     for dtype in sorted({r["dtype"] for r in rows}):
         fig, ax = _figure(7.5, 4.2)
         import matplotlib.pyplot as plt
 
         ax.set_prop_cycle(color=[plt.get_cmap("tab20")(i) for i in range(20)])
-        series: dict[tuple, list] = {}
+        series: dict[tuple[str, str, str], list[tuple[int, float]]] = {}
         for r in rows:
             if r["dtype"] == dtype:
                 series.setdefault((r["impl_a"], r["impl_b"], r["scale_mode"]), []).append((r["k"], r["frac"]))
@@ -79,12 +78,24 @@ def kdepth_figures(results: str | Path, sweep: str | None) -> list[tuple[str, st
     return figs
 
 
-def replay_figure(results: str | Path, sweep: str | None) -> list[tuple[str, str]]:
+def _replay_cells(cat: Catalog, sweep: str | None) -> list[dict[str, Any]]:
+    """Fraction of differing outputs per (layer, pair and scale mode), from ``replay_by_layer``."""
+    cells: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in replay.by_layer(cat, sweep):
+        if r["comparison"] != "pair":
+            continue
+        col = f"{r['impl_a']} vs {r['impl_b']} ({r['scale_mode']})"
+        c = cells.setdefault((r["layer"], col), {"layer": r["layer"], "li": r["layer_index"], "col": col, "d": 0, "e": 0})
+        c["d"] += r["differing"] or 0
+        c["e"] += r["elements"] or 0
+    rows = [{**c, "frac": c["d"] / c["e"] if c["e"] else None} for c in cells.values()]
+    return sorted(rows, key=lambda c: (c["li"] is None, c["li"] or 0, c["layer"], c["col"]))
+
+
+def replay_figure(cat: Catalog, sweep: str | None) -> list[tuple[str, str]]:
     import numpy as np
 
-    rows = _q(results, f"""SELECT layer, any_value(layer_index) AS li, impl_a || ' vs ' || impl_b || ' (' || scale_mode || ')' AS col,
-                                  sum(differing) / sum(elements) AS frac
-                           FROM replay WHERE {_where(sweep)} AND comparison = 'pair' GROUP BY layer, col ORDER BY li, layer, col""")
+    rows = _replay_cells(cat, sweep)
     if not rows:
         return []
     layers = list(dict.fromkeys(r["layer"] for r in rows))
@@ -103,15 +114,13 @@ def replay_figure(results: str | Path, sweep: str | None) -> list[tuple[str, str
     return [("Per-layer replay heatmap", _png(fig))]
 
 
-def flip_figures(results: str | Path, sweep: str | None) -> list[tuple[str, str]]:
+def flip_figures(cat: Catalog, sweep: str | None) -> list[tuple[str, str]]:
     from sklearn.metrics import roc_curve
 
-    from storage import fliprisk
-
-    pairs = _q(results, f"SELECT DISTINCT sweep, ref_arm, arm FROM teacher_forced WHERE {_where(sweep)} ORDER BY ALL")
+    everything = fliprisk.load(cat, sweep=sweep)
     figs = []
-    for p in pairs:
-        data = fliprisk.load(results, sweep=p["sweep"], ref_arm=p["ref_arm"], arm=p["arm"])
+    for pid, p in enumerate(everything.pairs):
+        data = everything.subset(everything.pair == pid)
         if not data.flip.any() or data.flip.all():
             continue
         fig, (ax1, ax2) = _figure(9.5, 3.8, ncols=2)
@@ -141,83 +150,29 @@ def flip_figures(results: str | Path, sweep: str | None) -> list[tuple[str, str]
 
 # -- the tables ------------------------------------------------------------------------------------
 
-def conformance(results: str | Path, sweep: str | None) -> list[dict[str, Any]]:
-    """One line per kernel pair: what every experiment says about swapping one for the other."""
-    out: dict[tuple[str, str], dict[str, Any]] = {}
-
-    def line(a: str, b: str) -> dict[str, Any]:
-        return out.setdefault((a, b), {"pair": f"{a} vs {b}", "kdepth": "", "replay": "", "end to end": ""})
-
-    for r in _q(results, f"""SELECT dtype, impl_a, impl_b, scale_mode, sum(differing)::BIGINT AS d, sum(elements)::BIGINT AS e,
-                                    max(max_spacing_significant) AS ms FROM kdepth
-                             WHERE {_where(sweep)} AND comparison = 'pair' GROUP BY ALL ORDER BY ALL"""):
-        cell = line(r["impl_a"], r["impl_b"])
-        verdict = "identical" if r["d"] == 0 else f"{1e6 * r['d'] / r['e']:.3g} ppm differ, max {r['ms']} sp"
-        cell["kdepth"] += f"{r['dtype']}/{r['scale_mode']}: {verdict}; "
-    for r in _q(results, f"""SELECT impl_a, impl_b, scale_mode, count(DISTINCT layer) AS n,
-                                    count(DISTINCT layer) FILTER (WHERE bitwise_equal) AS k, max(max_spacing) AS ms
-                             FROM replay WHERE {_where(sweep)} AND comparison = 'pair' GROUP BY ALL ORDER BY ALL"""):
-        line(r["impl_a"], r["impl_b"])["replay"] += f"{r['scale_mode']}: {r['k']}/{r['n']} layers identical (max {r['ms']} sp); "
-    for r in _q(results, f"""SELECT ra.configured_kernel AS ka, rb.configured_kernel AS kb, ra.scales AS scales,
-                                    count(*) AS n, count(*) FILTER (WHERE a.sequence_hash = b.sequence_hash) AS k
-                             FROM sequences a JOIN sequences b ON a.sweep = b.sweep AND a.prompt_index = b.prompt_index
-                                  AND a.restart = 0 AND b.restart = 0 AND a.arm < b.arm
-                             JOIN arm_runs ra ON ra.unit_id = a.unit_id JOIN arm_runs rb ON rb.unit_id = b.unit_id
-                             WHERE {_where(sweep, "a.")} AND ra.scales = rb.scales AND ra.configured_kernel <> rb.configured_kernel
-                             GROUP BY ALL ORDER BY ALL"""):
-        a, b = sorted((r["ka"], r["kb"]))
-        line(a, b)["end to end"] += f"{r['scales']}: {r['k']}/{r['n']} sequences identical; "
-    return [{k: v.rstrip("; ") for k, v in d.items()} for d in out.values()]
-
-
-def check_rows(results: str | Path, sweep: str | None) -> list[dict[str, Any]]:
-    """Worst check verdict per (sweep, kernel, check, output format), from the nightly metrics."""
-    from storage.store import open_store
-    from storage.summary import check_metrics
-
-    rows = []
-    for sw in ([sweep] if sweep else open_store(results).sweeps()):
-        for name, m in check_metrics(results, sw).items():
-            _, table, rest = name.split("/", 2)
-            kernel, dtype, _ = rest.rsplit("/", 2)
-            rows.append({"sweep": sw, "kernel": kernel, "check": table, "output": dtype, "verdict": m["value"]})
-    return rows
-
-
-def tables(results: str | Path, sweep: str | None) -> list[tuple[str, list[dict[str, Any]]]]:
-    from orchestrator import prereg
-    from storage.catalog import run_named
-    from storage.store import open_store
-
-    out: list[tuple[str, list[dict[str, Any]]]] = [("Conformance summary per kernel pair", conformance(results, sweep))]
-    checks = check_rows(results, sweep)
-    if checks:
-        out.append(("Kernel checks (worst verdict over trials and shapes)", checks))
-    self_rows = run_named(results, "self_reproducibility", sweep=sweep).to_pylist()
-    if self_rows:
-        out.append(("Self-reproducibility across cold restarts",
-                    [{"arm": r["arm"], "identical": f"{r['identical']}/{r['total']}", "restarts": r.get("restarts")}
-                     for r in self_rows]))
-        cross = run_named(results, "cross_arm", sweep=sweep).to_pylist()
-        out.append(("Cross-arm agreement (restart 0)",
-                    [{"pair": f"{r['arm_a']} vs {r['arm_b']}", "identical": f"{r['identical']}/{r['total']}"} for r in cross]))
-    store = open_store(results)
-    sweeps = [sweep] if sweep else store.sweeps()
-    preds = [r for s in sweeps for r in prereg.score(results, store, s)]
-    if preds:
-        out.append(("Pre-registered predictions", [
-            {"sweep": r["sweep"], "prediction": r["prediction"], "status": r["status"].upper(),
-             "support": f"{r['support']} {r['noun'] or ''}".strip(), "counterexample": r["counterexample"] or "",
-             "amended": "after results" if r["amended_after_results"] else ("yes" if r["amended"] else "")}
-            for r in preds]))
-    launches = _q(results, f"SELECT sweep, launch_id, status, n_units, n_ok, n_failed, provenance_json FROM launches WHERE {_where(sweep)} ORDER BY started_at")
+def provenance(cat: Catalog, sweep: str | None) -> list[dict[str, Any]]:
+    """One line per launch: status, unit counts, host, cpu and library versions (``launches``)."""
     prov = []
-    for r in launches:
+    for r in cat.named("launches", sweep=sweep):
         p = json.loads(r["provenance_json"] or "{}")
         v = p.get("versions", {})
         prov.append({"sweep": r["sweep"], "launch": r["launch_id"], "status": r["status"], "units": r["n_units"],
                      "ok": r["n_ok"], "failed": r["n_failed"], "host": p.get("host"), "cpu": p.get("cpu"),
                      "versions": ", ".join(f"{k} {val}" for k, val in v.items() if val)})
+    return prov
+
+
+def tables(cat: Catalog, sweep: str | None) -> list[tuple[str, list[dict[str, Any]]]]:
+    out: list[tuple[str, list[dict[str, Any]]]] = [
+        ("Conformance summary per kernel pair", conformance.conformance(cat, sweep))]
+    checks = conformance.check_rows(cat, sweep)
+    if checks:
+        out.append(("Kernel checks (worst verdict over trials and shapes)", checks))
+    out += agreement.summary_tables(cat, sweep)
+    preds = predictions.score_sweeps(cat, sweep)
+    if preds:
+        out.append(("Pre-registered predictions", predictions.report_rows(preds)))
+    prov = provenance(cat, sweep)
     if prov:
         out.append(("Provenance", prov))
     return out
@@ -225,7 +180,7 @@ def tables(results: str | Path, sweep: str | None) -> list[tuple[str, list[dict[
 
 # -- rendering -------------------------------------------------------------------------------------
 
-def _md_table(rows: list[dict[str, Any]]) -> str:
+def md_table(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "(no rows)\n"
     cols = list(rows[0])
@@ -234,10 +189,10 @@ def _md_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def markdown_document(results: str | Path, sweep: str | None = None) -> str:
+def markdown_document(cat: Catalog, sweep: str | None = None) -> str:
     parts = [f"# swapcheck report{'' if sweep is None else ': ' + sweep}\n"]
-    for title, rows in tables(results, sweep):
-        parts.append(f"## {title}\n\n{_md_table(rows)}")
+    for title, rows in tables(cat, sweep):
+        parts.append(f"## {title}\n\n{md_table(rows)}")
     return "\n".join(parts)
 
 
@@ -281,18 +236,60 @@ th{background:#f3f3f3}code{background:#f6f6f6;padding:0 3px}img{max-width:100%;b
 h1{font-size:1.5em}h2{font-size:1.25em;margin-top:1.5em}h3{font-size:1.1em}"""
 
 
-def html_document(results: str | Path, sweep: str | None = None, preface_markdown: str | None = None) -> str:
+def figures(cat: Catalog, sweep: str | None) -> list[tuple[str, str]]:
+    """Every figure of the HTML report: (title, data URI of the PNG)."""
+    return kdepth_figures(cat, sweep) + replay_figure(cat, sweep) + flip_figures(cat, sweep)
+
+
+def html_document(cat: Catalog, sweep: str | None = None, preface_markdown: str | None = None) -> str:
     body = []
     if preface_markdown:
         body.append(markdown_to_html(preface_markdown))
     else:
         body.append(f"<h1>swapcheck report{'' if sweep is None else ': ' + html.escape(sweep)}</h1>")
-    figures = kdepth_figures(results, sweep) + replay_figure(results, sweep) + flip_figures(results, sweep)
-    if figures:
+    figs = figures(cat, sweep)
+    if figs:
         body.append("<h2>Figures</h2>")
-        for title, uri in figures:
+        for title, uri in figs:
             body.append(f"<h3>{html.escape(title)}</h3><img alt=\"{html.escape(title)}\" src=\"{uri}\">")
-    for title, rows in tables(results, sweep):
-        body.append(f"<h2>{html.escape(title)}</h2>" + markdown_to_html(_md_table(rows)))
+    for title, rows in tables(cat, sweep):
+        body.append(f"<h2>{html.escape(title)}</h2>" + markdown_to_html(md_table(rows)))
     return (f"<!doctype html><html><head><meta charset=\"utf-8\"><title>swapcheck report</title>"
             f"<style>{STYLE}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
+
+
+# -- the nightly report ----------------------------------------------------------------------------
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return "—" if v is None else str(v)
+
+
+def nightly_markdown(outcome: Any, today: dict[str, Any], base: dict[str, Any] | None) -> str:
+    """The nightly report (``orchestrator.nightly.NightlyOutcome``): verdict, changes, today's metrics."""
+    verdict = ("REGRESSION" if outcome.regressions else "no regression") if base else "baseline created"
+    lines = [f"# Nightly {outcome.sweep}: {verdict}", ""]
+    if base:
+        lines += [f"Baseline: sweep `{base.get('sweep')}` ({base.get('created_at', '?')}); "
+                  f"{len(today)} metrics today, {len(outcome.changes)} changed, {len(outcome.regressions)} regressed.", ""]
+    if outcome.baseline_updated:
+        lines += ["The baseline was updated to today's metrics (--update-baseline).", ""]
+
+    def table(title: str, changes: list[dict[str, Any]]) -> None:
+        lines.extend([f"## {title}", ""])
+        if not changes:
+            lines.extend(["No change.", ""])
+            return
+        lines.extend(["| metric | rule | before | today | change | regression |", "|---|---|---|---|---|---|"])
+        for c in changes:
+            lines.append(f"| `{c['metric']}` | {c['rule']} | {_fmt(c['baseline'])} | {_fmt(c['today'])} | {c['kind']} | "
+                         f"{'**yes**' if c['regression'] else 'no'} |")
+        lines.append("")
+    if base:
+        table("Since the baseline", outcome.changes)
+    if outcome.previous:
+        table(f"Since the previous night ({outcome.previous})", outcome.since_previous)
+    lines += ["## Today's metrics", "", "| metric | rule | value |", "|---|---|---|"]
+    lines += [f"| `{k}` | {m['rule']} | {_fmt(m['value'])} |" for k, m in today.items()]
+    return "\n".join(lines) + "\n"

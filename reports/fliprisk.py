@@ -33,10 +33,12 @@ positions, no flips, only flips) give ``None`` with a note, never a made-up numb
 from __future__ import annotations
 
 import math
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from storage.catalog import Catalog
 
 __all__ = [
     "DECADE_EDGES",
@@ -87,7 +89,7 @@ class FlipData:
         return FlipData(self.margin[mask], self.flip[mask], self.sequence[mask], self.pair[mask])
 
 
-def load(results: str | Path, sweep: str | None = None, ref_arm: str | None = None,
+def load(cat: Catalog, sweep: str | None = None, ref_arm: str | None = None,
          arm: str | None = None) -> FlipData:
     """Pull (ref_margin, flip) and the sequence/pair ids from ``teacher_forced`` with DuckDB.
 
@@ -95,9 +97,7 @@ def load(results: str | Path, sweep: str | None = None, ref_arm: str | None = No
     (``dropped``); ``ref_mismatch`` counts positions where the reference arm's own argmax is not the
     token it generated (should be 0: teacher forcing reproduces greedy decoding).
     """
-    from storage.catalog import run_named
-
-    t = run_named(results, "flip_positions", sweep=sweep, ref_arm=ref_arm, arm=arm)
+    t = cat.named_arrow("flip_positions", sweep=sweep, ref_arm=ref_arm, arm=arm)
     cols = t.to_pydict()
     margin = np.array([np.nan if v is None else v for v in cols["ref_margin"]], dtype=np.float64)
     flip_raw = cols["flip"]
@@ -417,13 +417,13 @@ def analyze(data: FlipData, *, bins: str = "decades", resamples: int = 1000, see
     }
 
 
-def flip_report(results: str | Path, sweep: str | None = None, ref_arm: str | None = None,
+def flip_report(cat: Catalog, sweep: str | None = None, ref_arm: str | None = None,
                 arm: str | None = None, **options: Any) -> dict[str, Any]:
     """``analyze`` over the selected teacher-forced rows (pooled), plus a line per (sweep, ref_arm, arm).
 
     ``options`` go to ``analyze`` (bins, resamples, seed, level, ci_unit, eps).
     """
-    data = load(results, sweep=sweep, ref_arm=ref_arm, arm=arm)
+    data = load(cat, sweep=sweep, ref_arm=ref_arm, arm=arm)
     out = {"filters": {"sweep": sweep, "ref_arm": ref_arm, "arm": arm}, **analyze(data, **options)}
     per_pair = []
     for pid, key in enumerate(data.pairs):
