@@ -26,8 +26,8 @@ def best_of(fn, repeat: int) -> float:
 def main() -> None:
     import torch
 
-    from tasks.kinds.kdepth import draw_operands
     from tasks.kernels import get_kernel
+    from tasks.kinds.kdepth import draw_operands
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--k", default="1024,4096,16384")

@@ -23,8 +23,8 @@ from typing import Any
 from orchestrator.errors import InfrastructureError, UsageError
 from orchestrator.plan import Plan, Unit, make_plan
 from orchestrator.spec import LoadedSpec
-from tasks.kinds import kind_ref
 from storage.store import ResultStore, open_store, utcnow
+from tasks.kinds import kind_ref
 
 #: Units in flight at once; Ray queues the rest cheaply, this only bounds driver memory.
 WINDOW = 2000

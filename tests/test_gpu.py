@@ -23,9 +23,9 @@ import pytest
 import torch
 
 from tasks.comparison import compare
-from tasks.kinds.kdepth import draw_operands
 from tasks.kernels import KernelError, get_kernel
 from tasks.kernels.cuda import cuda_reason, triton_bias_mode, vllm_reason, vllm_version
+from tasks.kinds.kdepth import draw_operands
 from tasks.numerics import get_format
 from tests.conftest import REPO
 

@@ -24,7 +24,16 @@ from orchestrator.plan import make_plan
 from orchestrator.spec import load_spec, parse_spec
 from storage.catalog import read_only_query
 from storage.schemas import TABLES, register_table
-from tasks.kinds import Kind, KindError, experiment_kinds, get_kind, kind_names, kind_ref, register_kind, unit_id
+from tasks.kinds import (
+    Kind,
+    KindError,
+    experiment_kinds,
+    get_kind,
+    kind_names,
+    kind_ref,
+    register_kind,
+    unit_id,
+)
 from tasks.kinds.base import UnitContext, content_id
 from tasks.kinds.fields import Strict
 from tests.conftest import REPO

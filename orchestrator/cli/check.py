@@ -11,6 +11,7 @@ from typing import Any
 import typer
 
 from orchestrator.cli.check_options import (
+    DEFAULT_TRIALS,
     DeviceOpt,
     Dtype,
     DtypeOpt,
@@ -46,7 +47,7 @@ def _subject(kernel: str, param: list[str] | None, device: str | None, operands:
 def exact_match(
     kernel: KernelOpt,
     dtype: DtypeOpt = Dtype.bfloat16,
-    trials: TrialsOpt = 20,
+    trials: TrialsOpt = DEFAULT_TRIALS,
     shape: ShapeOpt = None,
     seed: SeedOpt = 0,
     p: float = typer.Option(None, "--p", help="Force P(entry is 0) instead of deriving it from K and the output format."),
@@ -82,7 +83,7 @@ def bounds(
     fma: bool = typer.Option(True, "--fma/--no-fma", help="Whether the algorithm fuses each product into its addition."),
     inputs: list[str] = typer.Option(None, "--inputs", help="Input kinds, in turn per trial: randn, uniform-positive, mixed-scale (default all)."),
     dtype: DtypeOpt = Dtype.bfloat16,
-    trials: TrialsOpt = 20,
+    trials: TrialsOpt = DEFAULT_TRIALS,
     shape: ShapeOpt = None,
     seed: SeedOpt = 0,
     scales: ScalesOpt = Scales.pow2,
@@ -115,7 +116,7 @@ def all_(
     algorithm: str = typer.Option("any", "--algorithm", "-a", help="Bounds: any (default), sequential, pairwise, blocked-<b>, exact or slots16."),
     accumulate: str = typer.Option("fp32", "--accumulate", help="Bounds: the algorithm's accumulation format."),
     dtype: DtypeOpt = Dtype.bfloat16,
-    trials: int = typer.Option(20, "--trials", help="Fresh draws of operands per shape, for each check."),
+    trials: int = typer.Option(DEFAULT_TRIALS, "--trials", help="Fresh draws of operands per shape, for each check."),
     shape: ShapeOpt = None,
     seed: int = typer.Option(0, "--seed", help="Base seed."),
     scales: Scales = typer.Option(Scales.pow2, "--scales", help="Scaled kernels: pow2 or unit."),

@@ -19,18 +19,20 @@ import typer
 
 from orchestrator.cli.common import user_errors
 from orchestrator.errors import UsageError
+from tasks.checks.defaults import DEFAULT_SHAPES as CHECK_SHAPES
+from tasks.checks.defaults import DEFAULT_TRIALS
 
 if TYPE_CHECKING:
     import torch
 
 __all__ = [
-    "DEFAULT_SHAPES", "Dtype", "OutFormat", "Scales", "parse_dtype", "shapes", "params", "out_dtype",
+    "DEFAULT_SHAPES", "DEFAULT_TRIALS", "Dtype", "OutFormat", "Scales", "parse_dtype", "shapes", "params", "out_dtype",
     "input_kinds", "run_checks", "KernelOpt", "DtypeOpt", "TrialsOpt", "ShapeOpt", "SeedOpt",
     "ScalesOpt", "OperandsOpt", "DeviceOpt", "ParamOpt",
 ]  # fmt: skip
 
-#: Shapes checked when none is named: not multiples of typical tile sizes, one decode-like row.
-DEFAULT_SHAPES = ("64x1000x48", "127x2049x65", "1x4096x33")
+#: Shapes checked when none is named (the harness's defaults, as MxKxN).
+DEFAULT_SHAPES = tuple(f"{m}x{k}x{n}" for m, k, n in CHECK_SHAPES)
 
 
 class OutFormat(str, Enum):

@@ -15,15 +15,44 @@ Both take a :class:`Subject` (:func:`load_subject`: a registry name, an entry po
     print(run_bounds(s, [(64, 1000, 48)], "any").verdict)
 """
 
-from .bounds import ALGORITHMS, algorithm, run_bounds
-from .exact_match import MIN_CHECKED_FRACTION, run_exact_match
-from .operands import INPUT_KINDS, SCALE_MODES
-from .result import CheckResult, Element, TrialResult, combined
-from .sparsity import exact_limit, min_zero_probability, overflow_probability, zero_probability
-from .subject import CheckInputError, Subject, load_subject
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from .defaults import DEFAULT_SHAPES, DEFAULT_TRIALS
+
+if TYPE_CHECKING:
+    from .bounds import ALGORITHMS, algorithm, run_bounds
+    from .exact_match import MIN_CHECKED_FRACTION, run_exact_match
+    from .operands import INPUT_KINDS, SCALE_MODES
+    from .result import CheckResult, Element, TrialResult, combined
+    from .sparsity import exact_limit, min_zero_probability, overflow_probability, zero_probability
+    from .subject import CheckInputError, Subject, load_subject
+
+# Names are imported from their submodule on first use (PEP 562), so the light defaults above can be
+# read (by the CLI's option declarations) without importing torch.
+_WHERE = {
+    "ALGORITHMS": "bounds", "algorithm": "bounds", "run_bounds": "bounds",
+    "MIN_CHECKED_FRACTION": "exact_match", "run_exact_match": "exact_match",
+    "INPUT_KINDS": "operands", "SCALE_MODES": "operands",
+    "CheckResult": "result", "Element": "result", "TrialResult": "result", "combined": "result",
+    "exact_limit": "sparsity", "min_zero_probability": "sparsity", "overflow_probability": "sparsity",
+    "zero_probability": "sparsity",
+    "CheckInputError": "subject", "Subject": "subject", "load_subject": "subject",
+}  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "ALGORITHMS",
+    "DEFAULT_SHAPES",
+    "DEFAULT_TRIALS",
     "INPUT_KINDS",
     "SCALE_MODES",
     "MIN_CHECKED_FRACTION",

@@ -50,6 +50,7 @@ from tasks.numerics.formats import FloatFormat
 from tasks.verdicts import Verdict, classify_differences
 
 from . import operands as ops_mod
+from .defaults import DEFAULT_TRIALS
 from .result import CheckResult, TrialResult, element
 from .subject import CheckInputError, Subject, output_problem, shape_problem
 
@@ -215,7 +216,7 @@ def run_bounds(
     shapes: list[tuple[int, int, int]],
     algorithm_name: str = "any",
     dtype: torch.dtype = torch.bfloat16,
-    trials: int = 20,
+    trials: int = DEFAULT_TRIALS,
     seed: int = 0,
     inputs: tuple[str, ...] = ops_mod.INPUT_KINDS,
     accumulate: str = "fp32",

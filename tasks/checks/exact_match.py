@@ -33,6 +33,7 @@ from tasks.numerics import distance, get_format
 from tasks.verdicts import Verdict
 
 from . import operands as ops_mod
+from .defaults import DEFAULT_TRIALS
 from .result import CheckResult, TrialResult, element
 from .sparsity import DEFAULT_FLOOR, DEFAULT_OVERFLOW, exact_limit, zero_probability
 from .subject import FORMAT_DTYPES, CheckInputError, Subject, output_problem, shape_problem
@@ -133,7 +134,7 @@ def run_exact_match(
     subject: Subject,
     shapes: list[tuple[int, int, int]],
     dtype: torch.dtype = torch.bfloat16,
-    trials: int = 20,
+    trials: int = DEFAULT_TRIALS,
     seed: int = 0,
     scales: str = "pow2",
     p: float | None = None,

@@ -10,12 +10,18 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
+from tasks.checks.defaults import DEFAULT_SHAPES, DEFAULT_TRIALS
 from tasks.kinds.base import Kind, Unit
-from tasks.kinds.fields import Implementation, Resources, Strict, as_impl, impl_payload, kernel_problem
+from tasks.kinds.fields import (
+    Implementation,
+    Resources,
+    Strict,
+    as_impl,
+    impl_payload,
+    kernel_problem,
+)
 
-#: Shapes checked when none is named: not multiples of typical tile sizes, one decode-like row.
-DEFAULT_SHAPES = ((64, 1000, 48), (127, 2049, 65), (1, 4096, 33))
-DEFAULT_TRIALS = 20
+__all__ = ["DEFAULT_SHAPES", "DEFAULT_TRIALS", "CheckFields", "describe_check", "expand_checks", "kernel_problems"]
 
 
 class CheckFields(Strict):

@@ -17,7 +17,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from tasks.kinds._checks import DEFAULT_TRIALS, CheckFields, describe_check, expand_checks, kernel_problems
+from tasks.kinds._checks import (
+    DEFAULT_TRIALS,
+    CheckFields,
+    describe_check,
+    expand_checks,
+    kernel_problems,
+)
 from tasks.kinds.base import Kind, Rows, Unit, UnitContext
 
 __all__ = ["KIND", "VERSION", "ExactMatchExperiment", "run"]

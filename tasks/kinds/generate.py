@@ -19,8 +19,8 @@ from pydantic import Field, field_validator, model_validator
 from tasks.kinds.base import Kind, Rows, Unit, UnitContext
 from tasks.kinds.fields import (
     NAME,
-    Implementation,
     FilePrompts,
+    Implementation,
     Prompts,
     Resources,
     ScaleMode,
