@@ -42,9 +42,11 @@ test-slow: $(STAMP)
 test-gpu: $(STAMP)
 	$(BIN)/python -m pytest -q -m gpu
 
+# ruff, mypy --strict (pyproject.toml) and the import contracts of docs/architecture.md.
 lint: $(STAMP)
-	$(BIN)/ruff check orchestrator tasks storage tests benchmarks
-	$(BIN)/mypy orchestrator storage tasks
+	$(BIN)/ruff check orchestrator tasks storage reports tests benchmarks
+	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 
 clean:
 	rm -rf $(RESULTS) .pytest_cache .ruff_cache .mypy_cache .hypothesis

@@ -183,7 +183,8 @@ def launch(
     return summary
 
 
-def _run_units(spec: LoadedSpec, plan: Plan, pending: list, results: str, summary: LaunchSummary, emit: Callable) -> None:
+def _run_units(spec: LoadedSpec, plan: Plan, pending: list[Unit], results: str, summary: LaunchSummary,
+               emit: Callable[[str, dict[str, Any]], None]) -> None:
     import ray
 
     from orchestrator.worker import execute_unit, record_lost_unit

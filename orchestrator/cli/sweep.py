@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -100,7 +101,7 @@ def launch(
                        disable=not progress)
         task_id = None
 
-        def on_event(kind: str, info: dict) -> None:
+        def on_event(kind: str, info: dict[str, Any]) -> None:
             nonlocal task_id
             if kind == "start":
                 err.print(f"sweep {loaded.sweep.name}: {info['total']} units, {info['skipped']} already done, {info['pending']} to run")

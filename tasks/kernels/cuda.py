@@ -302,9 +302,10 @@ class VllmCutlass(_VllmCutlassBase):
         self.calls += 1
         self.fallback_calls += int(fell_back)
         o = vllm_operands(ops, "row")
-        return _import("vllm._custom_ops").cutlass_scaled_mm(
+        out: torch.Tensor = _import("vllm._custom_ops").cutlass_scaled_mm(
             o["a"], o["b"], o["scale_a"], o["scale_b"], ops.out_dtype, o["bias"]
         )
+        return out
 
 
 @register_kernel("vllm-cutlass-raw")

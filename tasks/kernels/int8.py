@@ -21,6 +21,8 @@ Kernels (see :mod:`.epilogue` for the exact formulas):
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from . import epilogue
@@ -104,7 +106,7 @@ class Int8TritonOrder(_Int8Kernel):
             "(vllm-kernels.md §2.2 Triton)"
         )
 
-    def check_params(self, params: dict) -> dict:
+    def check_params(self, params: dict[str, Any]) -> dict[str, Any]:
         check_choice(self.name, "bias_mode", params["bias_mode"], epilogue.BIAS_MODES)
         return params
 

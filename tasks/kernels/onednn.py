@@ -35,6 +35,8 @@ output spacing of ``exact``.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from .operands import Operands
@@ -57,9 +59,10 @@ def onednn_qlinear(
     """One ``qlinear_pointwise`` call: int8 ``a [M, K]`` (shifted to uint8, zero point 128)."""
     qx = (a.to(torch.int16) + 128).to(torch.uint8)
     w_zp = torch.zeros(w_scale.numel(), dtype=torch.int64)
-    return torch.ops.onednn.qlinear_pointwise(
+    out: torch.Tensor = torch.ops.onednn.qlinear_pointwise(
         qx, float(act_scale), 128, w_packed, w_scale, w_zp, bias, 1.0, 0, out_dtype, "none", [], ""
     )
+    return out
 
 
 def _probe() -> tuple[bool, str | None]:
@@ -109,7 +112,7 @@ class Int8OneDNN(Kernel):
             f"rn(fl(fl(acc*sa)*sb) + bias) like vllm-kernels.md §2.4{split}"
         )
 
-    def check_params(self, params: dict) -> dict:
+    def check_params(self, params: dict[str, Any]) -> dict[str, Any]:
         check_choice(self.name, "act_scale", params["act_scale"], ACT_SCALE_MODES)
         return params
 

@@ -24,6 +24,8 @@ tensor-core accumulation.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from .operands import Operands
@@ -82,7 +84,7 @@ class Fp8TorchScaledMM(Kernel):
             "(vllm-kernels.md §2.4, numerics.md §5.4)"
         )
 
-    def check_params(self, params: dict) -> dict:
+    def check_params(self, params: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(params["use_fast_accum"], bool):
             raise KernelError(
                 f"kernel 'fp8-torch-scaled-mm': use_fast_accum must be True or False, "

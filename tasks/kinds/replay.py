@@ -140,7 +140,8 @@ def call(kernel: Any, a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: to
     if kernel.device == "cuda":
         a, b, sa, sb = a.cuda(), b.cuda(), sa.cuda(), sb.cuda()
         bias = None if bias is None else bias.cuda()
-    return kernel(a, b, sa, sb, dtype, bias).cpu()
+    out: torch.Tensor = kernel(a, b, sa, sb, dtype, bias).cpu()
+    return out
 
 
 def accumulator_rows(kernels: dict[str, Any], layer: Any) -> dict[str, Any]:

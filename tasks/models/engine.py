@@ -222,7 +222,8 @@ class W8A8Model:
         ids, mask, positions = self._left_pad(prompts)
         with self._session():
             out = self.hf(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False)
-            return out.logits.to(torch.float32).clone()
+            logits: torch.Tensor = out.logits.to(torch.float32).clone()
+            return logits
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int, top_k: int = 5) -> GenerationResult:
         """Greedy generation of ``max_new_tokens`` tokens per prompt, one batch, KV cache.

@@ -129,7 +129,7 @@ class Bounds:
         return may_nan, may_pinf, may_ninf
 
     def _finite_possible(self) -> np.ndarray:
-        return ~(self.nan | self.pinf | self.ninf)
+        return np.asarray(~(self.nan | self.pinf | self.ninf))
 
     def finite_range(self) -> tuple[np.ndarray, np.ndarray]:
         """``(low, high)``: a finite output is covered iff ``low <= output <= high``.

@@ -195,7 +195,7 @@ class ExactSum:
         pad = np.concatenate([np.zeros((2,) + self.shape), stack])  # index i -> digit i - 2
 
         def take(idx: np.ndarray) -> np.ndarray:
-            return np.take_along_axis(pad, (idx + 2)[None], axis=0)[0]
+            return np.asarray(np.take_along_axis(pad, (idx + 2)[None], axis=0)[0])
 
         hi = take(t) * _R + take(t - 1)  # exact, < 2**52
         below = take(t - 2)

@@ -155,7 +155,7 @@ def round_to_format(
     if np.any(over):
         big = np.copysign(np.inf, h) if f.has_inf else np.nan
         out = np.where(over, big, out)
-    return out
+    return np.asarray(out)
 
 
 def round_fraction(x: Fraction | int, fmt: FormatLike, rounding: str = NEAREST_EVEN) -> float:
@@ -266,7 +266,7 @@ def is_representable(values: ArrayLike, fmt: FormatLike) -> np.ndarray:
     """Elementwise: is this float64 value exactly a value of ``fmt``?  NaN counts as representable."""
     v = np.asarray(values, dtype=np.float64)
     r = round_to_format(v, fmt)
-    return (r == v) | (np.isnan(r) & np.isnan(v))
+    return np.asarray((r == v) | (np.isnan(r) & np.isnan(v)))
 
 
 def as_float64(x: Any, fmt: FormatLike) -> np.ndarray:
@@ -295,7 +295,7 @@ def as_float64(x: Any, fmt: FormatLike) -> np.ndarray:
             f"{int(np.size(ok) - np.count_nonzero(ok))} value(s) not representable in {f.name} "
             f"(e.g. {bad.tolist()}); round them first with round_to_format(values, {f.name!r})"
         )
-    return v
+    return np.asarray(v)
 
 
 def to_tensor(values: Any, fmt: FormatLike) -> torch.Tensor:

@@ -42,7 +42,7 @@ def bits(x: Any, fmt: FormatLike) -> np.ndarray:
         import torch
 
         signed = x.detach().to("cpu").contiguous().view(getattr(torch, _TORCH_INT[f.bits]))
-        return signed.numpy().view(f.int_dtype)
+        return np.asarray(signed.numpy().view(f.int_dtype))
     if isinstance(x, np.ndarray) and x.dtype == f.numpy_dtype:
         return np.ascontiguousarray(x).view(f.int_dtype)
     v = as_float64(x, f)
@@ -82,7 +82,7 @@ def distance(a: Any, b: Any, fmt: FormatLike) -> np.ndarray:
     nan = is_nan_bits(ba, f) | is_nan_bits(bb, f)
     if np.any(nan):
         d = np.where(nan, np.where(ba == bb, 0, NOT_COMPARABLE), d)
-    return d.astype(np.int64)
+    return np.asarray(d.astype(np.int64))
 
 
 def spacing(x: Any, fmt: FormatLike) -> np.ndarray:
