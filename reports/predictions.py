@@ -140,7 +140,7 @@ def run_prediction(cat: Catalog, template: str, sweep: str, p: Prediction) -> li
     if len(statements) != 1 or str(statements[0].type).rsplit(".", 1)[-1] != "SELECT":
         raise QueryError("a prediction's fragments must stay inside one read-only SELECT statement")
     try:
-        rows: list[dict[str, Any]] = cat.con.sql(sql, params={"sweep": sweep}).to_arrow_table().to_pylist()
+        rows: list[dict[str, Any]] = cat.query(sql, sweep=sweep).to_pylist()
     except duckdb.Error as exc:
         raise QueryError(f"{type(exc).__name__}: {exc}") from None
     return rows

@@ -158,14 +158,19 @@ class Catalog:
         except duckdb.Error as exc:
             raise QueryError(f"named query {name!r} failed: {type(exc).__name__}: {exc}") from None
 
-    def query(self, sql: str) -> pa.Table:
-        """Run user ``sql`` (SELECT / EXPLAIN / DESCRIBE / SHOW only); return an Arrow table."""
+    def query(self, sql: str, **params: Any) -> pa.Table:
+        """Run user ``sql`` (SELECT / EXPLAIN / DESCRIBE / SHOW only); return an Arrow table.
+
+        ``params`` bind the ``$name`` placeholders of the last statement (values, never SQL text).
+        """
         statements = _read_only_statements(sql)
         con = self.con
         try:
             for st in statements[:-1]:
                 con.execute(st.query)
-            return _arrow(con.sql(statements[-1].query))
+            last = statements[-1].query
+            bound = {p: params.get(p) for p in sql_params(last)}
+            return _arrow(con.sql(last, params=bound or None))
         except duckdb.Error as exc:
             raise QueryError(f"{type(exc).__name__}: {exc}") from None
 
