@@ -36,25 +36,17 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import SpecError
-from reports.predictions import (
-    Prediction,
-    PredictionFile,
-    PredictionFileError,
-    parse,
-    registrations,
-    sha256,
-)
+from reports.predictions import Prediction, PredictionFile, registrations, sha256
 
 __all__ = ["Prediction", "PredictionFile", "parse_file", "plan_registration", "registrations", "sha256",
            "write_registrations"]
 
 
 def parse_file(text: str, path: str) -> PredictionFile:
-    """``reports.predictions.parse``, its problems raised as a SpecError (exit 2, nothing written)."""
-    try:
-        return parse(text, path)
-    except PredictionFileError as exc:
-        raise SpecError(path, exc.problems) from None
+    """A prediction file through the one spec loader: SpecError naming each field (exit 2)."""
+    from orchestrator.spec import load_toml_model
+
+    return load_toml_model(text, path, PredictionFile)
 
 
 def _check_sql(pf: PredictionFile, path: str) -> None:

@@ -21,7 +21,7 @@ import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from storage.errors import QueryError
 
@@ -75,6 +75,15 @@ class PredictionFile(BaseModel):
     amends: str | None = None
     predictions: list[Prediction] = Field(min_length=1)
 
+    @field_validator("predictions")
+    @classmethod
+    def _distinct_ids(cls, v: list[Prediction]) -> list[Prediction]:
+        ids = [p.id for p in v]
+        dupes = sorted({i for i in ids if ids.count(i) > 1})
+        if dupes:
+            raise ValueError(f"duplicate ids {dupes}")
+        return v
+
 
 class PredictionFileError(ValueError):
     """A prediction file is not valid TOML or not a valid prediction file (``problems`` says why)."""
@@ -90,21 +99,16 @@ def sha256(text: str) -> str:
 
 
 def parse(text: str, path: str) -> PredictionFile:
-    """The prediction file in ``text``; PredictionFileError listing every problem."""
+    """A registered prediction file read back from the ``preregistrations`` table.
+
+    Files are validated when they are registered, by the one spec loader
+    (``orchestrator.spec.load_toml_model``, which names every field path); this only reads back
+    text that passed it, and says which registration is damaged if it does not parse.
+    """
     try:
-        raw = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise PredictionFileError(path, [f"not valid TOML: {exc}"]) from None
-    try:
-        pf = PredictionFile.model_validate(raw)
-    except ValidationError as exc:
-        raise PredictionFileError(path, [f"{'.'.join(str(p) for p in e['loc']) or '<top level>'}: {e['msg']}"
-                                         for e in exc.errors(include_url=False)]) from None
-    ids = [p.id for p in pf.predictions]
-    dupes = sorted({i for i in ids if ids.count(i) > 1})
-    if dupes:
-        raise PredictionFileError(path, [f"predictions: duplicate ids {dupes}"])
-    return pf
+        return PredictionFile.model_validate(tomllib.loads(text))
+    except (tomllib.TOMLDecodeError, ValidationError) as exc:
+        raise PredictionFileError(path, [f"the registered text no longer parses: {exc}"]) from None
 
 
 def registrations(store: Any, sweep: str) -> list[dict[str, Any]]:
