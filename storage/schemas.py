@@ -220,6 +220,11 @@ PREREGISTRATIONS = pa.schema(
     ]
 )
 
+#: One committed result file of a unit: ``path`` relative to the results root
+#: (``table=<t>/sweep=<s>/<unit_id>.parquet``), its row count, size and SHA-256 of its bytes.
+FILE_RECORD = pa.struct([("table", pa.string()), ("path", pa.string()), ("rows", pa.int64()),
+                         ("bytes", pa.int64()), ("sha256", pa.string())])
+
 UNITS = pa.schema(
     [
         ("unit_id", pa.string()),
@@ -241,6 +246,9 @@ UNITS = pa.schema(
         ("spec_sha256", pa.string()),
         ("swapcheck_version", pa.string()),
         ("torch_version", pa.string()),
+        # The unit's committed result files: what `swapcheck sweep verify` checks and what the catalog
+        # reads. NULL in ledger rows written before integrity records existed.
+        ("files", pa.list_(FILE_RECORD)),
     ]
 )
 
