@@ -31,14 +31,38 @@ def set_safe_env(embedded: bool) -> None:
         os.environ.setdefault(key, value)
 
 
-def connect(address: str | None = None, num_cpus: int | None = None) -> Connection:
-    """Start the embedded Ray instance (``address=None``) or join ``address``."""
+def _reachable(address: str, timeout_s: float) -> None:
+    """A TCP connection to ``host:port`` (of ``host:port`` or ``ray://host:port``) within the timeout."""
+    import socket
+
+    hostport = address.split("://", 1)[-1].rstrip("/")
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        return  # "auto", or a form Ray resolves itself: ray.init's own checks (under the timeout) apply
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise InfrastructureError(
+            f"cannot reach the Ray cluster at {address!r} within {timeout_s:g} s: {exc}. Check the address "
+            "(ray://head:10001 for Ray Client, head:6379 on a cluster node) or raise --connect-timeout."
+        ) from None
+
+
+def connect(address: str | None = None, num_cpus: int | None = None, timeout_s: float = 30.0) -> Connection:
+    """Start the embedded Ray instance (``address=None``) or join ``address`` within ``timeout_s``."""
     set_safe_env(embedded=address is None)
     import ray
 
     if ray.is_initialized():
         ctx = ray.get_runtime_context()
         return Connection(address is None, ctx.gcs_address, ray.cluster_resources().get("CPU", 0))
+    if address is not None:
+        _reachable(address, timeout_s)
+    where = "start a local Ray instance" if address is None else f"join the Ray cluster at {address!r}"
+    if address is not None:
+        # An address that accepts connections but is not a Ray head: Ray's own GCS connect timeout
+        # (ray.init must run in the main thread, so no watchdog thread can bound it instead).
+        os.environ.setdefault("RAY_gcs_rpc_server_connect_timeout_s", str(max(1, int(timeout_s))))
     try:
         if address is None:
             ray.init(
@@ -51,7 +75,6 @@ def connect(address: str | None = None, num_cpus: int | None = None) -> Connecti
         else:
             ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
     except Exception as exc:  # noqa: BLE001 - Ray raises many types for a failed start/join
-        where = "start a local Ray instance" if address is None else f"join the Ray cluster at {address!r}"
         raise InfrastructureError(f"could not {where}: {type(exc).__name__}: {exc}") from None
     ctx = ray.get_runtime_context()
     return Connection(address is None, ctx.gcs_address, ray.cluster_resources().get("CPU", 0))

@@ -11,7 +11,10 @@ class                            exit code  meaning
 :class:`SwapcheckError`          1          base class of every error swapcheck reports to a user
 :class:`SpecError`               2          a sweep spec is missing, unreadable or invalid; nothing was written
 :class:`UsageError`              2          a command-line argument is invalid (bad --results, bad --shape, ...)
-:class:`InfrastructureError`     2          Ray could not be started or reached, the disk is full, ...
+:class:`InfrastructureError`     2          Ray could not be started or reached, a unit cannot be placed, ...
+:class:`StorageFailure`          3          the results store failed mid-sweep (permission, disk full,
+                                            unreachable): the sweep stopped; committed units stay
+:class:`Interrupted`             130/143    SIGINT / SIGTERM stopped the launch; committed units stay
 ``storage.errors.StorageError``  2          the storage layer refused or failed a request (``QueryError``: a
                                             bad or failed query); nothing was changed
 ``tasks.kernels.KernelError``    2          unknown kernel, unimportable ``module:attr``, bad parameters, a
@@ -22,32 +25,31 @@ anything else                    (none)     not translated: a bug, shown with it
 
 Exit codes of a command, in short: 0 it ran and what it judged passed; 1 a result failed (a check's
 verdict, a nightly regression) or an unexpected error; 2 bad input or broken infrastructure, nothing
-judged.
+judged; 3 the results store failed during a sweep; 130 / 143 interrupted by SIGINT / SIGTERM.
 """
 
 from __future__ import annotations
 
 import sys
 
-from storage import errors as _storage_errors
+from storage.errors import StorageError
 
 __all__ = [
     "SwapcheckError",
     "SpecError",
     "UsageError",
     "InfrastructureError",
+    "Interrupted",
+    "StorageFailure",
     "StorageError",
     "exit_code_for",
 ]
-
-#: The storage layer's base error (QueryError and its siblings subclass it; QueryError on older trees).
-StorageError: type[Exception] = getattr(_storage_errors, "StorageError", _storage_errors.QueryError)
 
 #: The tasks layer's input errors, as (module, class).  They are looked up in ``sys.modules`` rather
 #: than imported: importing ``tasks.kernels`` imports torch, which ``--help`` must not, and an
 #: instance of one of these classes can only exist once its module has been imported.
 _TASK_INPUT_ERRORS = (
-    ("tasks.kernels.registry", "KernelError"),
+    ("tasks.kernels.errors", "KernelError"),
     ("tasks.checks.subject", "CheckInputError"),
 )
 
@@ -80,6 +82,20 @@ class InfrastructureError(SwapcheckError):
     """Ray could not be started or reached, the disk is full, ... (never a numerical result)."""
 
     exit_code = 2
+
+
+class StorageFailure(InfrastructureError):
+    """The results store failed while a sweep ran (never recorded as a unit's failure)."""
+
+    exit_code = 3
+
+
+class Interrupted(SwapcheckError):
+    """SIGINT or SIGTERM stopped a launch; what was committed stays committed."""
+
+    def __init__(self, message: str, exit_code: int = 130):
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 def exit_code_for(exc: BaseException) -> int | None:

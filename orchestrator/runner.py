@@ -13,6 +13,7 @@ Faults and what they cost:
 from __future__ import annotations
 
 import json
+import signal
 import time
 import uuid
 from collections.abc import Callable
@@ -20,14 +21,35 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.errors import InfrastructureError, UsageError
+from orchestrator.errors import InfrastructureError, Interrupted, StorageFailure, UsageError
 from orchestrator.plan import Plan, Unit, make_plan
 from orchestrator.spec import LoadedSpec
+from storage.errors import StorageError
 from storage.store import ResultStore, open_store, utcnow
 from tasks.kinds import kind_ref
 
 #: Units in flight at once; Ray queues the rest cheaply, this only bounds driver memory.
 WINDOW = 2000
+
+
+class Terminated(BaseException):
+    """Raised in the main thread by the SIGTERM handler of :func:`stop_on_sigterm`."""
+
+
+def stop_on_sigterm() -> None:
+    """Make SIGTERM stop a launch the way Ctrl-C does (a message, no stack dump, exit 143).
+
+    Called after Ray has started (``ray.init`` installs handlers of its own); main thread only.
+    """
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise Terminated()
+
+    signal.signal(signal.SIGTERM, handler)
 
 
 @dataclass
@@ -101,55 +123,124 @@ def write_sweep_record(store: ResultStore, spec: LoadedSpec, plan: Plan) -> None
     )
 
 
+def check_placeable(pending: list[Unit], nodes: list[dict[str, float]], conn: Any) -> None:
+    """Refuse units that no node of the cluster can ever hold (they would wait forever)."""
+    if not nodes:
+        return
+    biggest = {key: max(n.get(key, 0.0) for n in nodes) for key in ("CPU", "GPU", "memory")}
+    where = "the embedded instance (set --num-cpus)" if conn.embedded else f"the cluster at {conn.address}"
+    for u in pending:
+        res = u.resources
+        asks = [("num_cpus", res.num_cpus, biggest["CPU"], "CPUs")]
+        if res.memory_gb and biggest["memory"] > 0:
+            asks.append(("memory_gb", res.memory_gb, biggest["memory"] / 2**30, "GiB of memory"))
+        for name, value, most, unit in asks:
+            if value > most:
+                raise InfrastructureError(
+                    f"unit {u.id} ({u.describe()}) requests {name}={value:g}, but the largest node of {where} "
+                    f"has {most:g} {unit}: it could never run. Lower experiments.{u.experiment}.resources.{name}. "
+                    "Nothing was run.")
+
+
+def _mark_lost_launches(store: ResultStore, sweep: str) -> list[str]:
+    """Launches recorded as running whose launcher is gone (we hold the lock now): mark them lost."""
+    lost = []
+    for path in store.parquet_files("launches", sweep):
+        for row in store.read_table(path).to_pylist():
+            if row.get("status") == "running":
+                row.update(status="lost")
+                store.write("launches", sweep, str(row["launch_id"]), [row])
+                lost.append(str(row["launch_id"]))
+    return lost
+
+
 def launch(
     spec: LoadedSpec,
     results: str | Path,
     address: str | None = None,
     num_cpus: int | None = None,
     on_event: Callable[[str, dict[str, Any]], None] | None = None,
+    *,
+    repair: bool = False,
+    connect_timeout_s: float = 30.0,
 ) -> LaunchSummary:
     """Plan ``spec``, skip finished units, run the rest on Ray, and return what happened.
 
+    Everything that can refuse (the spec, its predictions, GPUs, units no node can hold, another
+    launcher holding the sweep's lock) refuses before the first write. ``repair`` first moves the
+    units that ``swapcheck sweep verify`` finds damaged aside, so exactly those are recomputed.
     ``on_event(kind, info)`` receives ``start`` (total, pending), ``unit`` (one finished unit's
     summary) and ``end`` events, for progress display.
     """
-    from orchestrator import provenance
-    from orchestrator.cluster import connect
+    from orchestrator import prereg
+    from orchestrator.cluster import Connection, connect
+    from storage.lock import LaunchLock
 
     emit = on_event or (lambda kind, info: None)
     plan = make_plan(spec)
     store = open_store(results)
     check_sweep_identity(store, plan)
-    from orchestrator import prereg
-
     # Predictions are validated and hashed before anything is written or run.
     prereg_rows = prereg.plan_registration(store, plan.sweep, spec.prereg_paths)
-    if address is None and any(u.resources.num_gpus > 0 for u in plan.units):
+    done = store.done_units(plan.sweep)
+    pending = [u for u in plan.units if u.id not in done]
+    if address is None and any(u.resources.num_gpus > 0 for u in pending):
         import torch
-
-        from orchestrator.cluster import Connection
 
         if not torch.cuda.is_available():
             # The embedded instance has this machine's GPUs only: refuse before writing anything.
-            done0 = store.done_units(plan.sweep)
-            check_gpu_resources([u for u in plan.units if u.id not in done0], Connection(True, "embedded", 0), have_gpus=0)
-    t0 = time.perf_counter()
-    try:
-        write_sweep_record(store, spec, plan)
-        prereg.write_registrations(store, plan.sweep, prereg_rows)
-        done = store.done_units(plan.sweep)
-    except OSError as exc:
-        raise InfrastructureError(f"cannot write under {store.root}: {exc}") from None
-    pending = [u for u in plan.units if u.id not in done]
-    summary = LaunchSummary(plan.sweep, str(results), len(plan.units), len(plan.units) - len(pending))
-    emit("start", {"total": len(plan.units), "pending": len(pending), "skipped": summary.n_skipped})
-    if not pending:
-        summary.seconds = time.perf_counter() - t0
-        emit("end", {"summary": summary})
-        return summary
+            check_gpu_resources(pending, Connection(True, "embedded", 0), have_gpus=0)
+    conn = None
+    if pending or repair:
+        conn = connect(address, num_cpus, timeout_s=connect_timeout_s)
+        stop_on_sigterm()
+        check_gpu_resources(pending, conn)
+        check_placeable(pending, _node_resources(), conn)
 
-    conn = connect(address, num_cpus)
-    check_gpu_resources(pending, conn)
+    t0 = time.perf_counter()
+    lock = LaunchLock(store.fs, store.base, plan.sweep, local=store.local, where=str(results))
+    lock.acquire()
+    try:
+        # Under the lock: nobody else can change the partition between these checks and the run.
+        check_sweep_identity(store, plan)
+        try:
+            _mark_lost_launches(store, plan.sweep)
+            store.remove_stale_temporaries()
+            if repair:
+                from orchestrator import verify
+
+                verify.repair(store, plan.sweep, verify.damaged_units(store, plan.sweep))
+            write_sweep_record(store, spec, plan)
+            prereg.write_registrations(store, plan.sweep, prereg_rows)
+            done = store.done_units(plan.sweep)
+        except OSError as exc:
+            raise StorageFailure(f"cannot write under {store.root}: {exc}. Nothing was run.") from None
+        pending = [u for u in plan.units if u.id not in done]
+        summary = LaunchSummary(plan.sweep, str(results), len(plan.units), len(plan.units) - len(pending))
+        emit("start", {"total": len(plan.units), "pending": len(pending), "skipped": summary.n_skipped})
+        if pending:
+            if conn is None:
+                conn = connect(address, num_cpus, timeout_s=connect_timeout_s)
+                stop_on_sigterm()
+            _run_launch(spec, plan, store, pending, str(results), summary, emit, conn)
+        summary.seconds = time.perf_counter() - t0
+    finally:
+        lock.release()
+    emit("end", {"summary": summary})
+    return summary
+
+
+def _node_resources() -> list[dict[str, float]]:
+    import ray
+
+    return [dict(n.get("Resources", {})) for n in ray.nodes() if n.get("Alive")]
+
+
+def _run_launch(spec: LoadedSpec, plan: Plan, store: ResultStore, pending: list[Unit], results: str,
+                summary: LaunchSummary, emit: Callable[[str, dict[str, Any]], None], conn: Any) -> None:
+    """Run the pending units with a ``launches`` row that says how the launch ended."""
+    from orchestrator import provenance
+
     launch_id = f"{utcnow().strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
     launch_row: dict[str, Any] = {
         "launch_id": launch_id,
@@ -167,36 +258,45 @@ def launch(
     }
     store.write("launches", plan.sweep, launch_id, [launch_row])
     status = "interrupted"
+
+    def committed() -> int:
+        return summary.n_skipped + summary.n_ok + summary.n_failed
+
     try:
         # Stage by stage: teacher-forced units read the sequences that generate units wrote.
         for stage in sorted({u.stage for u in pending}):
-            _run_units(spec, plan, [u for u in pending if u.stage == stage], str(results), summary, emit)
+            _run_units(spec, plan, [u for u in pending if u.stage == stage], results, summary, emit)
         status = "finished"
+    except StorageFailure as exc:
+        status = "storage-failure"
+        raise StorageFailure(f"{exc}; {committed()} of {summary.n_units} units are committed: fix the "
+                             "storage, then relaunch the same spec to resume") from None
+    except (KeyboardInterrupt, Terminated) as exc:
+        signum = signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT
+        raise Interrupted(f"{signal.Signals(signum).name}: stopped; {committed()} of {summary.n_units} units are "
+                          "committed. Relaunch the same spec to resume.", 128 + int(signum)) from None
     finally:
-        summary.seconds = time.perf_counter() - t0
         launch_row.update(finished_at=utcnow(), n_ok=summary.n_ok, n_failed=summary.n_failed, status=status)
         try:
             store.write("launches", plan.sweep, launch_id, [launch_row])
         except OSError:
             pass
-    emit("end", {"summary": summary})
-    return summary
 
 
 def _run_units(spec: LoadedSpec, plan: Plan, pending: list[Unit], results: str, summary: LaunchSummary,
                emit: Callable[[str, dict[str, Any]], None]) -> None:
     import ray
 
-    from orchestrator.worker import execute_unit, record_lost_unit
+    from orchestrator.worker import execute_unit
 
     remote = ray.remote(execute_unit)
     # A cold restart: the worker process exits after this one task, so no engine, cache or kernel
     # choice survives into the next unit (``max_calls`` is fixed per remote function).
     remote_fresh = ray.remote(max_calls=1)(execute_unit)
     queue = list(pending)
-    in_flight: dict[Any, Any] = {}
+    in_flight: dict[Any, Unit] = {}
 
-    def submit(unit: Any) -> None:
+    def submit(unit: Unit) -> None:
         res = unit.resources
         opts: dict[str, Any] = {
             "num_cpus": res.num_cpus,
@@ -212,6 +312,21 @@ def _run_units(spec: LoadedSpec, plan: Plan, pending: list[Unit], results: str, 
         ref = fn.options(**opts).remote(payload, results, plan.sweep, spec.sha256)
         in_flight[ref] = unit
 
+    try:
+        _drain(queue, in_flight, submit, spec, plan, results, summary, emit)
+    except BaseException:
+        # Stopping (a signal, a storage failure): nothing more is started; what runs is cancelled.
+        for ref in in_flight:
+            ray.cancel(ref, force=True)
+        raise
+
+
+def _drain(queue: list[Unit], in_flight: dict[Any, Unit], submit: Callable[[Unit], None], spec: LoadedSpec,
+           plan: Plan, results: str, summary: LaunchSummary, emit: Callable[[str, dict[str, Any]], None]) -> None:
+    import ray
+
+    from orchestrator.worker import record_lost_unit
+
     while queue or in_flight:
         while queue and len(in_flight) < WINDOW:
             submit(queue.pop(0))
@@ -222,15 +337,15 @@ def _run_units(spec: LoadedSpec, plan: Plan, pending: list[Unit], results: str, 
                 result = ray.get(ref)
             except (ray.exceptions.RayTaskError, ray.exceptions.RayError) as exc:
                 cause = getattr(exc, "cause", None)
-                if isinstance(cause, OSError) or isinstance(exc, OSError):
+                if isinstance(cause, OSError | StorageError) or isinstance(exc, OSError):
                     for other in in_flight:
                         ray.cancel(other, force=True)
-                    raise InfrastructureError(f"unit {unit.id} could not write its results: {cause or exc}") from None
+                    raise StorageFailure(f"unit {unit.id} could not commit its results: {cause or exc}") from None
                 error = f"{type(exc).__name__}: worker lost after {spec.sweep.max_retries} retries: {str(exc)[:2000]}"
                 try:
                     record_lost_unit(unit.to_payload(), results, plan.sweep, spec.sha256, error)
-                except OSError as os_exc:
-                    raise InfrastructureError(f"cannot record unit {unit.id}: {os_exc}") from None
+                except (OSError, StorageError) as os_exc:
+                    raise StorageFailure(f"cannot record unit {unit.id}: {os_exc}") from None
                 result = {"unit_id": unit.id, "status": "failed", "error": error, "rows": 0}
             if result["status"] == "ok":
                 summary.n_ok += 1

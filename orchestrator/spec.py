@@ -89,16 +89,48 @@ def format_errors(err: ValidationError, prefix: tuple[Any, ...] = ()) -> list[st
     return list(dict.fromkeys(problems))
 
 
+#: Deepest nesting of tables and arrays a spec may use (a spec needs about 5).
+MAX_NESTING = 32
+#: Largest spec or pre-registration file read.
+MAX_SPEC_BYTES = 4 * 2**20
+
+
+def _too_deep(raw: Any) -> str | None:
+    """The path of a value nested deeper than :data:`MAX_NESTING`, or None (no recursion)."""
+    stack: list[tuple[Any, tuple[Any, ...]]] = [(raw, ())]
+    while stack:
+        value, where = stack.pop()
+        if len(where) > MAX_NESTING:
+            return _loc(where[:MAX_NESTING]) + "..."
+        if isinstance(value, dict):
+            stack.extend((v, (*where, k)) for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend((v, (*where, f"[{i}]")) for i, v in enumerate(value))
+    return None
+
+
 def load_toml_model(text: str, path: str, model: type[M]) -> M:
-    """TOML text validated into ``model``; SpecError naming the file and every field path otherwise."""
+    """TOML text validated into ``model``; SpecError naming the file and every field path otherwise.
+
+    Any failure of the parser (invalid TOML, nesting so deep that it recurses out, ...) is a
+    SpecError too: a spec never crashes the loader."""
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(path, [f"not valid TOML: {exc}"]) from None
+    except RecursionError:
+        raise SpecError(path, [f"not a usable spec: tables or arrays nested too deeply (at most {MAX_NESTING} levels)"]) from None
+    except Exception as exc:  # a parser crash on hostile input is still bad input
+        raise SpecError(path, [f"not valid TOML: {type(exc).__name__}: {exc}"]) from None
+    deep = _too_deep(raw)
+    if deep is not None:
+        raise SpecError(path, [f"{deep}: tables or arrays nested deeper than {MAX_NESTING} levels"])
     try:
         return model.model_validate(raw)
     except ValidationError as exc:
         raise SpecError(path, format_errors(exc)) from None
+    except RecursionError:
+        raise SpecError(path, [f"tables or arrays nested too deeply (at most {MAX_NESTING} levels)"]) from None
 
 
 def _resolver(base_dir: Path) -> Any:
@@ -163,6 +195,8 @@ def load_spec(path: str | Path) -> LoadedSpec:
     if not p.is_file():
         raise SpecError(str(path), ["file not found" if not p.exists() else "not a regular file"])
     try:
+        if p.stat().st_size > MAX_SPEC_BYTES:
+            raise SpecError(str(path), [f"the file is larger than {MAX_SPEC_BYTES // 2**20} MiB; a spec is a short TOML file"])
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError(str(path), [f"cannot read: {exc}"]) from None

@@ -3,6 +3,12 @@
 A task raising is the task's failure: it becomes a ledger row with status ``failed`` and the error,
 and the sweep goes on. A worker process dying (OOM kill, segfault, node loss) is an infrastructure
 fault that Ray retries; each execution attempt leaves a marker, so the ledger counts attempts.
+
+The results tree failing (permission, disk full, object store unreachable) while the worker writes
+the attempt marker, a result file, an artifact or the ledger row is neither: it raises
+:class:`storage.errors.StorageFault` (naming the path) out of :func:`execute_unit`, writes no
+ledger row, and the driver stops the sweep. Result files written before the fault have no ledger
+row naming them, so the unit stays pending and a relaunch recomputes it.
 """
 
 from __future__ import annotations
@@ -11,12 +17,33 @@ import os
 import socket
 import time
 import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
-from storage.store import ResultStore, open_store, utcnow
+from storage.errors import StorageFault
+from storage.store import FileRecord, ResultStore, open_store, to_table, utcnow
 from tasks.kinds import canonical_json, get_kind
+
+T = TypeVar("T")
+
+
+@contextmanager
+def _storage(path: str) -> Iterator[None]:
+    """An error of the file system or object store under ``path`` becomes a :class:`StorageFault`."""
+    try:
+        yield
+    except StorageFault:
+        raise
+    except OSError as exc:  # PermissionError, ENOSPC, pyarrow's ArrowIOError (an OSError), ...
+        raise StorageFault(path, f"{type(exc).__name__}: {exc}") from exc
+
+
+def _store_call(path: str, fn: Callable[[], T]) -> T:
+    with _storage(path):
+        return fn()
 
 
 @dataclass(frozen=True)
@@ -29,11 +56,12 @@ class UnitFiles:
 
     def put_artifact(self, name: str, data: bytes) -> str:
         rel = f"_artifacts/sweep={self.sweep}/{self.unit_id}/{name}"
-        self.store.put_bytes(rel, data)
+        _store_call(str(self.store.root / rel), lambda: self.store.put_bytes(rel, data))
         return rel
 
     def read_unit(self, table: str, unit_id: str, columns: list[str] | None = None) -> list[dict[str, Any]]:
-        return self.store.read_unit(table, self.sweep, unit_id, columns)
+        where = str(self.store.partition(table, self.sweep) / f"{unit_id}.parquet")
+        return _store_call(where, lambda: self.store.read_unit(table, self.sweep, unit_id, columns))
 
 
 def _version() -> str:
@@ -55,8 +83,13 @@ def _node_id() -> str | None:
 
 
 def ledger_row(payload: dict[str, Any], spec_sha256: str, *, status: str, attempts: int, started: datetime,
-               duration_s: float, error: str | None, tables: list[str], rows: int, ran_here: bool) -> dict[str, Any]:
-    """The one place a ledger row (table ``units``) is built, for a unit run here or lost on a worker."""
+               duration_s: float, error: str | None, tables: list[str], rows: int, ran_here: bool,
+               files: list[FileRecord] | None = None) -> dict[str, Any]:
+    """The one place a ledger row (table ``units``) is built, for a unit run here or lost on a worker.
+
+    ``files`` are the records :meth:`ResultStore.write` returned for the unit's result files (none
+    for a failed unit); ``swapcheck sweep verify`` checks the tree against them.
+    """
     torch_version = None
     if ran_here:
         import torch
@@ -82,22 +115,29 @@ def ledger_row(payload: dict[str, Any], spec_sha256: str, *, status: str, attemp
         "spec_sha256": spec_sha256,
         "swapcheck_version": _version(),
         "torch_version": torch_version,
+        "files": [f.as_dict() for f in files or []],
     }
 
 
 def execute_unit(payload: dict[str, Any], results: str, sweep: str, spec_sha256: str) -> dict[str, Any]:
-    """Run one unit and commit its results; returns a small summary for the driver."""
+    """Run one unit and commit its results; returns a small summary for the driver.
+
+    Raises :class:`StorageFault` (and writes no ledger row) when the results tree fails; an
+    exception inside the kind's ``run()`` or rows that do not fit a table's schema are the unit's
+    failure, committed as a ``failed`` ledger row.
+    """
     import torch
 
     # One thread per unit keeps runs deterministic and lets Ray pack units onto cores.
     torch.set_num_threads(max(1, int(os.environ.get("SWAPCHECK_THREADS_PER_UNIT", "1"))))
-    store = open_store(results)
+    store = _store_call(results, lambda: open_store(results))
     unit_id = payload["id"]
-    attempt = store.mark_attempt(sweep, unit_id, _node_id())
+    attempt = _store_call(str(store.root / "_state" / "attempts" / f"sweep={sweep}" / unit_id),
+                          lambda: store.mark_attempt(sweep, unit_id, _node_id()))
     started = utcnow()
     t0 = time.perf_counter()
-    tables: list[str] = []
-    rows = 0
+    files: list[FileRecord] = []
+    arrow: dict[str, Any] = {}
     error = None
     try:
         kind = get_kind(payload["kind"], payload.get("kind_ref"))
@@ -105,22 +145,34 @@ def execute_unit(payload: dict[str, Any], results: str, sweep: str, spec_sha256:
         undeclared = sorted(set(produced) - set(kind.tables))
         if undeclared:
             raise RuntimeError(f"kind {kind.name!r} produced tables {undeclared} it does not declare {list(kind.tables)}")
-        for table, table_rows in produced.items():
-            rows += store.write(table, sweep, unit_id, [{"unit_id": unit_id, "experiment": payload["experiment"], **r} for r in table_rows])
-            tables.append(table)
+        # Rows that do not fit their schema are the unit's failure: check every table before writing any.
+        arrow = {table: to_table(table, [{"unit_id": unit_id, "experiment": payload["experiment"], **r} for r in table_rows])
+                 for table, table_rows in produced.items()}
         status = "ok"
+    except StorageFault:
+        raise
     except Exception as exc:  # noqa: BLE001 - any task failure is recorded, never lost
-        status = "failed"
+        status, arrow = "failed", {}
         error = f"{type(exc).__name__}: {exc}\n" + "".join(traceback.format_exc(limit=8))
-    store.record_unit(sweep, ledger_row(payload, spec_sha256, status=status, attempts=attempt, started=started,
-                                        duration_s=time.perf_counter() - t0, error=error, tables=tables, rows=rows,
-                                        ran_here=True))
+    for table, t in arrow.items():
+        with _storage(str(store.partition(table, sweep) / f"{unit_id}.parquet")):
+            files.append(store.write(table, sweep, unit_id, t))
+    rows = sum(f.rows for f in files)
+    row = ledger_row(payload, spec_sha256, status=status, attempts=attempt, started=started,
+                     duration_s=time.perf_counter() - t0, error=error, tables=[f.table for f in files], rows=rows,
+                     ran_here=True, files=files)
+    _store_call(str(store.partition("units", sweep) / f"{unit_id}.parquet"), lambda: store.record_unit(sweep, row))
     return {"unit_id": unit_id, "status": status, "error": error, "rows": rows, "attempts": attempt}
 
 
 def record_lost_unit(payload: dict[str, Any], results: str, sweep: str, spec_sha256: str, error: str) -> None:
-    """Driver side: a unit whose every attempt died (worker crash) still gets a failed ledger row."""
-    store = open_store(results)
-    store.record_unit(sweep, ledger_row(payload, spec_sha256, status="failed", attempts=store.attempts(sweep, payload["id"]),
-                                        started=utcnow(), duration_s=0.0, error=error, tables=[], rows=0,
-                                        ran_here=False))
+    """Driver side: a unit whose every attempt died (worker crash) still gets a failed ledger row.
+
+    Raises :class:`StorageFault` when the ledger row cannot be written.
+    """
+    store = _store_call(results, lambda: open_store(results))
+    where = str(store.partition("units", sweep) / f"{payload['id']}.parquet")
+    with _storage(where):
+        store.record_unit(sweep, ledger_row(payload, spec_sha256, status="failed", attempts=store.attempts(sweep, payload["id"]),
+                                            started=utcnow(), duration_s=0.0, error=error, tables=[], rows=0,
+                                            ran_here=False))

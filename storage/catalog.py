@@ -7,26 +7,58 @@ empty view with the declared columns, so queries never fail for lack of results.
 A command opens one :class:`Catalog` (one read-only DuckDB connection, the views created once) and
 asks it every question it has; ``read_only_query`` and ``run_named`` are one-shot conveniences
 (open, run one query, close) built on it.
+
+**What a view reads.** Opening a catalog lists each table's partitions once and reads the ledger
+(``units``). A result table's view is bound to exactly the files that ``ok`` ledger rows name (their
+``files`` records; for rows written before those existed, ``<unit_id>.parquet`` of each table in
+``tables``), each checked cheaply first: it exists, its size is the recorded ``bytes``, its Parquet
+footer is readable, its row count is the recorded ``rows`` and its schema fits the declared one.
+A file that fails is skipped and its unit marked: the ``units`` view adds ``damaged`` (bool) and
+``damage`` (the first problem) to the ledger columns; a unit whose ledger file itself is unreadable
+is a row with only ``unit_id``, ``sweep``, ``status = 'damaged'`` and those two.
+A file no ``ok`` ledger row names (an orphan) is not read. Every problem is one line of
+:attr:`Catalog.warnings` naming the file and ``swapcheck sweep verify``; nothing is read silently.
+The checks are metadata only: content checksums are ``swapcheck sweep verify``'s job. Tables that
+are not a unit's results (``units``, ``sweeps``, ``launches``, ``preregistrations``), and sweeps
+that have no ledger at all (trees written without the worker), are read whole, minus damaged files.
+
+**Read-only by construction.** The views scan pyarrow datasets bound to explicit file lists (no
+globbing, so ``[``, ``*``, ``?`` in ``--results`` are plain characters), registered with the
+connection before it is locked: DuckDB itself never opens a file. The connection is opened with no
+temporary directory, then ``enable_external_access = false`` with no allowed directory (COPY,
+EXPORT, ATTACH, INSTALL/LOAD, ``read_*``/``glob`` and every other file system route fail with a
+Permission Error, on every path) and ``lock_configuration = true`` (no SET/PRAGMA/RESET can undo
+it). On top of that, user SQL passes an allow-list taken from DuckDB's own parse
+(``duckdb.extract_statements``): SELECT (DESCRIBE, SHOW and SUMMARIZE parse as SELECT) and EXPLAIN
+of a SELECT, never EXPLAIN ANALYZE (which runs its statement).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from types import TracebackType
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import duckdb
 import pyarrow as pa
+import pyarrow.dataset as pads
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 
 from storage.errors import QueryError
-from storage.schemas import TABLES
-from storage.store import ResultStore, is_uri, open_store
+from storage.schemas import TABLES, UNITS
+from storage.store import ResultStore, open_store
 
 __all__ = [
+    "UNMANAGED_TABLES",
     "Catalog",
     "QueryError",
+    "check_read_only",
     "connect",
     "lock_down",
     "named_query",
@@ -36,12 +68,22 @@ __all__ = [
     "run_named",
 ]
 
-#: Statement kinds ``swapcheck query`` accepts: reading only (DESCRIBE and SHOW parse as SELECT).
+#: Statement kinds ``swapcheck query`` accepts: reading only (DESCRIBE, SHOW, SUMMARIZE parse as SELECT;
+#: EXPLAIN only of a SELECT and never ANALYZE, checked separately).
 READ_ONLY_STATEMENTS = {"SELECT", "EXPLAIN"}
+
+#: Tables whose files are not a unit's results (no ledger row names them): read whole, minus damage.
+UNMANAGED_TABLES = frozenset({"units", "sweeps", "launches", "preregistrations"})
+
+#: Columns the ``units`` view adds to the ledger: whether a committed unit's files are damaged, and why.
+DAMAGE_COLUMNS = [pa.field("damaged", pa.bool_()), pa.field("damage", pa.string())]
 
 #: ``$name`` placeholders of a named query (after comments and string literals are removed).
 _PARAM = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
 _COMMENTS_AND_STRINGS = re.compile(r"--[^\n]*|/\*.*?\*/|'(?:[^']|'')*'", re.DOTALL)
+_ANALYZE = {"ANALYZE", "ANALYSE"}
+_T = TypeVar("_T")
+_R = TypeVar("_R")
 
 
 def _arrow(result: Any) -> pa.Table:
@@ -53,57 +95,301 @@ def _arrow(result: Any) -> pa.Table:
     return table if isinstance(table, pa.Table) else table.read_all()
 
 
-def _sql_str(s: str) -> str:
-    return "'" + s.replace("'", "''") + "'"
-
-
-def _root(results: str | Path) -> str:
-    """The results root as DuckDB reads it: an absolute local path, or the URI as given."""
-    return str(results).rstrip("/") if is_uri(results) else str(Path(results).resolve())
-
-
 def sql_params(sql: str) -> list[str]:
     """The ``$name`` placeholders ``sql`` uses, in order of first use (comments and strings ignored)."""
     return list(dict.fromkeys(_PARAM.findall(_COMMENTS_AND_STRINGS.sub(" ", sql))))
 
 
-def connect(results: str | Path, store: ResultStore | None = None) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB connection with one view per results table (local path or URI).
+# -- binding the views: which files each table reads ---------------------------------------------------
 
-    Lists each table's sweep partitions once (``ResultStore.sweep_partitions``). The connection is
-    not locked down yet: see :func:`lock_down`, or use :class:`Catalog`, which does both.
+def _compatible(found: pa.DataType, declared: pa.DataType) -> bool:
+    """Whether a column stored as ``found`` reads as ``declared`` without changing its meaning."""
+    if found.equals(declared) or pa.types.is_null(found):
+        return True
+    same_family = (pa.types.is_integer, pa.types.is_floating, pa.types.is_timestamp, pa.types.is_boolean)
+    if any(f(found) and f(declared) for f in same_family):
+        return True
+    if (pa.types.is_string(found) or pa.types.is_large_string(found)) and pa.types.is_string(declared):
+        return True
+    if pa.types.is_list(declared) and (pa.types.is_list(found) or pa.types.is_large_list(found)):
+        return _compatible(found.value_type, declared.value_type)
+    if pa.types.is_struct(declared) and pa.types.is_struct(found):
+        names = {declared.field(i).name: declared.field(i).type for i in range(declared.num_fields)}
+        return all(found.field(i).name in names and _compatible(found.field(i).type, names[found.field(i).name])
+                   for i in range(found.num_fields))
+    return False
+
+
+def schema_problem(found: pa.Schema, declared: pa.Schema) -> str | None:
+    """Why a file's schema is not ``declared``'s (a foreign file), or None if it reads as that table.
+
+    A file may lack declared columns (older files: they read as NULL) but must hold at least one,
+    and every column it has must be declared, with a compatible type.
     """
-    root = _root(results)
-    store = store if store is not None else open_store(results)
-    con = duckdb.connect(":memory:")
+    types = {f.name: f.type for f in declared}
+    foreign = [f"{f.name} ({f.type})" for f in found if f.name not in types]
+    if foreign:
+        return f"foreign schema: undeclared column(s) {', '.join(foreign)}"
+    wrong = [f"{f.name} is {f.type}, declared {types[f.name]}" for f in found if not _compatible(f.type, types[f.name])]
+    if wrong:
+        return f"foreign schema: {'; '.join(wrong)}"
+    if "unit_id" in types and "unit_id" not in found.names:
+        return "foreign schema: no unit_id column"
+    if not found.names:
+        return "foreign schema: no columns"
+    return None
+
+
+@dataclass(frozen=True)
+class _Want:
+    """One file a view should read: where, its table and sweep, and what the ledger knows of it."""
+
+    rel: str  # relative to the results root
+    table: str
+    sweep: str
+    unit: tuple[str, str] | None = None  # (sweep, unit_id) of the ok ledger row naming it
+    rows: int | None = None
+    size: int | None = None
+
+
+@dataclass
+class _Bound:
+    """What a catalog binds: each table's readable files, the ledger rows, and the warnings."""
+
+    files: dict[str, list[_Want]] = field(default_factory=dict)
+    ledger: list[pa.Table] = field(default_factory=list)
+    damaged: dict[tuple[str, str], str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+def _parallel(fn: Callable[[_T], _R], items: list[_T]) -> list[_R]:
+    """``fn`` over ``items`` in order, on threads when there are many (footer reads wait on I/O)."""
+    if len(items) < 16:
+        return [fn(i) for i in items]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        return list(pool.map(fn, items))
+
+
+class _Binder:
+    """One pass over a results tree: list partitions once, read the ledger, check each file's metadata."""
+
+    def __init__(self, store: ResultStore, label: str) -> None:
+        self.store = store
+        self.verify = f"run `swapcheck sweep verify --results {label}`"
+        self.out = _Bound()
+
+    def _abs(self, rel: str) -> str:
+        return f"{self.store.base}/{rel}"
+
+    def _listing(self) -> dict[str, dict[str, dict[str, int | None]]]:
+        """table -> sweep -> {relative path: size} of every Parquet file, each table listed once."""
+        out: dict[str, dict[str, dict[str, int | None]]] = {}
+        for table in TABLES:
+            out[table] = {}
+            for sweep in self.store.sweep_partitions(table):
+                rel_dir = f"table={table}/sweep={sweep}"
+                try:
+                    infos = self.store.fs.get_file_info(pafs.FileSelector(self._abs(rel_dir), allow_not_found=True))
+                except OSError:
+                    infos = []
+                out[table][sweep] = {
+                    f"{rel_dir}/{i.base_name}": (int(i.size) if i.size is not None else None)
+                    for i in infos
+                    if i.type == pafs.FileType.File and i.base_name.endswith(".parquet")
+                    and not i.base_name.startswith(".")
+                }
+        return out
+
+    def _inspect(self, want: _Want) -> str | None:
+        """Why ``want`` must not be read (size, footer, rows, schema), or None."""
+        try:
+            with self.store.fs.open_input_file(self._abs(want.rel)) as fh:
+                meta = pq.ParquetFile(fh).metadata
+                found = meta.schema.to_arrow_schema()
+        except FileNotFoundError:
+            return "missing (deleted?)"
+        except Exception as exc:  # noqa: BLE001 - any unreadable footer is damage, never a traceback
+            return f"not a readable Parquet file ({type(exc).__name__}: {str(exc).splitlines()[0][:160]})"
+        if want.rows is not None and meta.num_rows != want.rows:
+            return f"holds {meta.num_rows} rows, the ledger recorded {want.rows}"
+        return schema_problem(found, TABLES[want.table])
+
+    def _warn(self, rel: str, problem: str, consequence: str) -> None:
+        self.out.warnings.append(f"{rel}: {problem}; {consequence}; {self.verify}")
+
+    def _check(self, wants: list[_Want], sizes: dict[str, int | None]) -> list[_Want]:
+        """The files of ``wants`` that pass the checks; a warning (and a damaged unit) for each other."""
+        def problem(w: _Want) -> str | None:
+            if w.rel not in sizes:
+                return "missing (deleted?)"
+            if w.size is not None and sizes[w.rel] is not None and sizes[w.rel] != w.size:
+                return f"is {sizes[w.rel]} bytes, the ledger recorded {w.size}"
+            return self._inspect(w)
+
+        good = []
+        for w, p in zip(wants, _parallel(problem, wants), strict=True):
+            if p is None:
+                good.append(w)
+                continue
+            if w.unit is not None:
+                self.out.damaged.setdefault(w.unit, f"{w.rel}: {p}")
+                self._warn(w.rel, p, f"skipped, unit {w.unit[1]} of sweep {w.unit[0]} is marked damaged")
+            else:
+                self._warn(w.rel, p, "skipped")
+        return good
+
+    def _read_ledger(self, sizes: dict[str, dict[str, int | None]]) -> None:
+        """Read every ledger file; a damaged one is a warning and a ``damaged`` row of its unit."""
+        schema = UNITS.append(pa.field("sweep", pa.string()))
+        wants = [_Want(rel, "units", sweep, (sweep, rel.rsplit("/", 1)[1][: -len(".parquet")]))
+                 for sweep, files in sizes.items() for rel in files]
+        read: set[str] = set()
+        for w in self._check(wants, {rel: size for files in sizes.values() for rel, size in files.items()}):
+            try:
+                t = self.store.read_table(self._abs(w.rel))
+            except Exception as exc:  # noqa: BLE001 - unreadable despite its footer: damage, named
+                problem = f"unreadable ({type(exc).__name__})"
+                self.out.damaged.setdefault(w.unit or ("", ""), f"{w.rel}: {problem}")
+                self._warn(w.rel, problem, "skipped")
+                continue
+            cols = [t.column(f.name).cast(f.type) if f.name in t.column_names else pa.nulls(len(t), f.type)
+                    for f in UNITS]
+            self.out.ledger.append(pa.Table.from_arrays([*cols, pa.array([w.sweep] * len(t), pa.string())],
+                                                        schema=schema))
+            read.add(w.rel)
+        lost = [{"unit_id": w.unit[1], "status": "damaged", "sweep": w.sweep}
+                for w in wants if w.rel not in read and w.unit is not None]
+        if lost:  # the unit's ledger row is unreadable: still show the unit, as damaged
+            self.out.ledger.append(pa.Table.from_pylist(lost, schema=schema))
+
+    def _expected(self) -> dict[str, list[_Want]]:
+        """table -> the files ``ok`` ledger rows name (legacy rows: ``<unit_id>.parquet`` per table)."""
+        out: dict[str, list[_Want]] = {t: [] for t in TABLES if t not in UNMANAGED_TABLES}
+        for t in self.out.ledger:
+            for row in t.select(["unit_id", "status", "tables", "files", "sweep"]).to_pylist():
+                if row["status"] != "ok":
+                    continue
+                unit = (row["sweep"], row["unit_id"])
+                records = row["files"]
+                if records is None:
+                    records = [{"table": tb, "path": f"table={tb}/sweep={row['sweep']}/{row['unit_id']}.parquet",
+                                "rows": None, "bytes": None} for tb in row["tables"] or []]
+                for rec in records:
+                    table, rel = rec.get("table"), str(rec.get("path") or "")
+                    m = re.fullmatch(r"table=([^/]+)/sweep=([^/]+)/[^/]+\.parquet", rel)
+                    if table not in out or m is None or m.group(1) != table or ".." in rel.split("/"):
+                        self.out.damaged.setdefault(unit, f"{rel}: not a result file path")
+                        self._warn(rel or "(empty path)", f"ledger record of table {table!r} is not a result file path",
+                                   f"unit {unit[1]} of sweep {unit[0]} is marked damaged")
+                        continue
+                    out[table].append(_Want(rel, table, m.group(2), unit, rec.get("rows"), rec.get("bytes")))
+        return out
+
+    def bind(self) -> _Bound:
+        listing = self._listing()
+        self._read_ledger(listing["units"])
+        ledgered = set(listing["units"])  # sweeps that have a ledger (even an unreadable one)
+        expected = self._expected()
+        for table in TABLES:
+            if table == "units":
+                continue
+            flat = {rel: size for files in listing[table].values() for rel, size in files.items()}
+            wants = [w for w in expected.get(table, []) if w.sweep in ledgered]
+            named = {w.rel for w in wants}
+            for sweep, files in listing[table].items():
+                if table in UNMANAGED_TABLES or sweep not in ledgered:
+                    wants += [_Want(rel, table, sweep) for rel in files]
+                    continue
+                for rel in files:
+                    if rel not in named:
+                        self._warn(rel, "not named by any ok ledger row (an orphan)", "not read")
+            self.out.files[table] = self._check(wants, flat)
+        return self.out
+
+
+# -- the connection ---------------------------------------------------------------------------------
+
+def _dataset(store: ResultStore, table: str, wants: list[_Want]) -> pa.Table | pads.Dataset:
+    schema = TABLES[table].append(pa.field("sweep", pa.string()))
+    if not wants:
+        return pa.Table.from_pylist([], schema=schema)
+    return pads.FileSystemDataset.from_paths(
+        [f"{store.base}/{w.rel}" for w in wants], schema=schema, format=pads.ParquetFileFormat(),
+        filesystem=store.fs, partitions=[pads.field("sweep") == w.sweep for w in wants])
+
+
+def _units_table(bound: _Bound) -> pa.Table:
+    """The ledger rows plus ``damaged`` / ``damage`` (why) of each unit."""
+    schema = UNITS.append(pa.field("sweep", pa.string()))
+    ledger = pa.concat_tables(bound.ledger) if bound.ledger else pa.Table.from_pylist([], schema=schema)
+    keys = zip(ledger.column("sweep").to_pylist(), ledger.column("unit_id").to_pylist(), strict=True)
+    damage = [bound.damaged.get(k) for k in keys]
+    return (ledger.append_column(DAMAGE_COLUMNS[0], pa.array([d is not None for d in damage], pa.bool_()))
+            .append_column(DAMAGE_COLUMNS[1], pa.array(damage, pa.string())))
+
+
+def _open(store: ResultStore, bound: _Bound) -> duckdb.DuckDBPyConnection:
+    """An in-memory connection that cannot touch a file, with one view per table over ``bound``."""
+    con = duckdb.connect(":memory:", config={"temp_directory": ""})  # no spilling to disk either
     Catalog.connections_opened += 1
-    if is_uri(results) and not root.startswith("file://"):
-        # s3:// gs:// https://: DuckDB's httpfs extension (credentials from the environment).
-        con.execute("INSTALL httpfs; LOAD httpfs")
-    for table, schema in TABLES.items():
-        if any(store.parquet_files(table, sw) for sw in store.sweep_partitions(table)):
-            glob = _sql_str(f"{root}/table={table}/sweep=*/*.parquet")
-            con.execute(
-                f'CREATE VIEW "{table}" AS SELECT * EXCLUDE ("table") FROM read_parquet({glob}, '
-                "hive_partitioning = true, union_by_name = true)"
-            )
-        else:
-            empty = pa.Table.from_pylist([], schema=schema.append(pa.field("sweep", pa.string())))
-            con.register(f"_empty_{table}", empty)
-            con.execute(f'CREATE VIEW "{table}" AS SELECT * FROM "_empty_{table}"')
+    try:
+        con.execute("SET max_temp_directory_size = '0B'")
+        con.execute("SET enable_external_access = false")  # no allowed directory: no file, any path
+        for table in TABLES:
+            source = _units_table(bound) if table == "units" else _dataset(store, table, bound.files[table])
+            con.register(table, source)  # a view over the Arrow object: DuckDB opens no file
+    except BaseException:
+        con.close()
+        raise
     return con
 
 
-def lock_down(con: duckdb.DuckDBPyConnection, results: str | Path) -> None:
-    """Forbid file access outside the results tree and any later change of that setting."""
-    root = _root(results).rstrip("/") + "/"
-    con.execute(f"SET allowed_directories = [{_sql_str(root)}]")
+def connect(results: str | Path, store: ResultStore | None = None) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB connection with one view per results table (local path or URI).
+
+    File access is already off; :func:`lock_down` locks the configuration (:class:`Catalog` does
+    both, and keeps the warnings this drops).
+    """
+    store = store if store is not None else open_store(results)
+    return _open(store, _Binder(store, str(results)).bind())
+
+
+def lock_down(con: duckdb.DuckDBPyConnection, results: str | Path | None = None) -> None:
+    """Forbid every file system access and any later change of the configuration (``results``: unused)."""
     con.execute("SET enable_external_access = false")
     con.execute("SET lock_configuration = true")
 
 
-def _read_only_statements(sql: str) -> list[Any]:
-    """The statements of ``sql``; QueryError unless every one of them only reads."""
+# -- the allow-list -----------------------------------------------------------------------------------
+
+def _kind(st: Any) -> str:
+    return str(st.type).rsplit(".", 1)[-1]
+
+
+def _explained(query: str) -> str:
+    """The statement an EXPLAIN explains; QueryError for EXPLAIN ANALYZE (it runs the statement)."""
+    starts = [pos for pos, _kind_ in duckdb.tokenize(query)]
+    tokens = [(pos, query[pos:end].strip().upper()) for (pos, kind), end in
+              zip(duckdb.tokenize(query), [*starts[1:], len(query)], strict=True)
+              if kind != duckdb.token_type.comment]
+    i, depth = 1, 0  # tokens[0] is EXPLAIN
+    while i < len(tokens):
+        word = tokens[i][1]
+        if word in _ANALYZE:
+            raise QueryError("refused EXPLAIN ANALYZE: it runs its statement; `swapcheck query` is read-only "
+                             "(use EXPLAIN); nothing was changed")
+        if word == "(":
+            depth += 1
+        elif word == ")":
+            depth -= 1
+        elif depth == 0:
+            return query[tokens[i][0]:]
+        i += 1
+    return ""
+
+
+def check_read_only(sql: str) -> list[Any]:
+    """The statements of ``sql``; QueryError unless every one of them only reads (DuckDB's own parse)."""
     try:
         statements = duckdb.extract_statements(sql)
     except duckdb.Error as exc:
@@ -111,17 +397,27 @@ def _read_only_statements(sql: str) -> list[Any]:
     if not statements:
         raise QueryError("the query is empty")
     for st in statements:
-        kind = str(st.type).rsplit(".", 1)[-1]
+        kind = _kind(st)
+        if kind == "EXPLAIN":
+            inner = check_read_only(_explained(st.query))
+            kind = "EXPLAIN " + _kind(inner[0]) if len(inner) != 1 or _kind(inner[0]) != "SELECT" else kind
         if kind not in READ_ONLY_STATEMENTS:
             raise QueryError(
                 f"refused a {kind} statement: `swapcheck query` is read-only "
-                f"(allowed: {', '.join(sorted(READ_ONLY_STATEMENTS))}, DESCRIBE, SHOW); nothing was changed"
+                "(allowed: SELECT, DESCRIBE, SHOW, SUMMARIZE, EXPLAIN of a SELECT); nothing was changed"
             )
     return list(statements)
 
 
+_read_only_statements = check_read_only  # the earlier private name
+
+
 class Catalog:
-    """One read-only DuckDB connection over a results tree; the views are created once."""
+    """One read-only DuckDB connection over a results tree; the views are created once.
+
+    ``warnings`` lists every file the views do not read (damaged, missing, foreign, orphaned), one
+    line each naming the file and ``swapcheck sweep verify``; commands print them before the output.
+    """
 
     #: Incremented for every DuckDB connection opened over a results tree (tests count it).
     connections_opened: ClassVar[int] = 0
@@ -130,9 +426,11 @@ class Catalog:
         self.results = str(results)
         self.store = open_store(results)
         self._con: duckdb.DuckDBPyConnection | None = None
-        con = connect(results, self.store)
+        bound = _Binder(self.store, self.results).bind()
+        self.warnings: list[str] = bound.warnings
+        con = _open(self.store, bound)
         try:
-            lock_down(con, results)
+            lock_down(con)
         except BaseException:
             con.close()
             raise
@@ -143,6 +441,12 @@ class Catalog:
         if self._con is None:
             raise QueryError(f"the catalog over {self.results} is closed")
         return self._con
+
+    def _failed(self, what: str, exc: duckdb.Error) -> QueryError:
+        text = f"{what}{type(exc).__name__}: {exc}"
+        if "arrow" in str(exc).lower() or "parquet" in str(exc).lower():
+            text += f" (a result file may be damaged: run `swapcheck sweep verify --results {self.results}`)"
+        return QueryError(text)
 
     def named(self, name: str, **params: Any) -> list[dict[str, Any]]:
         """Rows of ``storage/queries/<name>.sql`` with its ``$param`` placeholders bound from ``params``."""
@@ -156,23 +460,24 @@ class Catalog:
         try:
             return _arrow(self.con.sql(sql, params=bound or None))
         except duckdb.Error as exc:
-            raise QueryError(f"named query {name!r} failed: {type(exc).__name__}: {exc}") from None
+            raise self._failed(f"named query {name!r} failed: ", exc) from None
 
     def query(self, sql: str, **params: Any) -> pa.Table:
-        """Run user ``sql`` (SELECT / EXPLAIN / DESCRIBE / SHOW only); return an Arrow table.
+        """Run user ``sql`` (SELECT / EXPLAIN / DESCRIBE / SHOW / SUMMARIZE only); return an Arrow table.
 
-        ``params`` bind the ``$name`` placeholders of the last statement (values, never SQL text).
+        Several statements run in order and the last one's result is returned. ``params`` bind the
+        ``$name`` placeholders of the last statement (values, never SQL text).
         """
-        statements = _read_only_statements(sql)
+        statements = check_read_only(sql)
         con = self.con
         try:
             for st in statements[:-1]:
-                con.execute(st.query)
+                con.execute(st.query).fetchall()
             last = statements[-1].query
             bound = {p: params.get(p) for p in sql_params(last)}
             return _arrow(con.sql(last, params=bound or None))
         except duckdb.Error as exc:
-            raise QueryError(f"{type(exc).__name__}: {exc}") from None
+            raise self._failed("", exc) from None
 
     def sweeps(self) -> list[str]:
         """The sweeps that have a spec record."""
@@ -198,7 +503,7 @@ def open_catalog(results: str | Path) -> Catalog:
 
 def read_only_query(results: str | Path, sql: str) -> pa.Table:
     """Run ``sql`` (SELECT / EXPLAIN / DESCRIBE / SHOW only) over the results; return an Arrow table."""
-    _read_only_statements(sql)  # refuse before listing the results tree
+    check_read_only(sql)  # refuse before listing the results tree
     with Catalog(results) as cat:
         return cat.query(sql)
 

@@ -16,16 +16,26 @@ directory, fsynced and renamed into place; on an object store one put is already
 a reader never sees a partial file. Result files are named by unit id, so running a unit twice
 replaces its file instead of adding rows: no fault can produce a duplicate row. A unit is done when
 its ledger entry says ``ok``; the ledger entry is written after the unit's result files.
+
+Integrity: :meth:`ResultStore.write` hashes exactly the bytes it puts and returns a
+:class:`FileRecord` (table, path relative to the root, rows, bytes, SHA-256); the worker stores the
+records of a unit's result files in its ledger row (column ``files``), so ``swapcheck sweep verify``
+can check every committed file against what was written. A writer killed between creating its
+temporary file and renaming it leaves ``.<name>.tmp-<hex>`` behind: :meth:`ResultStore.temporaries`
+lists them, :meth:`ResultStore.remove_stale_temporaries` removes old ones.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import socket
 import time
 import uuid
 from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -36,7 +46,13 @@ import pyarrow.parquet as pq
 
 from storage.schemas import TABLES, UNITS
 
-__all__ = ["ResultStore", "is_uri", "open_store", "to_table", "utcnow"]
+__all__ = ["STALE_AFTER_S", "FileRecord", "ResultStore", "is_uri", "open_store", "to_table", "utcnow"]
+
+#: A temporary file older than this (seconds) belongs to no live writer: a killed writer left it.
+STALE_AFTER_S = 3600.0
+
+#: ``.<final name>.tmp-<32 hex>``: the temporary name of a local atomic put (``ResultStore._put``).
+_TEMPORARY = re.compile(r"^\..+\.tmp-[0-9a-f]{32}$")
 
 
 def utcnow() -> datetime:
@@ -65,6 +81,24 @@ def _parquet_bytes(table: pa.Table) -> bytes:
     pq.write_table(table, buf, compression="zstd")
     data: bytes = buf.getvalue().to_pybytes()
     return data
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    """One written result file, as the ledger records it (``storage.schemas.FILE_RECORD``).
+
+    ``path`` is relative to the results root (``table=<t>/sweep=<s>/<name>.parquet``); ``bytes`` and
+    ``sha256`` are of exactly the bytes that were put; ``rows`` is the file's row count.
+    """
+
+    table: str
+    path: str
+    rows: int
+    bytes: int
+    sha256: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 class ResultStore:
@@ -140,11 +174,19 @@ class ResultStore:
         return data
 
     # -- writes ------------------------------------------------------------------------------------
-    def write(self, table: str, sweep: str, name: str, rows: pa.Table | Iterable[Mapping[str, Any]]) -> int:
-        """Write one file of ``table`` (rows cast to its declared schema); return the row count."""
+    def write(self, table: str, sweep: str, name: str, rows: pa.Table | Iterable[Mapping[str, Any]]) -> FileRecord:
+        """Write one file of ``table`` (rows cast to its declared schema) atomically; return its record.
+
+        The SHA-256 is of exactly the bytes put (serialized in memory first). The row count is
+        ``.rows`` of the record. Raises ``ValueError`` for rows that do not fit the schema (nothing
+        written) and ``OSError`` when the file system refuses the write.
+        """
         t = to_table(table, rows)
-        self._put(f"{self._partition(table, sweep)}/{name}.parquet", _parquet_bytes(t))
-        return int(t.num_rows)
+        data = _parquet_bytes(t)
+        rel = f"table={table}/sweep={sweep}/{name}.parquet"
+        self._put(self._p(rel), data)
+        return FileRecord(table=table, path=rel, rows=int(t.num_rows), bytes=len(data),
+                          sha256=hashlib.sha256(data).hexdigest())
 
     def mark_attempt(self, sweep: str, unit_id: str, node_id: str | None = None) -> int:
         """Record that an execution of ``unit_id`` started here; return the attempt number."""
@@ -166,6 +208,59 @@ class ResultStore:
     def write_text(self, relpath: str, text: str) -> str:
         return self.put_bytes(relpath, text.encode())
 
+    def move(self, relpath: str, dest_relpath: str) -> None:
+        """Move a file to another path under the root (a rename locally; copy + delete on object stores)."""
+        dest = self._p(dest_relpath)
+        self.fs.create_dir(dest.rsplit("/", 1)[0], recursive=True)
+        self.fs.move(self._p(relpath), dest)
+
+    # -- files by path relative to the root (what ledger records name) ----------------------------
+    def relative(self, path: str) -> str:
+        """The path of ``path`` (as :meth:`parquet_files` returns it) relative to the root."""
+        return path[len(self.base) + 1:] if path.startswith(self.base + "/") else path
+
+    def size(self, relpath: str) -> int | None:
+        """The size in bytes of a file under the root, or None if there is no file there."""
+        info = self.fs.get_file_info(self._p(relpath))
+        return int(info.size) if info.type == pafs.FileType.File and info.size is not None else None
+
+    def read_bytes(self, relpath: str) -> bytes:
+        return self._read_bytes(self._p(relpath))
+
+    def table_partitions(self) -> list[str]:
+        """The tables that have a ``table=<table>`` directory under the root (sorted)."""
+        try:
+            infos = self.fs.get_file_info(pafs.FileSelector(self.base, allow_not_found=True))
+        except (FileNotFoundError, NotADirectoryError, OSError):
+            return []
+        return sorted(i.base_name.split("=", 1)[1] for i in infos
+                      if i.type == pafs.FileType.Directory and i.base_name.startswith("table="))
+
+    def temporaries(self, older_than_s: float = 0.0) -> list[tuple[str, float | None]]:
+        """Temporary files a killed writer left (``.<name>.tmp-<hex>``) older than ``older_than_s``:
+        (path relative to the root, age in seconds or None where the store keeps no mtime), sorted."""
+        now = time.time()
+        out: list[tuple[str, float | None]] = []
+        for info in self._files(self.base, recursive=True):
+            if not _TEMPORARY.match(info.base_name) or "/_quarantine/" in info.path:
+                continue
+            age = now - info.mtime.timestamp() if info.mtime is not None else None
+            if age is None or age >= older_than_s:
+                out.append((self.relative(info.path), age))
+        return out
+
+    def remove_stale_temporaries(self, older_than_s: float = STALE_AFTER_S) -> list[str]:
+        """Delete temporary files older than ``older_than_s`` (no live writer owns them: a write
+        takes seconds); return their paths relative to the root. Call it before a launch."""
+        removed = []
+        for rel, _age in self.temporaries(older_than_s):
+            try:
+                self.fs.delete_file(self._p(rel))
+            except FileNotFoundError:  # another process removed it first
+                continue
+            removed.append(rel)
+        return removed
+
     # -- reads -------------------------------------------------------------------------------------
     def attempt_markers(self, sweep: str) -> list[dict[str, Any]]:
         """Every attempt marker of a sweep, with its unit id (which unit started where, and when)."""
@@ -180,6 +275,15 @@ class ResultStore:
         out: dict[str, dict[str, Any]] = {}
         for p in self.parquet_files("units", sweep):
             for row in self.read_table(p, columns=["unit_id", "status", "attempts", "error"], schema=UNITS).to_pylist():
+                out[row["unit_id"]] = row
+        return out
+
+    def ledger_records(self, sweep: str) -> dict[str, dict[str, Any]]:
+        """unit_id -> the whole ledger row (every ``UNITS`` column, ``files`` included: a list of
+        :class:`FileRecord` dicts, None in rows written before integrity records existed)."""
+        out: dict[str, dict[str, Any]] = {}
+        for p in self.parquet_files("units", sweep):
+            for row in self.read_table(p, schema=UNITS).to_pylist():
                 out[row["unit_id"]] = row
         return out
 

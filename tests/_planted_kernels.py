@@ -1,6 +1,6 @@
 """Kernels with planted defects, named the way a user names their own kernel: ``"_planted_kernels:attr"``.
 
-Plain matmuls ``f(A, B) -> C`` (operands in the check's dtype, output in the same dtype), except
+Plain matmuls ``f(A, B) -> C``, marked ``@kernel_function`` (operands in the check's dtype, output in the same dtype), except
 ``WrongChannelScale``, a scaled INT8 kernel.  Each imitates one bug of a tiled GEMM
 (reference/numerics.md §6.3), with tiles of TILE x TILE outputs and K-blocks of BK:
 
@@ -22,29 +22,33 @@ from __future__ import annotations
 
 import torch
 
-from tasks.kernels import Kernel
+from tasks.kernels import Kernel, kernel_function
 
 TILE = 16
 BK = 64
 
 
+@kernel_function
 def correct(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """fp32 accumulation, one rounding to the operands' dtype."""
     return (a.float() @ b.float()).to(a.dtype)
 
 
+@kernel_function
 def tile_scaled(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     c = a.float() @ b.float()
     c[:TILE, :TILE] *= 1 + 2**-8
     return c.to(a.dtype)
 
 
+@kernel_function
 def dropped_k_block(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     k = a.shape[1]
     keep = ((k - 1) // BK) * BK
     return (a[:, :keep].float() @ b[:keep].float()).to(a.dtype)
 
 
+@kernel_function
 def transposed_tile(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     c = a.float() @ b.float()
     if c.shape[0] >= TILE and c.shape[1] >= 2 * TILE:
@@ -52,6 +56,7 @@ def transposed_tile(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return c.to(a.dtype)
 
 
+@kernel_function
 def bf16_accumulator(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     acc = torch.zeros(a.shape[0], b.shape[1], dtype=torch.bfloat16)
     for k0 in range(0, a.shape[1], BK):
@@ -60,6 +65,7 @@ def bf16_accumulator(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return acc.to(a.dtype)
 
 
+@kernel_function
 def split_k_bf16_partials(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     bounds = torch.linspace(0, a.shape[1], 5).round().long().tolist()
     total = torch.zeros(a.shape[0], b.shape[1])
@@ -68,6 +74,7 @@ def split_k_bf16_partials(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return total.to(a.dtype)
 
 
+@kernel_function
 def rtz_epilogue(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     c = a.float() @ b.float()
     r = c.to(a.dtype)
@@ -103,21 +110,29 @@ CAUGHT_BY = {
 }
 
 
+@kernel_function
 def raises(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     raise RuntimeError("planted failure: this kernel always raises")
 
 
+@kernel_function
 def wrong_shape(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a.float() @ b.float()).to(a.dtype)[:, :-1]
 
 
+@kernel_function
 def three_args(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     return a @ b
 
 
+@kernel_function
 def blocked(a: torch.Tensor, b: torch.Tensor, *, block: int = 64) -> torch.Tensor:
     """A correct kernel with a keyword parameter: fp32 sums of K-blocks, rounded once."""
     acc = torch.zeros(a.shape[0], b.shape[1])
     for k0 in range(0, a.shape[1], block):
         acc += a[:, k0 : k0 + block].float() @ b[k0 : k0 + block].float()
     return acc.to(a.dtype)
+
+
+#: torch.matmul, marked as a kernel the way a user wraps a third-party function in their own module.
+torch_matmul = kernel_function(torch.matmul)

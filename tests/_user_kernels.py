@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from tasks.kernels import Kernel
+from tasks.kernels import Kernel, kernel_factory, kernel_function
 
 IMPORTED = True
 
@@ -25,9 +25,33 @@ class FloatReference(Kernel):
         return out.to(ops.out_dtype)
 
 
+@kernel_factory
 def make_float_reference(**params) -> Kernel:
     """A factory, the other registrable form."""
     return FloatReference(**params)
 
 
 NOT_A_KERNEL = 42
+
+
+def unmarked_matmul(a, b):
+    """A plain f(A, B) -> C without @kernel_function: refused (nothing calls it)."""
+    raise AssertionError("an unmarked function must never be called")
+
+
+def unmarked_factory(**params) -> Kernel:
+    """A factory without @kernel_factory: refused (nothing calls it)."""
+    raise AssertionError("an unmarked factory must never be called")
+
+
+class NotAKernelClass:
+    """A class that is not a Kernel subclass: refused, never instantiated."""
+
+    def __init__(self, **params):
+        raise AssertionError("a non-kernel class must never be instantiated")
+
+
+@kernel_function
+def marked_matmul(a, b):
+    """fp32 accumulation, rounded once (the marked variant of unmarked_matmul)."""
+    return (a.float() @ b.float()).to(a.dtype)

@@ -166,3 +166,57 @@ def test_local_writes_are_atomic_and_leave_no_temporary_files(tmp_path: Path, ki
     names = [p.name for p in root.rglob("*") if p.is_file()]
     assert not [n for n in names if ".tmp" in n], names
     assert store.ledger("s") == {"u1": {"unit_id": "u1", "status": "ok", "attempts": 1, "error": None}}
+
+
+@pytest.mark.parametrize("sql", [
+    "COPY (SELECT * EXCLUDE (sweep) FROM kdepth) TO '{root}/table=kdepth/sweep=s1/dup.parquet' (FORMAT parquet)",
+    "EXPLAIN ANALYZE COPY (SELECT 1 AS a) TO '{root}/x.csv'",
+    "EXPORT DATABASE '{tmp}/export'",
+    "ATTACH '{tmp}/x.db' AS x",
+    "SELECT * FROM read_parquet('{root}/table=kdepth/sweep=s1/u1.parquet')",
+    "SELECT * FROM glob('{tmp}/*')",
+    "INSTALL httpfs",
+])
+def test_the_connection_itself_cannot_touch_files(results: Path, tmp_path: Path, sql: str) -> None:
+    """Below the allow-list: DuckDB, with its configuration locked, refuses every file access."""
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    with Catalog(results) as cat:
+        with pytest.raises(duckdb.PermissionException):
+            cat.con.execute(sql.format(root=results, tmp=tmp_path))
+        settings = dict(cat.con.execute(
+            "SELECT name, value FROM duckdb_settings() WHERE name IN "
+            "('enable_external_access', 'lock_configuration', 'temp_directory', 'allowed_directories')").fetchall())
+        assert settings == {"enable_external_access": "false", "lock_configuration": "true", "temp_directory": "",
+                            "allowed_directories": "[]"}
+        with pytest.raises(duckdb.Error, match="locked"):
+            cat.con.execute("SET enable_external_access = true")
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before
+
+
+@pytest.mark.parametrize("sql", ["EXPLAIN ANALYZE SELECT 1", "EXPLAIN (ANALYZE) SELECT 1", "explain -- c\n analyse SELECT 1",
+                                 "EXPLAIN (FORMAT json, ANALYZE) SELECT 1", "EXPLAIN COPY (SELECT 1) TO 'x.csv'",
+                                 "PIVOT kdepth ON dtype", "CALL pragma_version()", "SELECT 1; CREATE TABLE t (a INT)"])
+def test_allow_list_from_duckdbs_parse(results: Path, sql: str) -> None:
+    with Catalog(results) as cat:
+        with pytest.raises(QueryError, match="read-only"):
+            cat.query(sql)
+        assert cat.query("EXPLAIN (FORMAT json) SELECT * FROM kdepth").num_rows == 1
+        assert cat.query("SELECT 1 AS a; SELECT 2 AS b").to_pylist() == [{"b": 2}]
+
+
+def test_clean_tree_has_no_warnings_and_no_damaged_units(results: Path) -> None:
+    with Catalog(results) as cat:
+        assert cat.warnings == []
+        assert cat.query("SELECT count(*) FILTER (WHERE damaged) AS d, count(*) AS n FROM units").to_pylist() == \
+            [{"d": 0, "n": 3}]
+
+
+def test_orphans_and_failed_units_files_are_not_read(results: Path) -> None:
+    store = ResultStore(results)
+    store.write("kdepth", "s1", "dup", [_kdepth("forged", 1000)])  # an orphan: no ledger row names it
+    store.write("kdepth", "s1", "u2", [_kdepth("u2", 1000)])  # u2's ledger row says failed
+    with Catalog(results) as cat:
+        assert cat.query("SELECT sum(differing) AS d FROM kdepth WHERE sweep = 's1'").to_pylist() == [{"d": 3}]
+        assert sorted(w.split(":")[0] for w in cat.warnings) == ["table=kdepth/sweep=s1/dup.parquet",
+                                                                  "table=kdepth/sweep=s1/u2.parquet"]
+        assert all("orphan" in w and "sweep verify" in w for w in cat.warnings)

@@ -129,7 +129,7 @@ def _correct_kernels():
         if row["device"] == "cpu" and row["available"] and ":" not in row["name"] and row["name"] in _BUILTINS:
             cases.append((row["name"], torch.bfloat16, None))
     cases.append(("exact", torch.bfloat16, "fp8_e4m3"))
-    cases += [("torch:matmul", d, None) for d in (torch.float32, torch.bfloat16, torch.float16)]
+    cases += [("_planted_kernels:torch_matmul", d, None) for d in (torch.float32, torch.bfloat16, torch.float16)]
     return cases
 
 
@@ -198,7 +198,7 @@ def test_scaled_kernel_gets_pow2_scales_and_richest_layout():
 
 
 def test_inconclusive_when_p_too_small():
-    s = load_subject("torch:matmul")
+    s = load_subject("_planted_kernels:torch_matmul")
     r = run_exact_match(s, [(16, 2000, 16)], torch.bfloat16, trials=2, p=0.0)
     assert r.verdict is Verdict.INCONCLUSIVE and r.checked == 0
     assert "too small" in r.text()
@@ -213,7 +213,7 @@ def test_kernel_that_raises_is_error_and_wrong_shape_incorrect():
 
 
 def test_bad_input():
-    s = load_subject("torch:matmul")
+    s = load_subject("_planted_kernels:torch_matmul")
     with pytest.raises(CheckInputError, match="unknown algorithm"):
         run_bounds(s, SHAPES, "zigzag")
     with pytest.raises(CheckInputError, match="input kind"):
@@ -234,7 +234,7 @@ def test_bounds_algorithms_nest():
     """A tighter named algorithm flags what a looser one allows: torch's fp32 CPU matmul is not
     the exact sum rounded once, but it is within the any-order bound.  (On positive inputs the sum
     of magnitudes is the result itself, so the one-rounding bound is about one spacing wide.)"""
-    s = load_subject("torch:matmul")
+    s = load_subject("_planted_kernels:torch_matmul")
     pos = ("uniform-positive",)
     loose = run_bounds(s, [(32, 1000, 24)], "any", torch.float32, trials=3, inputs=pos)
     tight = run_bounds(s, [(32, 1000, 24)], "exact", torch.float32, trials=3, inputs=pos)

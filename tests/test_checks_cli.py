@@ -18,10 +18,10 @@ def _run(*args: str):
 
 
 def test_exact_match_pass_table():
-    res = _run("exact-match", "--kernel", "torch:matmul", *SMALL)
+    res = _run("exact-match", "--kernel", "_planted_kernels:torch_matmul", *SMALL)
     assert res.exit_code == 0, res.output
     out = res.output
-    assert "exact-match check of torch:matmul" in out and "output bf16" in out
+    assert "exact-match check of _planted_kernels:torch_matmul" in out and "output bf16" in out
     assert "32x300x24" in out and "17x1000x9" in out and "positions" in out
     assert "verdict: IDENTICAL (pass)" in out
 
@@ -75,13 +75,13 @@ def test_all_combines_both_checks():
         (["exact-match", "--kernel", "no_such_mod_q:f"], "cannot import module"),
         (["exact-match", "--kernel", "int8-cutlas-order"], "did you mean"),
         (["exact-match", "--kernel", "_planted_kernels:three_args"], "required positional"),
-        (["exact-match", "--kernel", "torch:matmul", "--shape", "3x4"], "MxKxN"),
-        (["exact-match", "--kernel", "torch:matmul", "--dtype", "int4"], "allowed bfloat16"),
-        (["exact-match", "--kernel", "torch:matmul", "--trials", "0"], "trials"),
-        (["bounds", "--kernel", "torch:matmul", "--algorithm", "zigzag"], "unknown algorithm"),
-        (["bounds", "--kernel", "torch:matmul", "--inputs", "gauss"], "input kind"),
+        (["exact-match", "--kernel", "_planted_kernels:torch_matmul", "--shape", "3x4"], "MxKxN"),
+        (["exact-match", "--kernel", "_planted_kernels:torch_matmul", "--dtype", "int4"], "allowed bfloat16"),
+        (["exact-match", "--kernel", "_planted_kernels:torch_matmul", "--trials", "0"], "trials"),
+        (["bounds", "--kernel", "_planted_kernels:torch_matmul", "--algorithm", "zigzag"], "unknown algorithm"),
+        (["bounds", "--kernel", "_planted_kernels:torch_matmul", "--inputs", "gauss"], "input kind"),
         (["bounds", "--kernel", "exact", "--operands", "int4"], "operands"),
-        (["bounds", "--kernel", "torch:matmul", "--param", "oops"], "KEY=VALUE"),
+        (["bounds", "--kernel", "_planted_kernels:torch_matmul", "--param", "oops"], "KEY=VALUE"),
     ],
 )
 def test_bad_input_exits_2(args, message):
@@ -93,5 +93,5 @@ def test_bad_input_exits_2(args, message):
 def test_error_and_inconclusive_exit_1():
     res = _run("exact-match", "--kernel", "_planted_kernels:raises", "--shape", "4x10x4", "--format", "json")
     assert res.exit_code == 1 and json.loads(res.stdout)["verdict"] == "ERROR"
-    res = _run("exact-match", "--kernel", "torch:matmul", "--shape", "8x2000x8", "--p", "0", "--trials", "1")
+    res = _run("exact-match", "--kernel", "_planted_kernels:torch_matmul", "--shape", "8x2000x8", "--p", "0", "--trials", "1")
     assert res.exit_code == 1 and "INCONCLUSIVE" in res.output

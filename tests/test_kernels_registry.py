@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from importlib.metadata import EntryPoint
 
@@ -306,3 +307,106 @@ def test_identity_and_repr():
         "params": {"bias_mode": "output"},
     }
     assert "int8-triton-order" in repr(k) and "output" in k.description
+
+
+# -- only declared kernels: nothing else is called (specs are data) --------------------------------
+
+
+@pytest.mark.parametrize(
+    "ref,match",
+    [
+        ("subprocess:Popen", "standard library"),
+        ("sys:exit", "standard library"),
+        ("os:abort", "standard library"),
+        ("builtins:eval", "standard library"),
+        ("torch:matmul", "'torch' package"),
+        ("numpy:matmul", "'numpy' package"),
+        ("orchestrator.runner:launch", "'orchestrator' package"),
+        ("_user_kernels:unmarked_matmul", "unmarked callable"),
+        ("_user_kernels:unmarked_factory", "unmarked callable"),
+        ("_user_kernels:NotAKernelClass", "class _user_kernels.NotAKernelClass"),
+        ("_user_kernels:NOT_A_KERNEL", "not a Kernel subclass"),
+        ("_user_kernels:torch.matmul", "unmarked callable"),
+        ("_user_kernels:FloatReference.compute", "unmarked callable"),
+        ("_user_kernels:__builtins__", "special attribute"),
+        ("_user_kernels:IMPORTED.real", "only go through modules and classes"),
+        ("tasks.kernels:Kernel", "abstract class"),
+        ("tasks.kernels:MatmulKernel", "abstract class"),
+        (".relative:thing", "dotted Python names"),
+    ],
+)
+def test_non_kernel_targets_are_refused_before_anything_is_called(ref, match):
+    with pytest.raises(KernelError, match=match) as err:
+        get_kernel(ref, args="touch pwned", shell=True)
+    assert "kernel_function" in str(err.value) or "abstract" in str(err.value) or match in str(err.value)
+
+
+def test_refused_standard_library_module_is_not_imported():
+    sys.modules.pop("antigravity", None)
+    with pytest.raises(KernelError, match="it was not imported"):
+        get_kernel("antigravity:fly")
+    assert "antigravity" not in sys.modules
+
+
+def test_marked_variants_work():
+    from _user_kernels import marked_matmul
+
+    k = get_kernel("_user_kernels:marked_matmul")
+    assert isinstance(k, reg.MatmulKernel) and "fp32 accumulation" in k.description
+    a, b = torch.randn(3, 5).bfloat16(), torch.randn(5, 2).bfloat16()
+    assert torch.equal(k.matmul(a, b), marked_matmul(a, b))  # the decorated name still calls f
+    f = get_kernel("_user_kernels:make_float_reference", offset=1.0)
+    assert isinstance(f, Kernel) and f.params == {"offset": 1.0}
+
+
+def test_kernel_function_wraps_without_modifying():
+    def f(a, b):
+        return a @ b
+
+    marked = reg.kernel_function(f)
+    assert isinstance(marked, reg.KernelFunction) and marked is not f and not hasattr(f, "fn")
+    assert marked.__name__ == "f" and marked.__wrapped__ is f
+    with pytest.raises(TypeError):
+        reg.kernel_function(42)  # type: ignore[arg-type]
+
+
+def test_register_refuses_unmarked_callables(scratch_names):
+    from _user_kernels import marked_matmul, unmarked_matmul
+
+    with pytest.raises(KernelError, match="marked @kernel_function"):
+        register_kernel("test-unmarked", unmarked_matmul)
+    register_kernel("test-marked", marked_matmul)
+    scratch_names.append("test-marked")
+    assert isinstance(get_kernel("test-marked"), reg.MatmulKernel)
+
+
+def test_factory_must_return_a_kernel(scratch_names):
+    register_kernel("test-bad-factory", reg.kernel_factory(lambda **p: 42))
+    scratch_names.append("test-bad-factory")
+    with pytest.raises(KernelError, match="returned int, not a tasks.kernels.Kernel"):
+        get_kernel("test-bad-factory")
+
+
+def test_user_kernels_switch(monkeypatch, scratch_names):
+    monkeypatch.delenv(reg.USER_KERNELS_ENV, raising=False)
+    assert reg.user_kernels_enabled()
+    eps = [EntryPoint("test-ep-off", "_user_kernels:FloatReference", reg.ENTRY_POINT_GROUP)]
+    monkeypatch.setattr(reg.metadata, "entry_points", lambda group: eps)
+    monkeypatch.setattr(reg, "_ENTRY_POINTS_LOADED", False)
+    monkeypatch.setattr(reg, "_REFUSED_ENTRY_POINTS", {})
+    scratch_names.append("test-ep-off")
+    with reg.user_kernels(False):
+        assert os.environ[reg.USER_KERNELS_ENV] == "0"  # Ray workers inherit it
+        assert not reg.user_kernels_enabled()
+        with pytest.raises(KernelError, match="user kernels are turned off"):
+            get_kernel("_user_kernels:FloatReference")
+        with pytest.raises(KernelError, match="user kernels are turned off"):
+            get_kernel("test-ep-off")
+        assert get_kernel("int8-cutlass-order").name == "int8-cutlass-order"  # built-ins still work
+    assert reg.USER_KERNELS_ENV not in os.environ  # restored
+    assert get_kernel("test-ep-off").name == "test-ep-off"
+    monkeypatch.setenv(reg.USER_KERNELS_ENV, "0")
+    with pytest.raises(KernelError, match="turned off"):
+        get_kernel("_user_kernels:FloatReference")
+    reg.set_user_kernels(True)
+    assert get_kernel("_user_kernels:FloatReference").name == "_user_kernels:FloatReference"

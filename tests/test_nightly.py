@@ -28,7 +28,7 @@ seeds = 2
 
 
 def _nightly(suite: Path, baseline: Path, results: Path, *extra: str):
-    return runner.invoke(app, ["nightly", str(suite), "--baseline", str(baseline), "--results", str(results), *extra],
+    return runner.invoke(app, ["nightly", str(suite), "--baseline", str(baseline), "--results", str(results), "--user-kernels", *extra],
                          env={"COLUMNS": "200"})
 
 

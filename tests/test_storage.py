@@ -78,3 +78,46 @@ def test_query_cannot_read_outside_results(tmp_path: Path) -> None:
     secret.write_text("a\n1\n")
     with pytest.raises(QueryError, match="(?i)permission|access"):
         read_only_query(tmp_path / "r", f"SELECT * FROM read_csv('{secret}')")
+
+
+def test_write_returns_the_record_of_exactly_the_bytes_written(tmp_path: Path) -> None:
+    import hashlib
+
+    rec = ResultStore(tmp_path).write("units", "s", "u1", [_unit("u1")])
+    data = (tmp_path / "table=units/sweep=s/u1.parquet").read_bytes()
+    assert rec.as_dict() == {"table": "units", "path": "table=units/sweep=s/u1.parquet", "rows": 1,
+                             "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def test_old_ledger_files_without_files_column_still_read(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from storage.schemas import UNITS
+
+    old = pa.schema([f for f in UNITS if f.name != "files"])
+    part = tmp_path / "table=units/sweep=s"
+    part.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist([_unit("old")], schema=old), part / "old.parquet")
+    store = ResultStore(tmp_path)
+    store.record_unit("s", {**_unit("new"), "files": []})
+    assert store.done_units("s") == {"old", "new"}
+    records = store.ledger_records("s")
+    assert records["old"]["files"] is None and records["new"]["files"] == []
+
+
+def test_stale_temporaries_are_listed_and_removed(tmp_path: Path) -> None:
+    import os
+    import time
+
+    store = ResultStore(tmp_path)
+    store.record_unit("s", _unit("u1"))
+    part = tmp_path / "table=units/sweep=s"
+    stale, fresh = part / f".u2.parquet.tmp-{'0' * 32}", part / f".u3.parquet.tmp-{'1' * 32}"
+    stale.write_bytes(b"half")
+    fresh.write_bytes(b"half")
+    os.utime(stale, (time.time() - 7200, time.time() - 7200))
+    assert [rel for rel, _age in store.temporaries(3600)] == [f"table=units/sweep=s/{stale.name}"]
+    assert len(store.temporaries()) == 2
+    assert store.remove_stale_temporaries(older_than_s=3600) == [f"table=units/sweep=s/{stale.name}"]
+    assert not stale.exists() and fresh.exists() and store.done_units("s") == {"u1"}

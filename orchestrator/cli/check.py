@@ -16,6 +16,7 @@ from orchestrator.cli.check_options import (
     Dtype,
     DtypeOpt,
     KernelOpt,
+    NoUserKernelsOpt,
     OperandsOpt,
     OutFormat,
     ParamOpt,
@@ -37,10 +38,14 @@ app = typer.Typer(
 )
 
 
-def _subject(kernel: str, param: list[str] | None, device: str | None, operands: str | None) -> Any:
+def _subject(kernel: str, param: list[str] | None, device: str | None, operands: str | None,
+             no_user_kernels: bool) -> Any:  # fmt: skip
+    """The kernel under test; ``--no-user-kernels`` refuses module:attr and entry-point names."""
     from tasks.checks import load_subject
+    from tasks.kernels import user_kernels, user_kernels_enabled
 
-    return load_subject(kernel, params(param), device=device, operands=operands)
+    with user_kernels(user_kernels_enabled() and not no_user_kernels):
+        return load_subject(kernel, params(param), device=device, operands=operands, field="--kernel")
 
 
 @app.command("exact-match")
@@ -57,6 +62,7 @@ def exact_match(
     device: DeviceOpt = None,
     param: ParamOpt = None,
     fmt: OutFormat = typer.Option(OutFormat.table, "--format", help="table or json (one JSON object)."),
+    no_user_kernels: NoUserKernelsOpt = False,
 ) -> None:
     """Exact match on binary inputs (CUDA-L2's check): 0/1 operands, sparse enough that the
     reference sums stay in the output format's exact-integer range (bf16 256, fp16 2048, fp32 2**24);
@@ -69,7 +75,7 @@ def exact_match(
     def go() -> list[Any]:
         from tasks.checks import run_exact_match
 
-        subject = _subject(kernel, param, device, operands)
+        subject = _subject(kernel, param, device, operands, no_user_kernels)
         return [run_exact_match(subject, shapes(shape), out_dtype(dtype), trials, seed, scales.value, p, overflow)]
 
     run_checks(go, fmt)
@@ -91,19 +97,20 @@ def bounds(
     device: DeviceOpt = None,
     param: ParamOpt = None,
     fmt: OutFormat = typer.Option(OutFormat.table, "--format", help="table or json (one JSON object)."),
+    no_user_kernels: NoUserKernelsOpt = False,
 ) -> None:
     """Error bounds on general inputs: every output on randn and adversarial operands must be one
     the named accumulation algorithm could produce, rounded once to the output format. Catches the
     precision bugs exact match cannot see (a bf16 accumulator, bf16 split-K partials, a truncating
     epilogue).
 
-    Example: swapcheck check bounds --kernel torch:matmul --algorithm any --dtype float16 --format json
+    Example: swapcheck check bounds --kernel mypkg.kernels:torch_matmul --algorithm any --dtype float16 --format json
     """
 
     def go() -> list[Any]:
         from tasks.checks import run_bounds
 
-        subject = _subject(kernel, param, device, operands)
+        subject = _subject(kernel, param, device, operands, no_user_kernels)
         return [run_bounds(subject, shapes(shape), algorithm, out_dtype(dtype), trials, seed,
                            input_kinds(inputs), accumulate, fma, scales.value)]  # fmt: skip
 
@@ -124,6 +131,7 @@ def all_(
     device: str = typer.Option(None, "--device", help="cpu or cuda."),
     param: ParamOpt = None,
     fmt: OutFormat = typer.Option(OutFormat.table, "--format", help="table or json (one JSON object with both checks)."),
+    no_user_kernels: NoUserKernelsOpt = False,
 ) -> None:
     """Both checks (exact match, then bounds) on the shapes you name or a default set; the verdict
     is the worse of the two.
@@ -134,7 +142,7 @@ def all_(
     def go() -> list[Any]:
         from tasks.checks import run_bounds, run_exact_match
 
-        subject = _subject(kernel, param, device, operands)
+        subject = _subject(kernel, param, device, operands, no_user_kernels)
         sh, dt = shapes(shape), out_dtype(dtype)
         return [
             run_exact_match(subject, sh, dt, trials, seed, scales.value),

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_SHAPES", "DEFAULT_TRIALS", "Dtype", "OutFormat", "Scales", "parse_dtype", "shapes", "params", "out_dtype",
     "input_kinds", "run_checks", "KernelOpt", "DtypeOpt", "TrialsOpt", "ShapeOpt", "SeedOpt",
-    "ScalesOpt", "OperandsOpt", "DeviceOpt", "ParamOpt",
+    "ScalesOpt", "OperandsOpt", "DeviceOpt", "ParamOpt", "NoUserKernelsOpt",
 ]  # fmt: skip
 
 #: Shapes checked when none is named (the harness's defaults, as MxKxN).
@@ -135,7 +135,10 @@ def run_checks(fn: Callable[[], list[Any]], fmt: OutFormat) -> None:
     raise typer.Exit(0 if ok else 1)
 
 
-KERNEL_HELP = "Kernel: a registry name, an entry-point name, or package.module:attr (a Kernel, a factory, or a plain f(A, B) -> C)."
+KERNEL_HELP = ("Kernel: a registry name, an entry-point name, or package.module:attr (a Kernel subclass or instance, "
+               "or a callable marked @kernel_function / @kernel_factory; docs/kernels.md).")
+NO_USER_KERNELS_HELP = ("Refuse user kernels: only built-in names, no package.module:attr and no entry points "
+                        "(also SWAPCHECK_USER_KERNELS=0).")
 DTYPE_HELP = "Output dtype (bfloat16, float16, float32); a plain f(A, B) gets its operands in it too."
 SHAPE_HELP = f"Problem MxKxN; repeat for several. Default: {', '.join(DEFAULT_SHAPES)}."
 PARAM_HELP = "Kernel parameter KEY=VALUE (VALUE read as JSON if it parses, else a string); repeatable."
@@ -150,3 +153,4 @@ ScalesOpt = Annotated[Scales, typer.Option("--scales", help=SCALES_HELP)]
 OperandsOpt = Annotated[str | None, typer.Option("--operands", help="Scaled kernels taking either: int8 (default) or fp8_e4m3.")]
 DeviceOpt = Annotated[str | None, typer.Option("--device", help="cpu or cuda (default: the kernel's; cpu for a plain f(A, B)).")]
 ParamOpt = Annotated[list[str] | None, typer.Option("--param", help=PARAM_HELP)]
+NoUserKernelsOpt = Annotated[bool, typer.Option("--no-user-kernels", help=NO_USER_KERNELS_HELP)]

@@ -34,7 +34,17 @@ class Format(str, Enum):
 
 # Options shared by every command that reads results: declared once, used as type annotations
 # (``results: ResultsOpt = DEFAULT_RESULTS``) so that help texts and flags cannot drift apart.
-ResultsOpt = Annotated[str, typer.Option("--results", help="Results directory or URI (the Parquet tree).")]
+def _results_root(value: str) -> str:
+    """``--results``: a directory or a pyarrow filesystem URI; never empty (that would be the cwd)."""
+    if value is None:
+        return value
+    if not value.strip() or "\x00" in value:
+        raise typer.BadParameter("give a results directory or URI (an empty path would write into the current directory)")
+    return value
+
+
+ResultsOpt = Annotated[str, typer.Option("--results", help="Results directory or URI (the Parquet tree).",
+                                         callback=_results_root)]
 SweepOpt = Annotated[str | None, typer.Option("--sweep", help="Only this sweep (default: all).")]
 FormatOpt = Annotated[Format, typer.Option("--format", help="table, json, csv or markdown.")]
 
@@ -105,3 +115,29 @@ def emit_rows(rows: list[dict[str, Any]], fmt: Format, title: str | None = None,
     out.print(t)
     if not rows:
         out.print("(no rows)")
+
+
+#: ``--user-kernels/--no-user-kernels``: whether spec entries may name kernels by ``module:attr`` (or
+#: entry points). Off, nothing outside swapcheck's own kernels is imported (docs/specs.md, trust model).
+UserKernelsOpt = Annotated[bool, typer.Option(
+    "--user-kernels/--no-user-kernels",
+    help="Allow kernels named by module:attr or entry point (importing a module runs its top-level code).")]
+
+
+@contextmanager
+def allow_user_kernels(enabled: bool) -> Iterator[None]:
+    """Apply ``--no-user-kernels`` while the command runs, to this process and to the Ray workers it
+    starts (they inherit the environment); without the flag an operator's ``SWAPCHECK_USER_KERNELS=0``
+    stays in force."""
+    import os
+
+    before = os.environ.get("SWAPCHECK_USER_KERNELS")
+    if not enabled:
+        os.environ["SWAPCHECK_USER_KERNELS"] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("SWAPCHECK_USER_KERNELS", None)
+        else:
+            os.environ["SWAPCHECK_USER_KERNELS"] = before

@@ -21,13 +21,16 @@ def query(
 ) -> None:
     """Ask DuckDB a question about the results. Read-only: it cannot write, copy out or delete anything.
 
+    SELECT, DESCRIBE, SHOW, SUMMARIZE and EXPLAIN (not EXPLAIN ANALYZE); of several statements the
+    last one's rows are shown. Damaged or unrecorded result files are skipped with a warning.
+
     Example: swapcheck query "SELECT impl_a, impl_b, sum(differing) FROM kdepth GROUP BY ALL" --format json
     """
     with user_errors():  # a refused or failed query (QueryError) exits 2 with its message
-        from orchestrator.errors import UsageError
-        from storage.catalog import read_only_query
-        from storage.store import open_store
+        from orchestrator.cli.report_options import catalog
+        from storage.catalog import check_read_only
 
-        if not open_store(results).exists():
-            raise UsageError(f"--results {results}: no such directory (run `swapcheck sweep launch` first)")
-        emit_rows(read_only_query(results, sql).to_pylist(), fmt)
+        check_read_only(sql)  # refuse before listing the results tree
+        with catalog(results) as cat:  # prints the catalog's warnings first
+            rows = cat.query(sql).to_pylist()
+        emit_rows(rows, fmt)

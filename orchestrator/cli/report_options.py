@@ -45,7 +45,14 @@ class AgreementTable(str, Enum):
 
 @contextmanager
 def catalog(results: str) -> Iterator[Catalog]:
-    """The one catalog of a report command; a usage error when ``--results`` does not exist."""
+    """The one catalog of a report command; a usage error when ``--results`` does not exist.
+
+    Every file the catalog does not read (damaged, missing, foreign, orphaned) is one yellow
+    ``warning:`` line on stderr, before any output: nothing is left out silently.
+    """
+    from rich.markup import escape
+
+    from orchestrator.cli.common import err
     from orchestrator.errors import UsageError
     from storage.catalog import open_catalog
     from storage.store import open_store
@@ -53,6 +60,8 @@ def catalog(results: str) -> Iterator[Catalog]:
     if not open_store(results).exists():
         raise UsageError(f"--results {results}: no such directory (run `swapcheck sweep launch` first)")
     with open_catalog(results) as cat:
+        for line in cat.warnings:
+            err.print(f"[bold yellow]warning:[/] {escape(line)}", highlight=False, markup=True)
         yield cat
 
 

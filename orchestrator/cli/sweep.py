@@ -9,13 +9,16 @@ import typer
 
 from orchestrator.cli.common import (
     DEFAULT_RESULTS,
-    RESULTS_HELP,
     Format,
+    ResultsOpt,
+    UserKernelsOpt,
+    allow_user_kernels,
     emit_rows,
     err,
     out,
     user_errors,
 )
+from orchestrator.errors import Interrupted
 
 app = typer.Typer(help="Validate, plan and launch sweeps (specs are TOML files under sweeps/).", no_args_is_help=True)
 
@@ -23,15 +26,14 @@ SPEC_ARG = typer.Argument(..., help="Sweep spec (TOML).", show_default=False)
 
 
 @app.command("validate")
-def validate(spec: Path = SPEC_ARG) -> None:
+def validate(spec: Path = SPEC_ARG, user_kernels: UserKernelsOpt = True) -> None:
     """Check a spec: unknown keys, wrong types, unknown kernels and impossible parameters are errors.
 
     Example: swapcheck sweep validate sweeps/kdepth-demo.toml
     """
-    with user_errors():
+    with user_errors(), allow_user_kernels(user_kernels):
         from orchestrator.plan import make_plan
         from orchestrator.spec import load_spec
-
         loaded = load_spec(spec)
         plan = make_plan(loaded)
         out.print(f"{spec}: valid — sweep {plan.sweep!r}, {len(loaded.experiments)} experiment(s), {len(plan.units)} unit(s)")
@@ -42,15 +44,15 @@ def plan(
     spec: Path = SPEC_ARG,
     results: str = typer.Option(None, "--results", help="If given, show which units are already done there."),
     fmt: Format = typer.Option(Format.table, "--format", help="table, json, csv or markdown."),
+    user_kernels: UserKernelsOpt = True,
 ) -> None:
     """List the units a spec expands to, with their content-addressed ids; runs nothing.
 
     Example: swapcheck sweep plan sweeps/kdepth-demo.toml --format json
     """
-    with user_errors():
+    with user_errors(), allow_user_kernels(user_kernels):
         from orchestrator.plan import make_plan
         from orchestrator.spec import load_spec
-
         p = make_plan(load_spec(spec))
         done: set[str] = set()
         if results is not None:
@@ -69,21 +71,26 @@ def plan(
 @app.command("launch")
 def launch(
     spec: Path = SPEC_ARG,
-    results: str = typer.Option(DEFAULT_RESULTS, "--results", help=RESULTS_HELP),
+    results: ResultsOpt = DEFAULT_RESULTS,
     address: str = typer.Option(None, "--address", help="Join this Ray cluster instead of starting a local one (e.g. ray://head:10001, auto)."),
     num_cpus: int = typer.Option(None, "--num-cpus", min=1, help="CPUs of the embedded Ray instance (default: all)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+    repair: bool = typer.Option(False, "--repair", help="First move aside the units `sweep verify` finds damaged, so exactly those are recomputed."),
+    connect_timeout: float = typer.Option(30.0, "--connect-timeout", min=1, help="Seconds to reach --address before giving up (exit 2)."),
+    user_kernels: UserKernelsOpt = True,
 ) -> None:
     """Run a sweep: one Ray task per unit, each writing its own Parquet file; finished units are skipped.
 
-    Starts an embedded Ray instance on 127.0.0.1 unless --address is given. Relaunching the same spec
-    after an interruption finishes the sweep without recomputing committed units. Exit code 0 when
-    every unit succeeded, 1 when some unit failed (its error is in the `units` table), 2 for bad input
-    or an infrastructure failure.
+    Starts an embedded Ray instance on 127.0.0.1 unless --address is given. One launcher per sweep:
+    a second one exits 2 naming the first. Relaunching the same spec after an interruption (Ctrl-C,
+    SIGTERM, a killed driver) finishes the sweep without recomputing committed units. Exit code 0
+    when every unit succeeded, 1 when some unit failed (its error is in the `units` table), 2 for bad
+    input or an infrastructure failure, 3 when the results store failed mid-sweep, 130/143 when
+    interrupted (docs/reliability.md).
 
     Example: swapcheck sweep launch sweeps/kdepth-demo.toml --results results
     """
-    with user_errors():
+    with user_errors(), allow_user_kernels(user_kernels):
         from rich.progress import (
             BarColumn,
             MofNCompleteColumn,
@@ -94,7 +101,6 @@ def launch(
 
         from orchestrator.runner import launch as run_launch
         from orchestrator.spec import load_spec
-
         loaded = load_spec(spec)
         bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                        TextColumn("{task.fields[failed]} failed"), TimeElapsedColumn(), console=err,
@@ -117,7 +123,11 @@ def launch(
                 bar.stop()
 
         try:
-            summary = run_launch(loaded, results, address=address, num_cpus=num_cpus, on_event=on_event)
+            summary = run_launch(loaded, results, address=address, num_cpus=num_cpus, on_event=on_event,
+                                 repair=repair, connect_timeout_s=connect_timeout)
+        except KeyboardInterrupt:
+            # Before Ray started or between two units being recorded: nothing half-written stays.
+            raise Interrupted("SIGINT: stopped. Relaunch the same spec to resume.") from None
         finally:
             bar.stop()
         err.print(

@@ -10,7 +10,7 @@ Both take a :class:`Subject` (:func:`load_subject`: a registry name, an entry po
 :mod:`tasks.verdicts` with its evidence (:class:`CheckResult`).  Example::
 
     from tasks.checks import load_subject, run_exact_match, run_bounds
-    s = load_subject("torch:matmul")
+    s = load_subject("mypkg.kernels:torch_matmul")   # torch_matmul = kernel_function(torch.matmul)
     print(run_exact_match(s, [(64, 1000, 48)], trials=20).text())
     print(run_bounds(s, [(64, 1000, 48)], "any").verdict)
 """

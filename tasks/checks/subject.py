@@ -1,8 +1,11 @@
 """The kernel under test: a registry kernel (scaled) or a user's plain matmul ``f(A, B) -> C``.
 
 :func:`load_subject` resolves a kernel reference (a registry name, an entry-point name, or
-``package.module:attr``) through :func:`tasks.kernels.get_kernel`.  A :class:`~tasks.kernels.MatmulKernel`
-(a plain callable) is checked on floating-point operands of the check's dtype, with no scales; any
+``package.module:attr``) through :func:`tasks.kernels.get_kernel`, with its rules: a ``module:attr``
+must name a Kernel subclass or instance or a callable marked ``@kernel_function`` /
+``@kernel_factory``, else it is refused before anything is called; user kernels may be turned off
+(:func:`tasks.kernels.set_user_kernels`).  A :class:`~tasks.kernels.MatmulKernel`
+(a marked plain callable) is checked on floating-point operands of the check's dtype, with no scales; any
 other kernel follows the shared scaled-GEMM call on int8 or fp8 e4m3 operands with power-of-two (or
 unit) scales.
 
@@ -135,6 +138,7 @@ def load_subject(
     *,
     device: str | None = None,
     operands: str | None = None,
+    field: str | None = None,
 ) -> Subject:
     """Build the kernel named ``ref`` (with ``params``) for checking.
 
@@ -144,6 +148,8 @@ def load_subject(
         device: "cpu" or "cuda"; default the kernel's own device (plain callables: "cpu").
         operands: for a scaled kernel, "int8" or "fp8_e4m3"; default the kernel's operand dtype
             ("int8" when it takes either).
+        field: how the caller names the reference (e.g. "--kernel"); prefixes the message of a
+            kernel that cannot be resolved.
 
     Raises:
         CheckInputError: unknown kernel, import failure, wrong signature, bad parameters, or an
@@ -152,7 +158,7 @@ def load_subject(
     try:
         kernel = get_kernel(ref, **(params or {}))
     except KernelError as exc:
-        raise CheckInputError(str(exc)) from exc
+        raise CheckInputError(f"{field}: {exc}" if field else str(exc)) from exc
     if device is not None and device not in ("cpu", "cuda"):
         raise CheckInputError(f"device must be 'cpu' or 'cuda', got {device!r}")
     if isinstance(kernel, MatmulKernel):

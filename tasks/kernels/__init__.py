@@ -27,8 +27,11 @@ GPU kernels (:mod:`.cuda`; available with CUDA and, for the vLLM ones, vLLM 0.29
 ``vllm-cutlass``, ``vllm-cutlass-raw``, ``vllm-triton``, ``torch-scaled-mm-cuda``.
 
 Users add kernels with ``register_kernel``, the entry-point group ``swapcheck.kernels``, or by
-naming ``"package.module:attr"`` directly; a plain callable ``f(A, B) -> C`` is accepted too and
-wrapped as an unscaled :class:`MatmulKernel` (rules in :mod:`.registry`).
+naming ``"package.module:attr"`` directly.  The target must declare itself a kernel: a
+:class:`Kernel` subclass or instance, a plain matmul ``f(A, B) -> C`` marked ``@kernel_function``
+(wrapped as an unscaled :class:`MatmulKernel`), or a factory marked ``@kernel_factory``; anything
+else is refused before it is called.  ``set_user_kernels(False)`` (``SWAPCHECK_USER_KERNELS=0``)
+turns ``module:attr`` and entry-point kernels off (rules in :mod:`.registry`).
 """
 
 # Importing the modules registers the built-ins; cuda registers the GPU kernels and imports no vLLM.
@@ -36,24 +39,40 @@ from . import cuda, exact, fp8, int8, onednn, scaled_mm  # noqa: F401
 from .operands import Operands, check_operands
 from .registry import (
     ENTRY_POINT_GROUP,
+    USER_KERNELS_ENV,
     Kernel,
     KernelError,
+    KernelFactory,
+    KernelFunction,
     MatmulKernel,
     get_kernel,
+    kernel_factory,
+    kernel_function,
     kernel_names,
     list_kernels,
     register_kernel,
+    set_user_kernels,
+    user_kernels,
+    user_kernels_enabled,
 )
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "USER_KERNELS_ENV",
     "Kernel",
     "KernelError",
+    "KernelFactory",
+    "KernelFunction",
     "MatmulKernel",
     "Operands",
     "check_operands",
     "get_kernel",
+    "kernel_factory",
+    "kernel_function",
     "kernel_names",
     "list_kernels",
     "register_kernel",
+    "set_user_kernels",
+    "user_kernels",
+    "user_kernels_enabled",
 ]

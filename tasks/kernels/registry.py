@@ -10,22 +10,30 @@ One small registry in the shape of lm-eval's ``api/registry.py``:
   (``name = "package.module:attr"``), discovered lazily and never allowed to shadow a built-in;
 * a name containing ``:`` is a user's own kernel, ``"package.module:attr"``, imported directly.
 
-What a target may be (registered, entry point or ``module:attr``), decided by :func:`_build`:
+What a target may be (registered, entry point or ``module:attr``), decided by :func:`_build`
+*before anything is called*: only objects that declare themselves swapcheck kernels.
 
 ========================================  ==================================================
 target                                    becomes
 ========================================  ==================================================
 a :class:`Kernel` instance                itself (takes no parameters)
 a :class:`Kernel` subclass                ``cls(**params)``
-any other class                           a factory: ``cls(**params)`` must return a Kernel
-a callable with exactly two required      a plain matmul ``f(A, B) -> C``, wrapped as a
-positional parameters, or a C builtin     :class:`MatmulKernel` (unscaled; ``params`` are passed
-whose signature cannot be read            to ``f`` as keyword arguments)
-(e.g. ``torch.matmul``)
-a callable with no required positional    a factory: ``f(**params)`` must return a Kernel
-parameters
-anything else                             :class:`KernelError` naming the signature
+a function marked ``@kernel_function``    a plain matmul ``f(A, B) -> C``, wrapped as a
+(:class:`KernelFunction`)                 :class:`MatmulKernel` (unscaled; ``params`` are passed
+                                          to ``f`` as keyword arguments)
+a callable marked ``@kernel_factory``     a factory: ``f(**params)`` must return a Kernel
+(:class:`KernelFactory`)
+anything else (an unmarked function or    :class:`KernelError` naming what is allowed; nothing
+class, ``subprocess:Popen``, ...)         is called
 ========================================  ==================================================
+
+Trust model (docs/specs.md): resolving ``"package.module:attr"`` imports ``package.module``, which
+runs its top-level code, and reads the attribute (through modules and classes only); nothing else
+is called until the target is known to be a kernel.  Modules of the standard library and of
+torch / numpy (:data:`NEVER_KERNEL_MODULES`) are refused before any import.  User kernels
+(``module:attr`` names and entry points) can be turned off for the whole process and its Ray
+workers: :func:`set_user_kernels` (``False``) sets ``SWAPCHECK_USER_KERNELS=0`` in the environment,
+which :func:`user_kernels_enabled` reads at every resolution.
 
 A registered name may declare a *suffix parameter*: ``fp8-blocked`` declares ``block_size``, so
 ``get_kernel("fp8-blocked-128")`` is ``get_kernel("fp8-blocked", block_size=128)``.
@@ -40,11 +48,17 @@ allowed.
 from __future__ import annotations
 
 import abc
+import contextlib
 import difflib
+import functools
 import importlib
 import inspect
+import os
 import re
+import sys
+import types
 import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -58,19 +72,127 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "NEVER_KERNEL_MODULES",
+    "USER_KERNELS_ENV",
     "Kernel",
     "KernelError",
+    "KernelFactory",
+    "KernelFunction",
     "MatmulKernel",
     "get_kernel",
+    "kernel_factory",
+    "kernel_function",
     "kernel_names",
     "list_kernels",
     "register_kernel",
+    "set_user_kernels",
+    "user_kernels",
+    "user_kernels_enabled",
 ]
 
 ENTRY_POINT_GROUP = "swapcheck.kernels"
 OPERAND_DTYPES = ("int8", "fp8_e4m3", "any")
 DEVICES = ("cpu", "cuda")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+_DOTTED_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+#: The environment variable behind :func:`set_user_kernels` ("0" turns user kernels off).
+USER_KERNELS_ENV = "SWAPCHECK_USER_KERNELS"
+#: Top-level packages that never hold a swapcheck kernel (besides the standard library, see
+#: ``sys.stdlib_module_names``): a ``module:attr`` inside them is refused before any import.
+NEVER_KERNEL_MODULES = frozenset({"torch", "numpy", "orchestrator", "storage", "reports"})
+ALLOWED_TARGETS = (
+    "a tasks.kernels.Kernel subclass or instance, a plain matmul f(A, B) -> C marked with "
+    "@tasks.kernels.kernel_function, or a factory returning a Kernel marked with "
+    "@tasks.kernels.kernel_factory (wrap a third-party function in your own module: "
+    "`my_matmul = kernel_function(torch.matmul)`)"
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# marking callables as kernels, and the user-kernel switch
+
+
+class _Marked:
+    """A callable that declares itself a swapcheck kernel (see :func:`kernel_function`)."""
+
+    role = ""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        if not callable(fn) or isinstance(fn, _Marked):
+            raise TypeError(f"{type(self).__name__} wraps a callable, got {fn!r}")
+        self.fn = fn
+        functools.update_wrapper(self, fn)  # name, doc, module; __wrapped__ gives the signature
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        where = f"{getattr(self.fn, '__module__', None) or '?'}:{getattr(self.fn, '__qualname__', repr(self.fn))}"
+        return f"<{self.role} {where}>"
+
+
+class KernelFunction(_Marked):
+    """A plain matmul ``f(A, B) -> C`` marked as a swapcheck kernel (made by :func:`kernel_function`)."""
+
+    role = "kernel_function"
+
+
+class KernelFactory(_Marked):
+    """A callable returning a :class:`Kernel`, marked as a swapcheck kernel (:func:`kernel_factory`)."""
+
+    role = "kernel_factory"
+
+
+def kernel_function(fn: Callable[..., Any]) -> KernelFunction:
+    """Mark ``fn`` as a plain matmul kernel ``f(A, B, **params) -> C`` (decorator or call).
+
+    Returns a new callable (``fn`` itself is not modified), so wrapping a third-party function
+    marks only your name for it::
+
+        @kernel_function
+        def my_matmul(a, b, *, block=64): ...
+
+        torch_matmul = kernel_function(torch.matmul)   # "mypkg.kernels:torch_matmul"
+    """
+    return KernelFunction(fn)
+
+
+def kernel_factory(fn: Callable[..., Any]) -> KernelFactory:
+    """Mark ``fn`` as a kernel factory: ``fn(**params)`` must return a :class:`Kernel`."""
+    return KernelFactory(fn)
+
+
+def user_kernels_enabled() -> bool:
+    """Whether ``module:attr`` and entry-point kernels may be loaded (``SWAPCHECK_USER_KERNELS``)."""
+    return os.environ.get(USER_KERNELS_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def set_user_kernels(enabled: bool) -> None:
+    """Turn user kernels on or off for this process and the processes it starts (Ray workers
+    inherit the environment): sets ``SWAPCHECK_USER_KERNELS`` to "1" or "0"."""
+    os.environ[USER_KERNELS_ENV] = "1" if enabled else "0"
+
+
+@contextlib.contextmanager
+def user_kernels(enabled: bool) -> Iterator[None]:
+    """:func:`set_user_kernels` for a ``with`` block; the previous setting comes back afterwards."""
+    before = os.environ.get(USER_KERNELS_ENV)
+    set_user_kernels(enabled)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(USER_KERNELS_ENV, None)
+        else:
+            os.environ[USER_KERNELS_ENV] = before
+
+
+def _user_kernels_off(what: str) -> KernelError:
+    return KernelError(
+        f"{what}: user kernels are turned off (--no-user-kernels, or {USER_KERNELS_ENV}=0); only "
+        "built-in kernel names are allowed (swapcheck kernels list)"
+    )
 
 
 class Kernel(abc.ABC):
@@ -200,7 +322,8 @@ class MatmulKernel(Kernel):
         self.params = self.check_params(dict(params))
         where = f"{getattr(fn, '__module__', None) or '?'}:{getattr(fn, '__qualname__', repr(fn))}"
         self.target = where
-        doc = (inspect.getdoc(fn) or "").strip().splitlines()
+        raw = getattr(fn, "__doc__", None)  # the function's own docstring, not a wrapper class's
+        doc = (inspect.cleandoc(raw) if isinstance(raw, str) else "").strip().splitlines()
         self.description = f"plain matmul callable {where}" + (f": {doc[0]}" if doc else "")
 
     def matmul(self, a: torch.Tensor, b: torch.Tensor) -> Any:
@@ -337,15 +460,11 @@ def register_kernel(name: str, target: Any = None, **info: Any) -> Any:
                 raise KernelError(f"lazy kernel target must be 'module:attr', got {obj!r}")
             _REGISTRY[name] = _Entry(name, obj, dict(info), "lazy")
             return obj
-        if not (
-            (isinstance(obj, type) and issubclass(obj, Kernel))
-            or isinstance(obj, Kernel)
-            or callable(obj)
-        ):
+        if not _is_kernel_target(obj):
             raise KernelError(
                 f"cannot register {obj!r} as kernel {name!r}: expected a Kernel subclass, a Kernel "
-                "instance, a factory returning a Kernel, a plain matmul callable f(A, B) -> C, or a "
-                "'module:attr' string"
+                "instance, a callable marked @kernel_function (a plain matmul f(A, B) -> C) or "
+                "@kernel_factory (returns a Kernel), or a 'module:attr' string"
             )
         if isinstance(obj, type) and issubclass(obj, Kernel) and "name" not in obj.__dict__:
             obj.name = name
@@ -404,49 +523,107 @@ def _load_entry_points() -> None:
         _REGISTRY[ep.name] = _Entry(ep.name, ep.value, {}, f"entry point from {dist}")
 
 
+def _refused_module(module_name: str) -> str | None:
+    top = module_name.split(".")[0]
+    if top in sys.stdlib_module_names:
+        return "the standard library"
+    if top in NEVER_KERNEL_MODULES:
+        return f"the {top!r} package"
+    return None
+
+
 def _import_target(spec: str, what: str) -> Any:
+    """The object ``"package.module:attr"`` names: import the module (its top-level code runs),
+    then read the attribute through modules and classes only.  Nothing is called."""
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise KernelError(f"{what}: expected 'package.module:attr', got {spec!r}")
+    if not _DOTTED_RE.match(module_name) or not _DOTTED_RE.match(attr):
+        raise KernelError(
+            f"{what}: expected 'package.module:attr' with dotted Python names, got {spec!r}"
+        )
+    refused = _refused_module(module_name)
+    if refused is not None:
+        raise KernelError(
+            f"{what}: module {module_name!r} belongs to {refused}, which holds no swapcheck "
+            f"kernels; it was not imported and nothing was called. Name {ALLOWED_TARGETS}"
+        )
     try:
         obj: Any = importlib.import_module(module_name)
     except Exception as exc:
         raise KernelError(f"{what}: cannot import module {module_name!r}: {exc}") from exc
     for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError as exc:
-            raise KernelError(f"{what}: module {module_name!r} has no attribute {attr!r}") from exc
+        if part.startswith("__"):
+            raise KernelError(f"{what}: {part!r} is a special attribute, never a kernel")
+        if isinstance(obj, types.ModuleType):
+            try:
+                obj = getattr(obj, part)
+            except AttributeError as exc:
+                raise KernelError(f"{what}: module {module_name!r} has no attribute {attr!r}") from exc
+        elif isinstance(obj, type):
+            try:  # no descriptors run: a property or classmethod is not a kernel
+                obj = inspect.getattr_static(obj, part)
+            except AttributeError as exc:
+                raise KernelError(f"{what}: module {module_name!r} has no attribute {attr!r}") from exc
+            if isinstance(obj, staticmethod):
+                obj = obj.__func__
+        else:
+            raise KernelError(
+                f"{what}: {attr!r} goes through a {type(obj).__name__}; a 'module:attr' path may "
+                "only go through modules and classes"
+            )
     return obj
 
 
+def _is_kernel_target(obj: Any) -> bool:
+    """Whether ``obj`` declares itself a swapcheck kernel (nothing is called to find out)."""
+    if isinstance(obj, type):
+        return issubclass(obj, Kernel)
+    return issubclass(type(obj), (Kernel, _Marked))
+
+
+def _not_a_kernel(what: str, target: Any) -> KernelError:
+    if isinstance(target, type):
+        shown = f"class {target.__module__}.{target.__qualname__}"
+    elif callable(target):
+        mod = getattr(target, "__module__", None) or "?"
+        shown = f"the unmarked callable {mod}.{getattr(target, '__qualname__', type(target).__name__)}"
+    else:
+        shown = f"{type(target).__name__} {target!r}"[:120]
+    return KernelError(
+        f"{what} is {shown}, not a Kernel subclass, Kernel instance or marked kernel callable; "
+        f"nothing was called. Name {ALLOWED_TARGETS}"
+    )
+
+
 def _build(target: Any, params: dict[str, Any], what: str, default_name: str) -> Kernel:
+    if not _is_kernel_target(target):
+        raise _not_a_kernel(what, target)
     if isinstance(target, Kernel):
         if params:
             raise KernelError(f"{what} is a ready-made kernel instance and takes no parameters")
         return target
-    if isinstance(target, type) and issubclass(target, Kernel):
+    if isinstance(target, type):
+        if inspect.isabstract(target) or target is MatmulKernel:
+            raise KernelError(
+                f"{what} is the abstract class {target.__qualname__}, not a kernel; name your "
+                "subclass that implements compute()"
+            )
         kernel = target(**params)
-    elif callable(target):
-        if not isinstance(target, type):
-            required, sig = _required_positional(target)
-            if required is None or required == 2:
-                return _matmul_kernel(target, sig, params, what, default_name)
-            if required != 0:
-                raise KernelError(
-                    f"{what} is a callable with signature {getattr(target, '__name__', '')}{sig}: "
-                    f"{required} required positional parameter(s). A plain matmul takes exactly "
-                    "two, f(A, B) -> C; a factory takes none and returns a Kernel"
-                )
+    elif isinstance(target, KernelFunction):
+        required, sig = _required_positional(target)
+        if required is not None and required != 2:
+            raise KernelError(
+                f"{what} is a @kernel_function with signature "
+                f"{getattr(target, '__name__', '')}{sig}: {required} required positional "
+                "parameter(s); a plain matmul takes exactly two, f(A, B) -> C"
+            )
+        return _matmul_kernel(target, sig, params, what, default_name)
+    else:
         try:
             kernel = target(**params)
         except TypeError as exc:
             raise KernelError(f"{what}: bad parameters {params!r}: {exc}") from exc
-    else:
-        raise KernelError(
-            f"{what} is {target!r}, not a Kernel subclass, Kernel instance, factory or plain "
-            "matmul callable f(A, B) -> C"
-        )
     if not isinstance(kernel, Kernel):
         raise KernelError(
             f"{what} returned {type(kernel).__name__}, not a tasks.kernels.Kernel; subclass Kernel "
@@ -458,6 +635,8 @@ def _build(target: Any, params: dict[str, Any], what: str, default_name: str) ->
 
 
 def _resolve(entry: _Entry) -> Any:
+    if entry.source.startswith("entry point") and not user_kernels_enabled():
+        raise _user_kernels_off(f"kernel {entry.name!r} ({entry.source})")
     if isinstance(entry.target, str):
         entry.target = _import_target(entry.target, f"kernel {entry.name!r} ({entry.source})")
     return entry.target
@@ -478,12 +657,16 @@ def get_kernel(name: str, **params: Any) -> Kernel:
 
     ``name`` is a registered name, a registered name with its integer suffix parameter
     (``"fp8-blocked-128"``), an entry-point name (group ``swapcheck.kernels``), or
-    ``"package.module:attr"`` naming a user's Kernel subclass, factory, instance or plain matmul
-    callable ``f(A, B) -> C`` (see the module docstring for how a callable is told apart).
+    ``"package.module:attr"`` naming a user's Kernel subclass or instance, or a callable marked
+    :func:`kernel_function` (plain matmul ``f(A, B) -> C``) or :func:`kernel_factory`; anything
+    else is a :class:`KernelError` raised before anything is called (module docstring).  With user
+    kernels off (:func:`set_user_kernels`), ``module:attr`` and entry-point names are refused.
     """
     if not isinstance(name, str) or not name:
         raise KernelError(f"kernel name must be a non-empty string, got {name!r}")
     if ":" in name:
+        if not user_kernels_enabled():
+            raise _user_kernels_off(f"kernel {name!r}")
         target = _import_target(name, f"kernel {name!r}")
         return _build(target, params, f"kernel {name!r}", name)
     if name not in _REGISTRY:

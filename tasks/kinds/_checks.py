@@ -13,15 +13,30 @@ from pydantic import Field, field_validator
 from tasks.checks.defaults import DEFAULT_SHAPES, DEFAULT_TRIALS
 from tasks.kinds.base import Kind, Unit
 from tasks.kinds.fields import (
+    MAX_DIM,
+    MAX_SEED,
     Implementation,
     Resources,
     Strict,
     as_impl,
     impl_payload,
     kernel_problem,
+    memory_problem,
 )
 
-__all__ = ["DEFAULT_SHAPES", "DEFAULT_TRIALS", "CheckFields", "describe_check", "expand_checks", "kernel_problems"]
+__all__ = ["DEFAULT_SHAPES", "DEFAULT_TRIALS", "CheckFields", "check_problems", "describe_check", "expand_checks",
+           "kernel_problems", "unit_memory_bytes"]
+
+
+def unit_memory_bytes(m: int, k: int, n: int) -> int:
+    """An upper estimate of one check unit's memory (trials run one after another).
+
+    Per operand element (``m*k + k*n``) 64 bytes: the operands in the check's dtype and their
+    float64 copies (exact products, bounds).  Per output element (``m*n``) 512 bytes: the float64
+    exact result, bounds and sums of magnitudes, and one chunk of float64 products per output row
+    block.  Plus 256 MiB for the fixed-size chunks of products.
+    """
+    return 64 * (m * k + k * n) + 512 * m * n + 256 * 2**20
 
 
 class CheckFields(Strict):
@@ -31,7 +46,7 @@ class CheckFields(Strict):
     dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
     shapes: list[list[int]] = Field(default_factory=lambda: [list(s) for s in DEFAULT_SHAPES], min_length=1)
     trials: int = Field(default=DEFAULT_TRIALS, ge=1, le=10000)
-    seed: int = Field(default=0, ge=0)
+    seed: int = Field(default=0, ge=0, le=MAX_SEED)
     scales: Literal["pow2", "unit"] = "pow2"
     resources: Resources = Field(default_factory=Resources)
 
@@ -41,6 +56,8 @@ class CheckFields(Strict):
         for i, s in enumerate(v):
             if len(s) != 3 or any(x < 1 for x in s):
                 raise ValueError(f"shape {i} must be [m, k, n] with positive sizes, got {s}")
+            if any(x > MAX_DIM for x in s):
+                raise ValueError(f"shape {i}: m, k and n must be <= {MAX_DIM}, got {s}")
         return v
 
     def impls(self) -> list[Implementation]:
@@ -53,6 +70,17 @@ def kernel_problems(base: str, exp: CheckFields) -> list[str]:
         p = kernel_problem(f"{base}.kernels[{i}]", impl)
         if p:
             out.append(p.replace(f"{base}.kernels[{i}].params:", f"{base}.kernels[{i}]:"))
+    return out
+
+
+def check_problems(base: str, exp: CheckFields) -> list[str]:
+    """The kernels' problems, and shapes whose estimated memory does not fit a unit."""
+    out = kernel_problems(base, exp)
+    for i, (m, k, n) in enumerate(exp.shapes):
+        p = memory_problem(f"{base}.shapes[{i}]", f"shape [m, k, n] = [{m}, {k}, {n}]",
+                           unit_memory_bytes(m, k, n), exp.resources)
+        if p:
+            out.append(p)
     return out
 
 

@@ -18,9 +18,9 @@ from typing import Any, Literal
 from tasks.kinds._checks import (
     DEFAULT_TRIALS,
     CheckFields,
+    check_problems,
     describe_check,
     expand_checks,
-    kernel_problems,
 )
 from tasks.kinds.base import Kind, Rows, Unit, UnitContext
 
@@ -40,7 +40,7 @@ class BoundsExperiment(CheckFields):
 def problems(base: str, exp: BoundsExperiment) -> list[str]:
     from tasks.checks import ALGORITHMS
 
-    out = kernel_problems(base, exp)
+    out = check_problems(base, exp)
     if exp.algorithm not in ALGORITHMS:
         out.append(f"{base}.algorithm: unknown algorithm {exp.algorithm!r}; allowed: {', '.join(ALGORITHMS)}")
     return out

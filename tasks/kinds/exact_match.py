@@ -20,9 +20,9 @@ from typing import Any, Literal
 from tasks.kinds._checks import (
     DEFAULT_TRIALS,
     CheckFields,
+    check_problems,
     describe_check,
     expand_checks,
-    kernel_problems,
 )
 from tasks.kinds.base import Kind, Rows, Unit, UnitContext
 
@@ -62,4 +62,4 @@ def run(params: dict[str, Any], context: UnitContext | None = None) -> dict[str,
 
 
 KIND = Kind(name="exact_match", version=VERSION, spec=ExactMatchExperiment, tables=("exact_match",),
-            describe=describe, run=run, expand=expand, problems=kernel_problems, doc=__doc__ or "")
+            describe=describe, run=run, expand=expand, problems=check_problems, doc=__doc__ or "")

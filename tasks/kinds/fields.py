@@ -9,15 +9,35 @@ into canonical unit parameters (kernel versions, model fingerprints, prompt payl
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 #: Names that become partitions, arms or labels: letters, digits, '.', '_' or '-'.
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+# -- limits on what a spec may ask for (docs/specs.md, "Limits") -----------------------------------
+#: Largest M, N or K of one GEMM.
+MAX_DIM = 2**20
+#: Most values one integer axis (m, n, k, seeds) may take.
+MAX_AXIS_VALUES = 10_000
+#: Most units one experiment may expand to.
+MAX_UNITS = 100_000
+#: Largest seed (seeds feed 64-bit generators).
+MAX_SEED = 2**63 - 1
+#: Largest num_cpus / num_gpus one unit may request.
+MAX_UNIT_CPUS = 1024
+MAX_UNIT_GPUS = 1024
+#: Largest memory_gb one unit may request.
+MAX_UNIT_MEMORY_GB = 65536
+#: The memory one unit may use (by the estimate from its shape) when its experiment sets no
+#: ``resources.memory_gb``; with ``memory_gb`` set, the estimate must fit in that instead.
+DEFAULT_UNIT_MEMORY_GB = 16
+GIB = 2**30
 
 ScaleMode = Literal["real", "pow2"]
 
@@ -58,7 +78,12 @@ class ArithmeticRange(Strict):
     def _order(self) -> ArithmeticRange:
         if self.stop < self.start:
             raise ValueError(f"stop ({self.stop}) must be >= start ({self.start})")
+        if self.count() > MAX_AXIS_VALUES:
+            raise ValueError(f"the range has {self.count()} values; at most {MAX_AXIS_VALUES} are allowed")
         return self
+
+    def count(self) -> int:
+        return (self.stop - self.start) // self.step + 1
 
     def values(self) -> list[int]:
         return list(range(self.start, self.stop + 1, self.step))
@@ -75,14 +100,21 @@ def axis_values(axis: IntAxis) -> list[int]:
     return axis.values()
 
 
-def check_axis(v: Any, minimum: int) -> Any:
-    """A validator body: the axis is non-empty, distinct and every value >= ``minimum``."""
+def check_axis(v: Any, minimum: int, maximum: int | None = None) -> Any:
+    """A validator body: the axis is non-empty, distinct, every value >= ``minimum`` (and <=
+    ``maximum``), at most :data:`MAX_AXIS_VALUES` values."""
     values = axis_values(v)
     if not values:
         raise ValueError("the axis is empty")
+    if len(values) > MAX_AXIS_VALUES:
+        raise ValueError(f"the axis has {len(values)} values; at most {MAX_AXIS_VALUES} are allowed")
     bad = [x for x in values if x < minimum]
     if bad:
         raise ValueError(f"values must be >= {minimum}, got {bad[:5]}")
+    if maximum is not None:
+        big = [x for x in values if x > maximum]
+        if big:
+            raise ValueError(f"values must be <= {maximum}, got {big[:5]}")
     if len(set(values)) != len(values):
         raise ValueError("values must be distinct")
     return v
@@ -91,13 +123,35 @@ def check_axis(v: Any, minimum: int) -> Any:
 class Implementation(Strict):
     """One kernel in an experiment: a registry name (or ``module:attr``), optional label and params."""
 
-    kernel: str
+    kernel: str = Field(min_length=1, max_length=300)
     label: str | None = None
     params: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("params")
+    @classmethod
+    def _params(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return check_params_data(v)
 
     @property
     def name(self) -> str:
         return self.label or self.kernel
+
+
+def check_params_data(v: dict[str, Any]) -> dict[str, Any]:
+    """Kernel parameters are plain data: strings, booleans, integers, finite floats, lists and
+    tables of them (no dates: they go into unit ids as JSON)."""
+    stack: list[tuple[str, Any]] = [(k, x) for k, x in v.items()]
+    while stack:
+        where, x = stack.pop()
+        if isinstance(x, dict):
+            stack.extend((f"{where}.{k}", y) for k, y in x.items())
+        elif isinstance(x, list):
+            stack.extend((f"{where}[{i}]", y) for i, y in enumerate(x))
+        elif isinstance(x, float) and not math.isfinite(x):
+            raise ValueError(f"{where}: {x} is not a finite number")
+        elif not isinstance(x, str | bool | int | float):
+            raise ValueError(f"{where}: a {type(x).__name__} is not allowed; use a string, number or boolean")
+    return v
 
 
 def as_impl(x: str | Implementation) -> Implementation:
@@ -105,11 +159,12 @@ def as_impl(x: str | Implementation) -> Implementation:
 
 
 class Resources(Strict):
-    """Ray resources one unit requests."""
+    """Ray resources one unit requests (finite; whether a node of the cluster has them is checked
+    at launch).  ``memory_gb`` also bounds the memory estimated from a unit's shape."""
 
-    num_cpus: float = Field(default=1, ge=0)
-    num_gpus: float = Field(default=0, ge=0)
-    memory_gb: float | None = Field(default=None, gt=0)
+    num_cpus: float = Field(default=1, ge=0, le=MAX_UNIT_CPUS, allow_inf_nan=False)
+    num_gpus: float = Field(default=0, ge=0, le=MAX_UNIT_GPUS, allow_inf_nan=False)
+    memory_gb: float | None = Field(default=None, gt=0, le=MAX_UNIT_MEMORY_GB, allow_inf_nan=False)
 
     def with_gpu(self, needed: bool) -> Resources:
         """One GPU when the unit needs a device and the spec did not ask for any."""
@@ -121,13 +176,13 @@ class SyntheticPrompts(Strict):
 
     count: int = Field(default=4, ge=1, le=4096)
     length: int = Field(default=16, ge=1, le=32768)
-    seed: int = Field(default=0, ge=0)
+    seed: int = Field(default=0, ge=0, le=MAX_SEED)
 
 
 class FilePrompts(Strict):
     """A JSONL file, one prompt per line: a JSON list of token ids, or ``{"tokens": [...]}``."""
 
-    file: str
+    file: str = Field(min_length=1)
 
 
 Prompts = SyntheticPrompts | FilePrompts
@@ -148,6 +203,20 @@ def kernel_problem(field: str, impl: Implementation, dtype: str | None = None) -
     if dtype is not None and kernel.operand_dtype not in (dtype, "any"):
         return f"{field}: kernel {impl.kernel!r} takes {kernel.operand_dtype} operands, but this experiment's dtype is {dtype}"
     return None
+
+
+def memory_problem(field: str, what: str, estimate: int, resources: Resources) -> str | None:
+    """Why a unit whose estimated memory is ``estimate`` bytes cannot run, or None.
+
+    The limit is ``resources.memory_gb`` when the experiment sets it, else
+    :data:`DEFAULT_UNIT_MEMORY_GB`."""
+    limit_gb = resources.memory_gb if resources.memory_gb is not None else DEFAULT_UNIT_MEMORY_GB
+    if estimate <= limit_gb * GIB:
+        return None
+    source = "resources.memory_gb" if resources.memory_gb is not None else (
+        "the default per-unit limit; set resources.memory_gb to raise it")
+    return (f"{field}: {what} needs about {estimate / GIB:,.1f} GiB of memory per unit, more than "
+            f"{limit_gb:g} GiB ({source})")
 
 
 def impl_payload(impl: Implementation) -> dict[str, Any]:

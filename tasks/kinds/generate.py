@@ -18,6 +18,7 @@ from pydantic import Field, field_validator, model_validator
 
 from tasks.kinds.base import Kind, Rows, Unit, UnitContext
 from tasks.kinds.fields import (
+    MAX_SEED,
     NAME,
     FilePrompts,
     Implementation,
@@ -26,6 +27,7 @@ from tasks.kinds.fields import (
     ScaleMode,
     Strict,
     SyntheticPrompts,
+    check_params_data,
     kernel_problem,
     model_and_prompt_problems,
     model_fingerprint,
@@ -50,6 +52,11 @@ class Arm(Strict):
     engine: Literal["cpu", "vllm"] = "cpu"
     env: dict[str, str] = Field(default_factory=dict)
 
+    @field_validator("params")
+    @classmethod
+    def _params(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return check_params_data(v)
+
 
 class TeacherForcing(Strict):
     """Score the ``reference`` arm's restart-0 sequences with each of ``arms`` (teacher forcing)."""
@@ -63,7 +70,7 @@ class GenerateExperiment(Strict):
 
     kind: Literal["generate"]
     model: str = "tiny-qwen3"
-    model_seed: int = Field(default=0, ge=0)
+    model_seed: int = Field(default=0, ge=0, le=MAX_SEED)
     arms: dict[str, Arm] = Field(min_length=1)
     restarts: int = Field(default=2, ge=1, le=64)
     prompts: Prompts = Field(default_factory=SyntheticPrompts)

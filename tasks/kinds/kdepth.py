@@ -24,6 +24,10 @@ from pydantic import Field, field_validator
 from tasks.comparison import compare
 from tasks.kinds.base import Kind, Rows, Unit, UnitContext
 from tasks.kinds.fields import (
+    MAX_AXIS_VALUES,
+    MAX_DIM,
+    MAX_SEED,
+    MAX_UNITS,
     Implementation,
     IntAxis,
     Resources,
@@ -34,6 +38,7 @@ from tasks.kinds.fields import (
     check_axis,
     impl_payload,
     kernel_problem,
+    memory_problem,
     needs_gpu,
 )
 
@@ -44,6 +49,18 @@ QMAX = {"int8": 127.0, "fp8_e4m3": 448.0}
 #: activations in [-128, 127] give |product| <= 16256, and floor((2**31 - 1) / 16256) = 132104
 #: (reference/numerics.md §3).
 INT8_MAX_K = 132104
+
+
+def unit_memory_bytes(m: int, n: int, k: int, implementations: int) -> int:
+    """An upper estimate of one unit's memory, from what :func:`run` allocates.
+
+    Per operand element (``m*k + k*n``) 32 bytes: the fp32 draws, the quantizer's fp32 temporaries,
+    the int8/e4m3 operands and the exact reference's float64 (or int64 chunk) copies.  Per output
+    element (``m*n``) 128 bytes for the reference (its int64/float64 accumulator and the float64
+    temporaries of its correctly rounded epilogue) and 16 per implementation (an int32/fp32
+    accumulator, the output, the comparison's copies).
+    """
+    return 32 * (m * k + k * n) + m * n * (128 + 16 * implementations)
 
 
 class KdepthExperiment(Strict):
@@ -65,17 +82,17 @@ class KdepthExperiment(Strict):
     @field_validator("m", "n", "k")
     @classmethod
     def _positive_axis(cls, v: Any) -> Any:
-        return check_axis(v, 1)
+        return check_axis(v, 1, MAX_DIM)
 
     @field_validator("seeds")
     @classmethod
     def _seed_axis(cls, v: Any) -> Any:
         # `seeds = 4` means four seeds 0..3; a list or a range names them.
         if isinstance(v, int):
-            if v < 1:
-                raise ValueError("a seed count must be >= 1")
+            if not 1 <= v <= MAX_AXIS_VALUES:
+                raise ValueError(f"a seed count must be between 1 and {MAX_AXIS_VALUES}")
             return v
-        return check_axis(v, 0)
+        return check_axis(v, 0, MAX_SEED)
 
     @field_validator("scale_modes")
     @classmethod
@@ -99,6 +116,15 @@ def problems(base: str, exp: KdepthExperiment) -> list[str]:
 
     out: list[str] = []
     ks = axis_values(exp.k)
+    ms, ns = axis_values(exp.m), axis_values(exp.n)
+    n_units = len(ms) * len(ns) * len(ks) * len(exp.seed_values()) * len(exp.scale_modes)
+    if n_units > MAX_UNITS:
+        out.append(f"{base}: m x n x k x seeds x scale_modes is {n_units} units; at most {MAX_UNITS} per experiment")
+    estimate = unit_memory_bytes(max(ms), max(ns), max(ks), len(exp.implementations) + 1)
+    p = memory_problem(f"{base}.m/n/k", f"M={max(ms)} N={max(ns)} K={max(ks)}", estimate,
+                       exp.resources)
+    if p:
+        out.append(p)
     if exp.dtype == "int8" and max(ks) > INT8_MAX_K:
         out.append(
             f"{base}.k: K={max(ks)} exceeds the int32 no-overflow bound for int8 products "
@@ -107,7 +133,6 @@ def problems(base: str, exp: KdepthExperiment) -> list[str]:
     labels: list[str] = []
     entries = [(f"{base}.implementations[{i}]", impl) for i, impl in enumerate(exp.impls())]
     entries.append((f"{base}.reference", exp.ref()))
-    ms, ns = axis_values(exp.m), axis_values(exp.n)
     for field, impl in entries:
         labels.append(impl.name)
         problem = kernel_problem(field, impl, exp.dtype)

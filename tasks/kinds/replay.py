@@ -26,6 +26,7 @@ from pydantic import Field, field_validator
 from tasks.comparison import compare
 from tasks.kinds.base import Kind, Rows, Unit, UnitContext
 from tasks.kinds.fields import (
+    MAX_SEED,
     Implementation,
     Prompts,
     Resources,
@@ -56,7 +57,7 @@ class ReplayExperiment(Strict):
 
     kind: Literal["replay"]
     model: str = "tiny-qwen3"
-    model_seed: int = Field(default=0, ge=0)
+    model_seed: int = Field(default=0, ge=0, le=MAX_SEED)
     #: "cpu": the CPU W8A8 engine captures with a registry kernel; "vllm": vLLM captures with a
     #: kernel family (cutlass-int8 / triton-int8) on a GPU, and pairs name GPU registry kernels.
     engine: Literal["cpu", "vllm"] = "cpu"

@@ -1,0 +1,207 @@
+"""Faults around a launch: racing launchers, signals, killed drivers, storage failing mid-sweep,
+units no node can hold, unreachable clusters. Each runs the real CLI in a subprocess (signals and
+SIGKILL need a process of their own) against an embedded Ray instance on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from orchestrator.cli.main import app
+from storage.catalog import read_only_query
+from storage.store import ResultStore
+from tests.conftest import REPO, tiny_spec_text
+
+SPEC = """
+question = "Does a sweep survive faults around its launch?"
+name = "{name}"
+
+[experiments.int8]
+kind = "kdepth"
+dtype = "int8"
+implementations = ["int8-cutlass-order", "int8-triton-order", "int8-torch-channelwise"]
+scale_modes = ["real", "pow2"]
+m = 64
+n = {n}
+k = {{ start = 64, stop = 8192, factor = 2 }}
+seeds = {seeds}
+"""
+TIMING = {"seconds_a", "seconds_b"}
+ENV = {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "orchestrator.cli.main", *args]
+
+
+def _spec(tmp_path: Path, name: str = "faults", n: int = 64, seeds: int = 2, file: str = "spec.toml") -> Path:
+    path = tmp_path / file
+    path.write_text(SPEC.format(name=name, n=n, seeds=seeds))
+    return path
+
+
+def _launch(spec: Path, results: Path, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(_cli("sweep", "launch", str(spec), "--results", str(results), "--no-progress",
+                                 "--num-cpus", "2", *extra),
+                            cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_done(store: ResultStore, sweep: str, at_least: int, proc: subprocess.Popen[str], timeout: float = 240) -> None:
+    deadline = time.time() + timeout
+    while len(store.done_units(sweep)) < at_least:
+        assert proc.poll() is None, "the sweep ended before the fault could be injected"
+        assert time.time() < deadline, "the sweep made no progress"
+        time.sleep(0.1)
+
+
+def _rows(results: Path) -> list[dict[str, object]]:
+    rows = read_only_query(results, "SELECT * FROM kdepth ORDER BY unit_id, impl_a, impl_b").to_pylist()
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
+
+
+def _launches(results: Path, sweep: str) -> list[dict[str, object]]:
+    store = ResultStore(results)
+    return [r for p in store.parquet_files("launches", sweep) for r in store.read_table(p).to_pylist()]
+
+
+@pytest.mark.slow
+def test_racing_launchers_of_one_sweep_name_one_runs_one_is_refused(tmp_path: Path) -> None:
+    a = _spec(tmp_path, name="race", n=64, file="a.toml")
+    b = _spec(tmp_path, name="race", n=32, file="b.toml")  # another plan under the same name
+    results = tmp_path / "results"
+    procs = [_launch(a, results), _launch(b, results)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    codes = sorted(p.returncode for p in procs)
+    assert codes == [0, 2], [o[1][-2000:] for o in outs]
+    loser = outs[[p.returncode for p in procs].index(2)][1]
+    assert ("is being launched by pid" in loser) or ("different spec" in loser), loser
+    assert "Traceback" not in loser
+    # The partition holds the units of exactly one plan, each once.
+    units = read_only_query(results, "SELECT unit_id, count(*) AS c FROM units GROUP BY ALL").to_pylist()
+    record = ResultStore(results).sweep_record("race")
+    assert record is not None and {u["unit_id"] for u in units} == set(record["unit_ids"])
+    assert all(u["c"] == 1 for u in units)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_stops_cleanly_and_a_relaunch_finishes(tmp_path: Path, signum: int) -> None:
+    spec, results = _spec(tmp_path, name="signals", seeds=4), tmp_path / "results"
+    proc = _launch(spec, results)
+    _wait_done(ResultStore(results), "signals", 6, proc)
+    proc.send_signal(signum)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signum, stderr[-3000:]
+    assert "units are committed" in stderr and "Relaunch the same spec to resume" in stderr
+    assert "Traceback" not in stderr and "Stack trace" not in stderr and "*** " not in stderr
+    statuses = [r["status"] for r in _launches(results, "signals")]
+    assert statuses == ["interrupted"]
+    again = _launch(spec, results)
+    _, err = again.communicate(timeout=300)
+    assert again.returncode == 0, err[-3000:]
+    assert len(ResultStore(results).done_units("signals")) == 8 * 4 * 2
+
+
+@pytest.mark.slow
+def test_seeded_driver_sigkills_lose_nothing_and_match_an_uninterrupted_run(tmp_path: Path) -> None:
+    """Three SIGKILLs of the driver at seeded points, a relaunch after each; then the results equal an
+    uninterrupted run's, bit for bit, with no unit missing or duplicated; killed launches read lost."""
+    spec = _spec(tmp_path, name="killed", seeds=3)
+    total = 8 * 3 * 2
+    killed, clean = tmp_path / "killed", tmp_path / "clean"
+    store = ResultStore(killed)
+    schedule = sorted(random.Random(20261130).sample(range(2, total - 8), 3))
+    for at in schedule:
+        proc = _launch(spec, killed)
+        _wait_done(store, "killed", at, proc)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    time.sleep(2)  # orphaned workers of the last driver finish or die
+    final = _launch(spec, killed)
+    _, err = final.communicate(timeout=300)
+    assert final.returncode == 0, err[-3000:]
+    ref = _launch(spec, clean)
+    ref.communicate(timeout=300)
+    assert ref.returncode == 0
+    assert len(store.done_units("killed")) == total
+    dupes = read_only_query(killed, "SELECT unit_id, impl_a, impl_b, count(*) AS c FROM kdepth GROUP BY ALL HAVING c > 1")
+    assert dupes.num_rows == 0
+    assert _rows(killed) == _rows(clean)
+    statuses = sorted(str(r["status"]) for r in _launches(killed, "killed"))
+    assert statuses == ["finished", "lost", "lost", "lost"]
+
+
+@pytest.mark.slow
+def test_storage_failing_mid_sweep_stops_the_sweep_it_is_not_a_unit_failure(tmp_path: Path) -> None:
+    spec, results = _spec(tmp_path, name="storage", seeds=4), tmp_path / "results"
+    proc = _launch(spec, results)
+    store = ResultStore(results)
+    _wait_done(store, "storage", 4, proc)
+    # Every unit writes an attempt marker first: make that directory a file (root ignores chmod).
+    attempts = results / "_state" / "attempts" / "sweep=storage"
+    shutil.rmtree(attempts)
+    attempts.write_text("not a directory")
+    _, stderr = proc.communicate(timeout=180)
+    assert proc.returncode == 3, stderr[-3000:]
+    assert "units are committed" in stderr and "Traceback" not in stderr
+    ledger = read_only_query(results, "SELECT status, count(*) AS n FROM units GROUP BY ALL").to_pylist()
+    assert all(r["status"] == "ok" for r in ledger), ledger  # no unit was blamed for the disk
+
+
+def test_units_no_node_can_hold_are_refused_before_anything_is_written(ray_local, tmp_path: Path) -> None:
+    spec = tmp_path / "big.toml"
+    spec.write_text(tiny_spec_text(name="big") + "resources = { num_cpus = 1000 }\n")
+    results = tmp_path / "results"
+    res = CliRunner().invoke(app, ["sweep", "launch", str(spec), "--results", str(results), "--no-progress"])
+    assert res.exit_code == 2, res.output
+    assert "num_cpus=1000" in res.output and "could never run" in res.output
+    assert not results.exists() or not any(results.rglob("*.parquet"))
+
+
+def test_an_unreachable_address_exits_2_quickly_naming_it(tmp_path: Path) -> None:
+    spec = tmp_path / "s.toml"
+    spec.write_text(tiny_spec_text(name="far"))
+    t0 = time.time()
+    out = subprocess.run(_cli("sweep", "launch", str(spec), "--results", str(tmp_path / "r"), "--address", "127.0.0.1:1",
+                              "--connect-timeout", "5"), cwd=REPO, env=ENV, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert "127.0.0.1:1" in out.stderr and "Traceback" not in out.stderr
+    assert time.time() - t0 < 60
+
+
+def test_empty_results_path_is_refused(tmp_path: Path) -> None:
+    spec = tmp_path / "s.toml"
+    spec.write_text(tiny_spec_text(name="empty"))
+    before = sorted(Path.cwd().iterdir())
+    res = CliRunner().invoke(app, ["sweep", "launch", str(spec), "--results", ""])
+    assert res.exit_code == 2 and "results directory" in res.output
+    assert sorted(Path.cwd().iterdir()) == before
+
+
+def test_launch_of_a_held_sweep_names_the_holder(ray_local, tmp_path: Path) -> None:
+    import pyarrow.fs as pafs
+
+    from storage.lock import LaunchLock
+
+    spec = tmp_path / "s.toml"
+    spec.write_text(tiny_spec_text(name="held"))
+    results = tmp_path / "results"
+    results.mkdir()
+    with LaunchLock(pafs.LocalFileSystem(), str(results), "held", local=True):
+        res = CliRunner().invoke(app, ["sweep", "launch", str(spec), "--results", str(results), "--no-progress"])
+    assert res.exit_code == 2, res.output
+    assert f"pid {os.getpid()}" in res.output and "One launcher per sweep" in res.output
+    assert not any(results.rglob("*.parquet"))
+    again = CliRunner().invoke(app, ["sweep", "launch", str(spec), "--results", str(results), "--no-progress"])
+    assert again.exit_code == 0, again.output
+    assert json.loads(CliRunner().invoke(app, ["report", "units", "--results", str(results), "--format", "json"]).stdout)
