@@ -312,13 +312,10 @@ def _run_units(spec: LoadedSpec, plan: Plan, pending: list[Unit], results: str, 
         ref = fn.options(**opts).remote(payload, results, plan.sweep, spec.sha256)
         in_flight[ref] = unit
 
-    try:
-        _drain(queue, in_flight, submit, spec, plan, results, summary, emit)
-    except BaseException:
-        # Stopping (a signal, a storage failure): nothing more is started; what runs is cancelled.
-        for ref in in_flight:
-            ray.cancel(ref, force=True)
-        raise
+    # Stopping (a signal, a storage failure) starts nothing more. Units in flight are not cancelled
+    # (force-cancelling a task whose reply is on its way trips a check inside Ray): each finishes and
+    # commits atomically, or dies with the driver's Ray session, and a relaunch skips what committed.
+    _drain(queue, in_flight, submit, spec, plan, results, summary, emit)
 
 
 def _drain(queue: list[Unit], in_flight: dict[Any, Unit], submit: Callable[[Unit], None], spec: LoadedSpec,
@@ -338,8 +335,6 @@ def _drain(queue: list[Unit], in_flight: dict[Any, Unit], submit: Callable[[Unit
             except (ray.exceptions.RayTaskError, ray.exceptions.RayError) as exc:
                 cause = getattr(exc, "cause", None)
                 if isinstance(cause, OSError | StorageError) or isinstance(exc, OSError):
-                    for other in in_flight:
-                        ray.cancel(other, force=True)
                     raise StorageFailure(f"unit {unit.id} could not commit its results: {cause or exc}") from None
                 error = f"{type(exc).__name__}: worker lost after {spec.sweep.max_retries} retries: {str(exc)[:2000]}"
                 try:

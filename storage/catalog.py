@@ -200,36 +200,38 @@ class _Binder:
                 }
         return out
 
-    def _inspect(self, want: _Want) -> str | None:
-        """Why ``want`` must not be read (size, footer, rows, schema), or None."""
+    def _inspect(self, want: _Want, read: bool) -> tuple[str | None, pa.Table | None]:
+        """Why ``want`` must not be read (footer, rows, schema), or None; and its rows when ``read``."""
         try:
             with self.store.fs.open_input_file(self._abs(want.rel)) as fh:
-                meta = pq.ParquetFile(fh).metadata
-                found = meta.schema.to_arrow_schema()
+                pf = pq.ParquetFile(fh)
+                if want.rows is not None and pf.metadata.num_rows != want.rows:
+                    return f"holds {pf.metadata.num_rows} rows, the ledger recorded {want.rows}", None
+                problem = schema_problem(pf.schema_arrow, TABLES[want.table])
+                return problem, (pf.read() if read and problem is None else None)
         except FileNotFoundError:
-            return "missing (deleted?)"
-        except Exception as exc:  # noqa: BLE001 - any unreadable footer is damage, never a traceback
-            return f"not a readable Parquet file ({type(exc).__name__}: {str(exc).splitlines()[0][:160]})"
-        if want.rows is not None and meta.num_rows != want.rows:
-            return f"holds {meta.num_rows} rows, the ledger recorded {want.rows}"
-        return schema_problem(found, TABLES[want.table])
+            return "missing (deleted?)", None
+        except Exception as exc:  # noqa: BLE001 - any unreadable file is damage, never a traceback
+            return f"not a readable Parquet file ({type(exc).__name__}: {str(exc).splitlines()[0][:160]})", None
 
     def _warn(self, rel: str, problem: str, consequence: str) -> None:
         self.out.warnings.append(f"{rel}: {problem}; {consequence}; {self.verify}")
 
-    def _check(self, wants: list[_Want], sizes: dict[str, int | None]) -> list[_Want]:
-        """The files of ``wants`` that pass the checks; a warning (and a damaged unit) for each other."""
-        def problem(w: _Want) -> str | None:
+    def _check(self, wants: list[_Want], sizes: dict[str, int | None],
+               read: bool = False) -> list[tuple[_Want, pa.Table | None]]:
+        """The files of ``wants`` that pass the checks (with their rows when ``read``); a warning,
+        and a damaged unit, for each other."""
+        def inspect(w: _Want) -> tuple[str | None, pa.Table | None]:
             if w.rel not in sizes:
-                return "missing (deleted?)"
+                return "missing (deleted?)", None
             if w.size is not None and sizes[w.rel] is not None and sizes[w.rel] != w.size:
-                return f"is {sizes[w.rel]} bytes, the ledger recorded {w.size}"
-            return self._inspect(w)
+                return f"is {sizes[w.rel]} bytes, the ledger recorded {w.size}", None
+            return self._inspect(w, read)
 
         good = []
-        for w, p in zip(wants, _parallel(problem, wants), strict=True):
+        for w, (p, rows) in zip(wants, _parallel(inspect, wants), strict=True):
             if p is None:
-                good.append(w)
+                good.append((w, rows))
                 continue
             if w.unit is not None:
                 self.out.damaged.setdefault(w.unit, f"{w.rel}: {p}")
@@ -243,20 +245,14 @@ class _Binder:
         schema = UNITS.append(pa.field("sweep", pa.string()))
         wants = [_Want(rel, "units", sweep, (sweep, rel.rsplit("/", 1)[1][: -len(".parquet")]))
                  for sweep, files in sizes.items() for rel in files]
-        read: set[str] = set()
-        for w in self._check(wants, {rel: size for files in sizes.values() for rel, size in files.items()}):
-            try:
-                t = self.store.read_table(self._abs(w.rel))
-            except Exception as exc:  # noqa: BLE001 - unreadable despite its footer: damage, named
-                problem = f"unreadable ({type(exc).__name__})"
-                self.out.damaged.setdefault(w.unit or ("", ""), f"{w.rel}: {problem}")
-                self._warn(w.rel, problem, "skipped")
-                continue
+        good = self._check(wants, {rel: size for files in sizes.values() for rel, size in files.items()}, read=True)
+        parts = [t.append_column("sweep", pa.array([w.sweep] * len(t), pa.string())) for w, t in good if t is not None]
+        if parts:
+            t = pa.concat_tables(parts, promote_options="permissive")
             cols = [t.column(f.name).cast(f.type) if f.name in t.column_names else pa.nulls(len(t), f.type)
-                    for f in UNITS]
-            self.out.ledger.append(pa.Table.from_arrays([*cols, pa.array([w.sweep] * len(t), pa.string())],
-                                                        schema=schema))
-            read.add(w.rel)
+                    for f in schema]
+            self.out.ledger.append(pa.Table.from_arrays(cols, schema=schema))
+        read = {w.rel for w, _ in good}
         lost = [{"unit_id": w.unit[1], "status": "damaged", "sweep": w.sweep}
                 for w in wants if w.rel not in read and w.unit is not None]
         if lost:  # the unit's ledger row is unreadable: still show the unit, as damaged
@@ -303,7 +299,7 @@ class _Binder:
                 for rel in files:
                     if rel not in named:
                         self._warn(rel, "not named by any ok ledger row (an orphan)", "not read")
-            self.out.files[table] = self._check(wants, flat)
+            self.out.files[table] = [w for w, _ in self._check(wants, flat)]
         return self.out
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import typer
 
+from orchestrator.cli import sweep_verify
 from orchestrator.cli.common import (
     DEFAULT_RESULTS,
     Format,
@@ -136,3 +137,6 @@ def launch(
         )
         if summary.n_failed:
             raise typer.Exit(1)
+
+
+app.command("verify")(sweep_verify.verify)

@@ -205,3 +205,25 @@ def test_launch_of_a_held_sweep_names_the_holder(ray_local, tmp_path: Path) -> N
     again = CliRunner().invoke(app, ["sweep", "launch", str(spec), "--results", str(results), "--no-progress"])
     assert again.exit_code == 0, again.output
     assert json.loads(CliRunner().invoke(app, ["report", "units", "--results", str(results), "--format", "json"]).stdout)
+
+
+def test_verify_then_repair_recomputes_exactly_the_damaged_unit(ray_local, tmp_path: Path) -> None:
+    spec = tmp_path / "s.toml"
+    spec.write_text(tiny_spec_text(name="mend"))
+    results = tmp_path / "results"
+    cli = CliRunner()
+    assert cli.invoke(app, ["sweep", "launch", str(spec), "--results", str(results), "--no-progress"]).exit_code == 0
+    clean = _rows(results)
+    assert cli.invoke(app, ["sweep", "verify", "--results", str(results)]).exit_code == 0
+    victim = sorted((results / "table=kdepth" / "sweep=mend").glob("*.parquet"))[3]
+    victim.write_bytes(victim.read_bytes()[:100])  # truncated
+    found = cli.invoke(app, ["sweep", "verify", "--results", str(results), "--format", "json"])
+    assert found.exit_code == 1
+    problems = json.loads(found.stdout)
+    assert [(p["unit_id"], p["kind"]) for p in problems] == [(victim.stem, "truncated")]
+    fixed = cli.invoke(app, ["sweep", "launch", str(spec), "--results", str(results), "--no-progress", "--repair"])
+    assert fixed.exit_code == 0, fixed.output
+    assert "11 skipped (done before), 1 ok" in fixed.output
+    assert cli.invoke(app, ["sweep", "verify", "--results", str(results)]).exit_code == 0
+    assert _rows(results) == clean
+    assert any((results / "_quarantine").rglob(victim.name))  # the damaged file is kept as evidence
