@@ -79,6 +79,13 @@ def run_nightly(suite: str | Path, baseline: str | Path, results: str | Path, *,
             f"{summary.n_failed} unit(s) of {dated} failed to run (e.g. {first[0]}: {first[1]}); "
             "the nightly comparison needs every unit: see `swapcheck report units`")
     with open_catalog(results) as cat:
+        damaged = [w for w in cat.warnings if f"sweep={dated}/" in w]
+        if damaged:
+            # Today's metrics would be computed from fewer rows than were committed: never compare them.
+            raise InfrastructureError(
+                f"{len(damaged)} committed file(s) of {dated} are damaged or missing, e.g. {damaged[0]}; "
+                "the nightly comparison needs every row: run `swapcheck sweep verify`, then "
+                "`swapcheck sweep launch --repair`")
         today = sweep_metrics(cat, dated)
         outcome = NightlyOutcome(sweep=dated, exit_code=0)
         if base is not None:

@@ -156,15 +156,20 @@ class _Want:
 class _Bound:
     """What a catalog binds: each table's readable files, the ledger rows, and the warnings."""
 
-    files: dict[str, list[_Want]] = field(default_factory=dict)
-    ledger: list[pa.Table] = field(default_factory=list)
+    files: dict[str, list[_Want]] = field(default_factory=dict)  # "units": the readable ledger files
+    ledger: list[pa.Table] = field(default_factory=list)  # _LEDGER_CHECKED columns + sweep
+    lost: list[dict[str, Any]] = field(default_factory=list)  # units whose ledger file is unreadable
     damaged: dict[tuple[str, str], str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 
 
-def _parallel(fn: Callable[[_T], _R], items: list[_T]) -> list[_R]:
-    """``fn`` over ``items`` in order, on threads when there are many (footer reads wait on I/O)."""
-    if len(items) < 16:
+#: The ledger columns read at open (the rest are read by queries of the ``units`` view).
+_LEDGER_CHECKED = ["unit_id", "status", "tables", "files"]
+
+
+def _parallel(fn: Callable[[_T], _R], items: list[_T], threads: bool) -> list[_R]:
+    """``fn`` over ``items`` in order; on threads for a remote store (each read waits on the network)."""
+    if not threads or len(items) < 16:
         return [fn(i) for i in items]
     with ThreadPoolExecutor(max_workers=8) as pool:
         return list(pool.map(fn, items))
@@ -207,8 +212,12 @@ class _Binder:
                 pf = pq.ParquetFile(fh)
                 if want.rows is not None and pf.metadata.num_rows != want.rows:
                     return f"holds {pf.metadata.num_rows} rows, the ledger recorded {want.rows}", None
-                problem = schema_problem(pf.schema_arrow, TABLES[want.table])
-                return problem, (pf.read() if read and problem is None else None)
+                found = pf.schema_arrow
+                problem = schema_problem(found, TABLES[want.table])
+                if not read or problem is not None:
+                    return problem, None
+                cols = [c for c in _LEDGER_CHECKED if c in found.names]
+                return None, pf.read(columns=cols, use_threads=False)
         except FileNotFoundError:
             return "missing (deleted?)", None
         except Exception as exc:  # noqa: BLE001 - any unreadable file is damage, never a traceback
@@ -229,7 +238,7 @@ class _Binder:
             return self._inspect(w, read)
 
         good = []
-        for w, (p, rows) in zip(wants, _parallel(inspect, wants), strict=True):
+        for w, (p, rows) in zip(wants, _parallel(inspect, wants, threads=not self.store.local), strict=True):
             if p is None:
                 good.append((w, rows))
                 continue
@@ -241,22 +250,22 @@ class _Binder:
         return good
 
     def _read_ledger(self, sizes: dict[str, dict[str, int | None]]) -> None:
-        """Read every ledger file; a damaged one is a warning and a ``damaged`` row of its unit."""
-        schema = UNITS.append(pa.field("sweep", pa.string()))
+        """Read what the checks need of every ledger file; a damaged one is a warning and a
+        ``damaged`` row of its unit (``units`` shows the unit even though its row is lost)."""
         wants = [_Want(rel, "units", sweep, (sweep, rel.rsplit("/", 1)[1][: -len(".parquet")]))
                  for sweep, files in sizes.items() for rel in files]
         good = self._check(wants, {rel: size for files in sizes.values() for rel, size in files.items()}, read=True)
+        self.out.files["units"] = [w for w, _ in good]
         parts = [t.append_column("sweep", pa.array([w.sweep] * len(t), pa.string())) for w, t in good if t is not None]
         if parts:
             t = pa.concat_tables(parts, promote_options="permissive")
-            cols = [t.column(f.name).cast(f.type) if f.name in t.column_names else pa.nulls(len(t), f.type)
-                    for f in schema]
-            self.out.ledger.append(pa.Table.from_arrays(cols, schema=schema))
+            fields = [UNITS.field(c) for c in _LEDGER_CHECKED] + [pa.field("sweep", pa.string())]
+            self.out.ledger.append(pa.Table.from_arrays(
+                [t.column(f.name).cast(f.type) if f.name in t.column_names else pa.nulls(len(t), f.type)
+                 for f in fields], schema=pa.schema(fields)))
         read = {w.rel for w, _ in good}
-        lost = [{"unit_id": w.unit[1], "status": "damaged", "sweep": w.sweep}
-                for w in wants if w.rel not in read and w.unit is not None]
-        if lost:  # the unit's ledger row is unreadable: still show the unit, as damaged
-            self.out.ledger.append(pa.Table.from_pylist(lost, schema=schema))
+        self.out.lost = [{"unit_id": w.unit[1], "status": "damaged", "sweep": w.sweep}
+                         for w in wants if w.rel not in read and w.unit is not None]
 
     def _expected(self) -> dict[str, list[_Want]]:
         """table -> the files ``ok`` ledger rows name (legacy rows: ``<unit_id>.parquet`` per table)."""
@@ -288,16 +297,17 @@ class _Binder:
         expected = self._expected()
         for table in TABLES:
             if table == "units":
-                continue
+                continue  # read above
             flat = {rel: size for files in listing[table].values() for rel, size in files.items()}
-            wants = [w for w in expected.get(table, []) if w.sweep in ledgered]
+            wants = list({w.rel: w for w in reversed(expected.get(table, []))}.values())[::-1]  # once each
             named = {w.rel for w in wants}
             for sweep, files in listing[table].items():
-                if table in UNMANAGED_TABLES or sweep not in ledgered:
-                    wants += [_Want(rel, table, sweep) for rel in files]
-                    continue
                 for rel in files:
-                    if rel not in named:
+                    if rel in named:
+                        continue
+                    if table in UNMANAGED_TABLES or sweep not in ledgered:
+                        wants.append(_Want(rel, table, sweep))  # nothing names these files: read them whole
+                    else:
                         self._warn(rel, "not named by any ok ledger row (an orphan)", "not read")
             self.out.files[table] = [w for w, _ in self._check(wants, flat)]
         return self.out
@@ -309,19 +319,30 @@ def _dataset(store: ResultStore, table: str, wants: list[_Want]) -> pa.Table | p
     schema = TABLES[table].append(pa.field("sweep", pa.string()))
     if not wants:
         return pa.Table.from_pylist([], schema=schema)
+    # Page CRCs (written by the store) are verified on every read: a file whose bytes changed under an
+    # intact footer fails the query instead of feeding it wrong numbers.
+    fmt = pads.ParquetFileFormat(
+        default_fragment_scan_options=pads.ParquetFragmentScanOptions(page_checksum_verification=True))
     return pads.FileSystemDataset.from_paths(
-        [f"{store.base}/{w.rel}" for w in wants], schema=schema, format=pads.ParquetFileFormat(),
+        [f"{store.base}/{w.rel}" for w in wants], schema=schema, format=fmt,
         filesystem=store.fs, partitions=[pads.field("sweep") == w.sweep for w in wants])
 
 
-def _units_table(bound: _Bound) -> pa.Table:
-    """The ledger rows plus ``damaged`` / ``damage`` (why) of each unit."""
-    schema = UNITS.append(pa.field("sweep", pa.string()))
-    ledger = pa.concat_tables(bound.ledger) if bound.ledger else pa.Table.from_pylist([], schema=schema)
-    keys = zip(ledger.column("sweep").to_pylist(), ledger.column("unit_id").to_pylist(), strict=True)
-    damage = [bound.damaged.get(k) for k in keys]
-    return (ledger.append_column(DAMAGE_COLUMNS[0], pa.array([d is not None for d in damage], pa.bool_()))
-            .append_column(DAMAGE_COLUMNS[1], pa.array(damage, pa.string())))
+def _bind_units(con: duckdb.DuckDBPyConnection, store: ResultStore, bound: _Bound) -> None:
+    """The ``units`` view: the readable ledger files, plus ``damaged`` / ``damage`` (why) of each unit,
+    plus a ``damaged`` row for each unit whose ledger file is unreadable."""
+    full = UNITS.append(pa.field("sweep", pa.string()))
+    con.register("_units_ledger", _dataset(store, "units", bound.files["units"]))
+    con.register("_units_damage", pa.Table.from_pylist(
+        [{"sweep": k[0], "unit_id": k[1], "damage": v} for k, v in bound.damaged.items()],
+        schema=pa.schema([("sweep", pa.string()), ("unit_id", pa.string()), ("damage", pa.string())])))
+    lost = [{**row, "damaged": True, "damage": bound.damaged.get((row["sweep"], row["unit_id"]))} for row in bound.lost]
+    con.register("_units_lost", pa.Table.from_pylist(lost, schema=pa.schema([*full, *DAMAGE_COLUMNS])))
+    con.execute(
+        "CREATE VIEW units AS SELECT l.*, d.unit_id IS NOT NULL AS damaged, d.damage "
+        "FROM _units_ledger AS l LEFT JOIN _units_damage AS d ON l.sweep = d.sweep AND l.unit_id = d.unit_id "
+        "UNION ALL BY NAME SELECT * FROM _units_lost"
+    )
 
 
 def _open(store: ResultStore, bound: _Bound) -> duckdb.DuckDBPyConnection:
@@ -331,9 +352,10 @@ def _open(store: ResultStore, bound: _Bound) -> duckdb.DuckDBPyConnection:
     try:
         con.execute("SET max_temp_directory_size = '0B'")
         con.execute("SET enable_external_access = false")  # no allowed directory: no file, any path
+        _bind_units(con, store, bound)
         for table in TABLES:
-            source = _units_table(bound) if table == "units" else _dataset(store, table, bound.files[table])
-            con.register(table, source)  # a view over the Arrow object: DuckDB opens no file
+            if table != "units":
+                con.register(table, _dataset(store, table, bound.files[table]))  # DuckDB opens no file
     except BaseException:
         con.close()
         raise
@@ -405,9 +427,6 @@ def check_read_only(sql: str) -> list[Any]:
     return list(statements)
 
 
-_read_only_statements = check_read_only  # the earlier private name
-
-
 class Catalog:
     """One read-only DuckDB connection over a results tree; the views are created once.
 
@@ -440,7 +459,7 @@ class Catalog:
 
     def _failed(self, what: str, exc: duckdb.Error) -> QueryError:
         text = f"{what}{type(exc).__name__}: {exc}"
-        if "arrow" in str(exc).lower() or "parquet" in str(exc).lower():
+        if any(w in str(exc).lower() for w in ("arrow", "parquet", "checksum", "ioerror")):
             text += f" (a result file may be damaged: run `swapcheck sweep verify --results {self.results}`)"
         return QueryError(text)
 

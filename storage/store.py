@@ -78,7 +78,7 @@ def is_uri(results: str | Path) -> bool:
 
 def _parquet_bytes(table: pa.Table) -> bytes:
     buf = pa.BufferOutputStream()
-    pq.write_table(table, buf, compression="zstd")
+    pq.write_table(table, buf, compression="zstd", write_page_checksum=True)  # page CRCs: readers verify them
     data: bytes = buf.getvalue().to_pybytes()
     return data
 
