@@ -34,6 +34,7 @@ kdepth-demo: $(STAMP)
 
 # The default run skips tests marked `slow` (under 10 minutes on 2 cores); CI runs both sets.
 test: $(STAMP)
+	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium) >/dev/null 2>&1 || true
 	$(BIN)/python -m pytest -q -m "not slow and not gpu"
 
 test-slow: $(STAMP)

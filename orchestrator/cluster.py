@@ -25,6 +25,11 @@ class Connection:
     num_cpus: float
 
 
+def _verbose() -> bool:
+    """``swapcheck -v``: workers' output reaches the terminal (otherwise it stays in Ray's logs)."""
+    return os.environ.get("SWAPCHECK_VERBOSITY") == "verbose"
+
+
 def set_safe_env(embedded: bool) -> None:
     """Loopback binding is the safe default for users too; an explicit environment wins."""
     for key, value in (EMBEDDED_ENV if embedded else LOOPBACK_ENV).items():
@@ -68,12 +73,12 @@ def connect(address: str | None = None, num_cpus: int | None = None, timeout_s: 
             ray.init(
                 num_cpus=num_cpus or os.cpu_count() or 1,
                 include_dashboard=False,
-                log_to_driver=False,
+                log_to_driver=_verbose(),
                 logging_level=logging.WARNING,
                 configure_logging=True,
             )
         else:
-            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+            ray.init(address=address, log_to_driver=_verbose(), logging_level=logging.WARNING)
     except Exception as exc:  # noqa: BLE001 - Ray raises many types for a failed start/join
         raise InfrastructureError(f"could not {where}: {type(exc).__name__}: {exc}") from None
     ctx = ray.get_runtime_context()

@@ -3,7 +3,11 @@
 ``swapcheck nightly SUITE --baseline FILE --results DIR`` launches the suite spec under the sweep name
 ``<name>-<UTC timestamp>``, computes its summary metrics (``reports.metrics``), compares them with the
 baseline file under the declared rules and with the previous night's sweep, and writes a report in
-Markdown, HTML and JSON under ``<results>/nightly/<sweep>/``.
+Markdown, HTML and JSON under ``<results>/nightly/<sweep>/`` (give the results root itself, e.g.
+``--results results``: ``--results results/nightly`` would put them under ``results/nightly/nightly/``).
+
+Progress goes to ``on_event(kind, info)``: the runner's ``start``/``unit``/``end`` events, and
+``nightly`` events (``info["phase"]``: ``launch`` before Ray starts, ``compare`` once every unit ran).
 
 Exit codes: 0 nothing regressed; 1 a regression (the report names each metric, the baseline value and
 today's); 2 bad input (suite, baseline) or an infrastructure failure (Ray, disk, a unit that failed to
@@ -36,6 +40,8 @@ class NightlyOutcome:
     previous: str | None = None
     report_dir: str | None = None
     baseline_updated: bool = False
+    baseline_created: bool = False  # --update-baseline wrote the first baseline: nothing to compare with
+    metrics: int = 0  # today's metrics
 
 
 def read_baseline(path: Path) -> dict[str, Any]:
@@ -72,12 +78,15 @@ def run_nightly(suite: str | Path, baseline: str | Path, results: str | Path, *,
     stamp = stamp or datetime.utcnow().strftime("%Y%m%dT%H%M%S%f")
     dated = f"{spec.sweep.name}-{stamp}"
     spec = spec.model_copy(update={"sweep": spec.sweep.model_copy(update={"name": dated})})
+    emit = on_event or (lambda kind, info: None)
+    emit("nightly", {"phase": "launch", "sweep": dated})
     summary = launch(spec, results, address=address, num_cpus=num_cpus, on_event=on_event)
     if summary.n_failed:
         first = summary.failures[0] if summary.failures else ("?", "?")
         raise InfrastructureError(
             f"{summary.n_failed} unit(s) of {dated} failed to run (e.g. {first[0]}: {first[1]}); "
             "the nightly comparison needs every unit: see `swapcheck report units`")
+    emit("nightly", {"phase": "compare", "sweep": dated})
     with open_catalog(results) as cat:
         damaged = [w for w in cat.warnings if f"sweep={dated}/" in w]
         if damaged:
@@ -87,7 +96,7 @@ def run_nightly(suite: str | Path, baseline: str | Path, results: str | Path, *,
                 "the nightly comparison needs every row: run `swapcheck sweep verify`, then "
                 "`swapcheck sweep launch --repair`")
         today = sweep_metrics(cat, dated)
-        outcome = NightlyOutcome(sweep=dated, exit_code=0)
+        outcome = NightlyOutcome(sweep=dated, exit_code=0, baseline_created=base is None, metrics=len(today))
         if base is not None:
             outcome.changes = compare(base["metrics"], today)
             outcome.regressions = [c for c in outcome.changes if c["regression"]]
@@ -121,7 +130,8 @@ def markdown(outcome: NightlyOutcome, today: dict[str, Any], base: dict[str, Any
 
 def write_report(cat: Catalog, outcome: NightlyOutcome, today: dict[str, Any],
                  base: dict[str, Any] | None) -> str:
-    """report.md, report.json and report.html under ``nightly/<sweep>/`` of the catalog's results."""
+    """report.md, report.json and report.html under ``nightly/<sweep>/`` of the catalog's results root
+    (the only place the path is made: ``--results results`` gives ``results/nightly/<sweep>/``)."""
     from reports.render import html_document
 
     store = cat.store
@@ -131,6 +141,7 @@ def write_report(cat: Catalog, outcome: NightlyOutcome, today: dict[str, Any],
     store.write_text(f"{rel}/report.json", json.dumps({
         "sweep": outcome.sweep, "exit_code": outcome.exit_code, "regressions": outcome.regressions,
         "changes": outcome.changes, "previous": outcome.previous, "since_previous": outcome.since_previous,
-        "baseline_updated": outcome.baseline_updated, "metrics": today}, indent=1, default=str))
+        "baseline_updated": outcome.baseline_updated, "baseline_created": outcome.baseline_created,
+        "metrics": today}, indent=1, default=str))
     where = store.write_text(f"{rel}/report.html", html_document(cat, outcome.sweep, preface_markdown=md))
     return where.rsplit("/", 1)[0]

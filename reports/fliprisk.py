@@ -2,15 +2,29 @@
 
 Input: the ``teacher_forced`` table (one row per scored position: the reference arm's margin
 ``ref_margin`` = top-1 minus top-2 logit, and ``flip`` = the other arm's argmax differs), pulled with
-DuckDB through the named query ``flip_positions``. Output (``analyze`` / ``flip_report``), all plain
+DuckDB through the named query ``flip_positions``. Every figure is computed **per (sweep, ref_arm,
+arm) pair**: arm pairs are never pooled (a pair with no flips would dilute another pair's rate, and
+the margin-to-flip relation of one pair of kernels says nothing about another's). ``flip_report``
+returns ``{"filters", "pairs", "notes"}`` with one ``analyze`` object per pair in ``pairs`` and no
+figure at the top level; ``analyze`` refuses data holding more than one pair. Per pair, all plain
 JSON-able values:
 
-* ``positions``, ``flips``, ``flip_rate``;
+* ``positions``, ``flips``, ``flip_rate``, and ``flip_rate_ci``: the exact (Clopper-Pearson) 95%
+  interval from scipy (``binomtest(k, n).proportion_ci(method="exact")``), over positions treated as
+  independent trials (``rate_ci`` says so, with the counts); with no flips, ``rate_ci`` also gives
+  the exact one-sided 95% upper bound (the "rule of three", about 3/n);
+* ``power``: how many positions it takes to see at least one flip with 95% probability at a given
+  rate, n = ceil(log(0.05) / log(1 - p)), for the observed rate, the upper end of its interval and
+  ``POWER_RATES``;
 * ``auc``: ROC-AUC of the margin as a flip predictor (score = -margin: a smaller margin means more
-  risk), with ``auc_ci``, a seeded percentile-bootstrap interval. The bootstrap resamples whole
-  reference sequences by default (positions of one sequence share their context, so they are not
-  independent draws; resampling positions would give a too narrow interval), or positions
-  stratified by class (``ci_unit="position"``: every resample keeps the flip count);
+  risk), with ``auc_ci``, a seeded percentile-bootstrap interval, computed **only** when the pair
+  has at least ``AUC_CI_MIN_FLIPS`` flips and ``AUC_CI_MIN_NON_FLIPS`` unflipped positions
+  (otherwise ``auc_ci`` is None and ``auc_ci_note`` says "too few flips (3) for an interval: at least
+  10 are needed"; a percentile bootstrap over a handful of events gives an interval of false
+  precision). The bootstrap resamples whole reference sequences by default (positions of one
+  sequence share their context, so they are not independent draws; resampling positions would give
+  a too narrow interval), or positions stratified by class (``ci_unit="position"``: every resample
+  keeps the flip count);
 * ``model``: a logistic regression of flip on ``log10(margin + eps)``. The log, because margins span
   many decades (exact ties at 0 up to several logits) and a flip happens when the kernels' logit
   perturbation exceeds the margin: P(flip | m) is the survival function of a perturbation whose size
@@ -20,7 +34,9 @@ JSON-able values:
   standardized feature: negligible at thousands of positions, but finite when flips are perfectly
   separated by margin); coefficients are reported on the unstandardized feature;
 * ``calibration``: per margin bin (fixed decades, or quantiles), positions, flips, the observed
-  rate with a Wilson 95% interval, and the model's mean predicted probability;
+  rate with a Wilson 95% interval (statsmodels ``proportion_confint`` when installed, else scipy's
+  ``binomtest(...).proportion_ci(method="wilson")``; ``calibration_ci`` names which), and the
+  model's mean predicted probability;
 * ``concentration``: the margin at or below which 50%, 90% and 99% of flips lie (an observed flip
   margin), with the share of all positions at or below it and the flip rates on either side;
   ``concentration_margin`` is the 90% one.
@@ -41,8 +57,11 @@ if TYPE_CHECKING:
     from storage.catalog import Catalog
 
 __all__ = [
+    "AUC_CI_MIN_FLIPS",
+    "AUC_CI_MIN_NON_FLIPS",
     "DECADE_EDGES",
     "EPS",
+    "POWER_RATES",
     "FlipData",
     "analyze",
     "auc",
@@ -52,12 +71,22 @@ __all__ = [
     "fit_logistic",
     "flip_report",
     "load",
+    "positions_needed",
+    "power",
+    "rate_interval",
+    "wilson_interval",
 ]
 
 #: Added to margins before the log (keeps exact ties finite).
 EPS = 1e-7
 #: Fixed margin bin edges (logits): ties and sub-resolution margins, then one bin per decade.
 DECADE_EDGES = (0.0, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0, math.inf)
+#: An AUC interval needs at least this many flipped positions in the pair ...
+AUC_CI_MIN_FLIPS = 10
+#: ... and at least this many unflipped ones (below either, ``auc_ci`` is None, with a note).
+AUC_CI_MIN_NON_FLIPS = 10
+#: Reference flip rates of the power note (besides the observed rate and its upper bound).
+POWER_RATES = (1e-3, 1e-4, 1e-5)
 #: Flip shares for the concentration table.
 CONCENTRATION_SHARES = (0.5, 0.9, 0.99)
 #: Elements of one bootstrap chunk (resamples x positions): bounds memory at a few tens of MB.
@@ -67,10 +96,15 @@ _MAX_PAIR_SEQUENCES = 2048
 
 
 class FlipData:
-    """Teacher-forced positions: margins, flips, and the sequence and pair each belongs to."""
+    """Teacher-forced positions: margins, flips, and the sequence and pair each belongs to.
+
+    ``pairs[i]`` is the (sweep, ref_arm, arm) of pair id ``i``; ``pair_dropped[i]`` and
+    ``pair_ref_mismatch[i]`` its share of ``dropped`` and ``ref_mismatch`` (see ``load``).
+    """
 
     def __init__(self, margin: Any, flip: Any, sequence: Any = None, pair: Any = None,
-                 pairs: list[dict[str, Any]] | None = None, dropped: int = 0, ref_mismatch: int = 0):
+                 pairs: list[dict[str, Any]] | None = None, dropped: int = 0, ref_mismatch: int = 0,
+                 pair_dropped: list[int] | None = None, pair_ref_mismatch: list[int] | None = None):
         self.margin = np.asarray(margin, dtype=np.float64)
         self.flip = np.asarray(flip, dtype=bool)
         n = self.margin.size
@@ -79,6 +113,8 @@ class FlipData:
         self.pairs = pairs or []
         self.dropped = dropped
         self.ref_mismatch = ref_mismatch
+        self.pair_dropped = pair_dropped or [0] * len(self.pairs)
+        self.pair_ref_mismatch = pair_ref_mismatch or [0] * len(self.pairs)
         if not (self.flip.size == n == self.sequence.size == self.pair.size):
             raise ValueError("margin, flip, sequence and pair must have the same length")
 
@@ -88,6 +124,14 @@ class FlipData:
     def subset(self, mask: np.ndarray) -> FlipData:
         return FlipData(self.margin[mask], self.flip[mask], self.sequence[mask], self.pair[mask])
 
+    def for_pair(self, pid: int) -> FlipData:
+        """The positions of pair ``pid`` alone, with that pair's key and dropped/mismatch counts."""
+        sel = self.pair == pid
+        return FlipData(self.margin[sel], self.flip[sel], self.sequence[sel], np.zeros(int(sel.sum()), np.int64),
+                        pairs=[self.pairs[pid]], dropped=self.pair_dropped[pid],
+                        ref_mismatch=self.pair_ref_mismatch[pid], pair_dropped=[self.pair_dropped[pid]],
+                        pair_ref_mismatch=[self.pair_ref_mismatch[pid]])
+
 
 def load(cat: Catalog, sweep: str | None = None, ref_arm: str | None = None,
          arm: str | None = None) -> FlipData:
@@ -95,7 +139,9 @@ def load(cat: Catalog, sweep: str | None = None, ref_arm: str | None = None,
 
     Rows with a missing flag or a missing, non-finite or negative margin are dropped and counted
     (``dropped``); ``ref_mismatch`` counts positions where the reference arm's own argmax is not the
-    token it generated (should be 0: teacher forcing reproduces greedy decoding).
+    token it generated (should be 0: teacher forcing reproduces greedy decoding). Both are also
+    counted per pair (``pair_dropped``, ``pair_ref_mismatch``). The rows of every selected pair are
+    returned together; analyse them one pair at a time (``for_pair``, ``flip_report``).
     """
     t = cat.named_arrow("flip_positions", sweep=sweep, ref_arm=ref_arm, arm=arm)
     cols = t.to_pydict()
@@ -104,14 +150,20 @@ def load(cat: Catalog, sweep: str | None = None, ref_arm: str | None = None,
     has_flip = np.array([v is not None for v in flip_raw], dtype=bool)
     flip = np.array([bool(v) for v in flip_raw], dtype=bool)
     ok = has_flip & np.isfinite(margin) & (margin >= 0)
-    ref_mismatch = sum(1 for a, b in zip(cols["ref_token"], cols["ref_argmax"], strict=True)
-                       if a is not None and b is not None and a != b)
+    mismatch = np.array([a is not None and b is not None and a != b
+                         for a, b in zip(cols["ref_token"], cols["ref_argmax"], strict=True)], dtype=bool)
     pair_ids = np.array(cols["pair_id"], dtype=np.int64)
     pairs: dict[int, dict[str, Any]] = {}
     for pid, sw, ra, a in zip(cols["pair_id"], cols["sweep"], cols["ref_arm"], cols["arm"], strict=True):
         pairs.setdefault(int(pid), {"sweep": sw, "ref_arm": ra, "arm": a})
+    n_pairs = max(pairs) + 1 if pairs else 0
+    per_pair_dropped = np.bincount(pair_ids[~ok], minlength=n_pairs)
+    per_pair_mismatch = np.bincount(pair_ids[mismatch], minlength=n_pairs)
     return FlipData(margin[ok], flip[ok], np.array(cols["sequence_id"], dtype=np.int64)[ok], pair_ids[ok],
-                    pairs=[pairs[k] for k in sorted(pairs)], dropped=int((~ok).sum()), ref_mismatch=ref_mismatch)
+                    pairs=[pairs[k] for k in sorted(pairs)], dropped=int((~ok).sum()),
+                    ref_mismatch=int(mismatch.sum()),
+                    pair_dropped=[int(per_pair_dropped[k]) for k in sorted(pairs)],
+                    pair_ref_mismatch=[int(per_pair_mismatch[k]) for k in sorted(pairs)])
 
 
 # -- AUC ------------------------------------------------------------------------------------------
@@ -278,12 +330,88 @@ def predict(model: dict[str, Any], margin: np.ndarray) -> np.ndarray:
 
 # -- calibration and concentration -----------------------------------------------------------------
 
-def _wilson(k: int, n: int, z: float = 1.959963984540054) -> list[float]:
-    p = k / n
-    den = 1.0 + z * z / n
-    mid = (p + z * z / (2 * n)) / den
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    return [0.0 if k == 0 else max(0.0, mid - half), 1.0 if k == n else min(1.0, mid + half)]
+def rate_interval(k: int, n: int, level: float = 0.95) -> dict[str, Any]:
+    """The exact (Clopper-Pearson) interval of a flip rate, k flips in n positions, from scipy.
+
+    ``interval`` is two-sided (``scipy.stats.binomtest(k, n).proportion_ci(method="exact")``);
+    ``upper_one_sided`` is the exact one-sided upper bound (``alternative="less"``), given when k = 0:
+    "0 flips in n positions: the rate is below it" (1 - (1 - level)^(1/n), about 3/n at 95%). None
+    without positions. Positions are treated as independent trials.
+    """
+    from scipy.stats import binomtest
+
+    info: dict[str, Any] = {"method": "exact (Clopper-Pearson)",
+                            "source": "scipy.stats.binomtest(k, n).proportion_ci(method='exact')",
+                            "level": level, "unit": "position", "flips": k, "positions": n,
+                            "interval": None, "upper_one_sided": None,
+                            "assumes": "independent positions (flips clustered in sequences make it too narrow)"}
+    if n <= 0:
+        return info
+    ci = binomtest(k, n).proportion_ci(confidence_level=level, method="exact")
+    info["interval"] = [float(ci.low), float(ci.high)]
+    if k == 0:
+        info["upper_one_sided"] = float(binomtest(0, n, alternative="less").proportion_ci(
+            confidence_level=level, method="exact").high)
+    return info
+
+
+def _wilson_source() -> str:
+    import importlib.util
+
+    if importlib.util.find_spec("statsmodels") is not None:
+        return "statsmodels.stats.proportion.proportion_confint(method='wilson')"
+    return "scipy.stats.binomtest(k, n).proportion_ci(method='wilson')"
+
+
+def wilson_interval(k: int, n: int, level: float = 0.95) -> list[float]:
+    """Wilson score interval of k in n: statsmodels' ``proportion_confint`` if installed, else scipy's."""
+    if _wilson_source().startswith("statsmodels"):
+        import importlib
+
+        confint = importlib.import_module("statsmodels.stats.proportion").proportion_confint
+        lo, hi = confint(k, n, alpha=1.0 - level, method="wilson")
+    else:
+        from scipy.stats import binomtest
+
+        ci = binomtest(k, n).proportion_ci(confidence_level=level, method="wilson")
+        lo, hi = ci.low, ci.high
+    return [max(0.0, float(lo)), min(1.0, float(hi))]
+
+
+def positions_needed(rate: float, level: float = 0.95) -> int:
+    """Positions needed to see at least one flip with probability ``level`` when each flips with
+    probability ``rate``: the smallest n with 1 - (1 - rate)^n >= level, n = ceil(log(1 - level) /
+    log(1 - rate))."""
+    if not 0.0 < rate <= 1.0:
+        raise ValueError(f"rate {rate}: must be in (0, 1]")
+    if rate == 1.0:
+        return 1
+    return math.ceil(math.log(1.0 - level) / math.log1p(-rate))
+
+
+def power(positions: int, rate_ci: dict[str, Any], level: float = 0.95,
+          rates: tuple[float, ...] = POWER_RATES) -> dict[str, Any]:
+    """How many positions it takes to see a flip at a given rate, next to how many the pair has.
+
+    Rows for the observed rate (when there are flips), the upper end of its exact interval (the
+    one-sided bound with no flips) and each of ``rates``; ``note`` says it in words.
+    """
+    k, n = rate_ci["flips"], rate_ci["positions"]
+    basis: list[tuple[float, str]] = []
+    if n and k:
+        basis.append((k / n, "observed"))
+        basis.append((rate_ci["interval"][1], "upper end of the exact interval"))
+    elif n:
+        basis.append((rate_ci["upper_one_sided"], "one-sided exact upper bound"))
+    basis += [(r, "reference") for r in rates]
+    rows = [{"rate": r, "basis": why, "positions_needed": positions_needed(r, level), "positions": positions,
+             "enough": positions >= positions_needed(r, level)} for r, why in basis if 0.0 < r <= 1.0]
+    parts = [f"{r['rate']:.3g} ({r['basis']}) needs {r['positions_needed']:,}" for r in rows]
+    return {"level": level, "rule": f"n = ceil(log(1 - {level:g}) / log(1 - p)): the fewest positions with "
+                                     f"P(at least one flip) >= {level:g} at flip rate p",
+            "rows": rows,
+            "note": (f"to see at least one flip with {level:.0%} probability, a flip rate of "
+                     + "; ".join(parts) + f" positions (this pair has {positions:,})")}
 
 
 def _label(lo: float, hi: float) -> str:
@@ -295,8 +423,11 @@ def _label(lo: float, hi: float) -> str:
 
 
 def calibration(margin: np.ndarray, flip: np.ndarray, model: dict[str, Any] | None = None,
-                bins: str = "decades", n_bins: int = 10) -> list[dict[str, Any]]:
+                bins: str = "decades", n_bins: int = 10, level: float = 0.95) -> list[dict[str, Any]]:
     """Observed vs predicted flip rate per margin bin (non-empty bins only), bins as [lo, hi).
+
+    ``observed_ci``: the Wilson score interval of the bin's flips over its positions
+    (``wilson_interval``, a library's, at ``level``).
 
     ``bins="decades"``: the fixed edges ``DECADE_EDGES`` (comparable across runs and models);
     ``bins="quantile"``: ``n_bins`` bins of about equal positions (fewer where margins tie; the last
@@ -328,7 +459,7 @@ def calibration(margin: np.ndarray, flip: np.ndarray, model: dict[str, Any] | No
         label = _label(lo, hi) if bins == "decades" else (
             f"[{lo:.3g}, {hi:.3g}]" if i == edges.size - 2 else f"[{lo:.3g}, {hi:.3g})")
         rows.append({"bin": label, "margin_lo": lo, "margin_hi": None if math.isinf(hi) else hi,
-                     "positions": n, "flips": k, "observed_rate": k / n, "observed_ci": _wilson(k, n),
+                     "positions": n, "flips": k, "observed_rate": k / n, "observed_ci": wilson_interval(k, n, level),
                      "predicted_rate": None if pred is None else float(pred[sel].mean())})
     return rows
 
@@ -372,22 +503,52 @@ def _undefined_note(positions: int, flips: int) -> str | None:
     return None
 
 
+def _too_few_note(positions: int, flips: int) -> str | None:
+    """Why a pair gets no AUC interval although its AUC is defined (None: it gets one)."""
+    reasons = []
+    if flips < AUC_CI_MIN_FLIPS:
+        reasons.append(f"too few flips ({flips}) for an interval: at least {AUC_CI_MIN_FLIPS} are needed")
+    if positions - flips < AUC_CI_MIN_NON_FLIPS:
+        reasons.append(f"too few unflipped positions ({positions - flips}) for an interval: "
+                       f"at least {AUC_CI_MIN_NON_FLIPS} are needed")
+    return "; ".join(reasons) or None
+
+
 def analyze(data: FlipData, *, bins: str = "decades", resamples: int = 1000, seed: int = 0,
             level: float = 0.95, ci_unit: str = "sequence", eps: float = EPS) -> dict[str, Any]:
-    """Flip rate, AUC with its bootstrap interval, logistic model, calibration and concentration."""
+    """One arm pair: flip rate with its exact interval, power, AUC (with its bootstrap interval when
+    both classes have enough events), logistic model, calibration and concentration.
+
+    Raises ValueError when ``data`` holds positions of more than one pair: pairs are never pooled.
+    """
+    if np.unique(data.pair).size > 1:
+        raise ValueError(f"analyze takes one (sweep, ref_arm, arm) pair; this data holds {np.unique(data.pair).size} "
+                         "(use flip_report, or FlipData.for_pair): pairs are never pooled")
     margin, flip = data.margin, data.flip
     positions, flips = len(data), int(flip.sum())
     notes: list[str] = []
     note = _undefined_note(positions, flips)
     if note:
         notes.append(note)
-    elif flips < 10 or positions - flips < 10:
-        notes.append(f"only {min(flips, positions - flips)} positions in the smaller class: the interval is wide")
-    boot = bootstrap_auc(margin, flip, data.sequence, resamples=resamples, level=level, seed=seed, unit=ci_unit)
-    if note is None and boot["ci"] is None:
-        notes.append("no bootstrap resample held both classes: no interval")
-    elif note is None and boot["used"] < resamples:
-        notes.append(f"{resamples - boot['used']} of {resamples} resamples held only one class and were left out")
+    rate_ci = rate_interval(flips, positions, level)
+    if positions and not flips:
+        notes.append(f"0 flips in {positions} positions: the rate is below {rate_ci['upper_one_sided']:.3g} "
+                     f"({level:.0%} one-sided, exact)")
+    ci_note = None if note else _too_few_note(positions, flips)
+    boot: dict[str, Any] = {"method": "percentile bootstrap", "unit": ci_unit, "level": level,
+                            "resamples": resamples, "seed": seed, "used": 0, "ci": None}
+    if ci_note:
+        notes.append(ci_note)
+    elif note is None:
+        boot = bootstrap_auc(margin, flip, data.sequence, resamples=resamples, level=level, seed=seed, unit=ci_unit)
+        if boot["ci"] is None:
+            notes.append("no bootstrap resample held both classes: no interval")
+        elif boot["used"] < resamples:
+            notes.append(f"{resamples - boot['used']} of {resamples} resamples held only one class and were left out")
+        flip_seqs = np.unique(data.sequence[flip]).size
+        if ci_unit == "sequence" and flip_seqs < AUC_CI_MIN_FLIPS:
+            notes.append(f"the {flips} flips lie in only {flip_seqs} reference sequences: the sequence bootstrap "
+                         "has few independent units with a flip, so its interval is rough")
     model = fit_logistic(margin, flip, eps) if note is None else None
     if note is None and model is None:
         notes.append("every position has the same margin: no logistic model")
@@ -401,14 +562,20 @@ def analyze(data: FlipData, *, bins: str = "decades", resamples: int = 1000, see
         "positions": positions,
         "flips": flips,
         "flip_rate": flips / positions if positions else None,
+        "flip_rate_ci": rate_ci["interval"],
+        "rate_ci": rate_ci,
+        "power": power(positions, rate_ci, level) if positions else None,
         "auc": auc(margin, flip),
         "auc_ci": boot["ci"],
         "auc_note": note,
+        "auc_ci_note": ci_note,
         "score": "-ref_margin (smaller margin, higher risk)",
-        "ci": {k: boot[k] for k in ("method", "unit", "level", "resamples", "seed", "used")},
+        "ci": {**{k: boot[k] for k in ("method", "unit", "level", "resamples", "seed", "used")},
+               "min_flips": AUC_CI_MIN_FLIPS, "min_non_flips": AUC_CI_MIN_NON_FLIPS},
         "model": model,
         "calibration_bins": bins,
-        "calibration": calibration(margin, flip, model, bins=bins),
+        "calibration_ci": {"method": "Wilson score", "source": _wilson_source(), "level": level, "unit": "position"},
+        "calibration": calibration(margin, flip, model, bins=bins, level=level),
         "concentration_margin": next((c["margin"] for c in conc if c["flip_share"] == 0.9), None),
         "concentration": conc,
         "dropped": data.dropped,
@@ -419,28 +586,13 @@ def analyze(data: FlipData, *, bins: str = "decades", resamples: int = 1000, see
 
 def flip_report(cat: Catalog, sweep: str | None = None, ref_arm: str | None = None,
                 arm: str | None = None, **options: Any) -> dict[str, Any]:
-    """``analyze`` over the selected teacher-forced rows (pooled), plus a line per (sweep, ref_arm, arm).
+    """``analyze`` per (sweep, ref_arm, arm) pair of the selected teacher-forced rows; nothing pooled.
 
-    ``options`` go to ``analyze`` (bins, resamples, seed, level, ci_unit, eps).
+    Returns ``{"filters": {...}, "pairs": [{"sweep", "ref_arm", "arm", **analyze(pair)}, ...],
+    "notes": [...]}``: no figure at the top level, whether one pair or many are selected. ``options``
+    go to ``analyze`` (bins, resamples, seed, level, ci_unit, eps).
     """
     data = load(cat, sweep=sweep, ref_arm=ref_arm, arm=arm)
-    out = {"filters": {"sweep": sweep, "ref_arm": ref_arm, "arm": arm}, **analyze(data, **options)}
-    per_pair = []
-    for pid, key in enumerate(data.pairs):
-        sub = data.subset(data.pair == pid)
-        if not len(sub):
-            continue
-        boot = bootstrap_auc(sub.margin, sub.flip, sub.sequence,
-                             resamples=options.get("resamples", 1000), level=options.get("level", 0.95),
-                             seed=options.get("seed", 0), unit=options.get("ci_unit", "sequence"))
-        c90 = concentration(sub.margin, sub.flip, 0.9)
-        flips = int(sub.flip.sum())
-        per_pair.append({**key, "positions": len(sub), "flips": flips, "flip_rate": flips / len(sub),
-                         "auc": auc(sub.margin, sub.flip), "auc_ci": boot["ci"],
-                         "concentration_margin": c90["margin"] if c90 else None,
-                         "auc_note": _undefined_note(len(sub), flips)})
-    out["pairs"] = per_pair
-    if len(per_pair) > 1:
-        out["notes"].append(f"pooled over {len(per_pair)} (sweep, ref_arm, arm) pairs, listed in pairs; "
-                            "select one with sweep, ref_arm and arm")
-    return out
+    pairs = [{**key, **analyze(data.for_pair(pid), **options)} for pid, key in enumerate(data.pairs)]
+    notes = [] if pairs else ["no teacher-forced positions for this selection"]
+    return {"filters": {"sweep": sweep, "ref_arm": ref_arm, "arm": arm}, "pairs": pairs, "notes": notes}

@@ -1,10 +1,15 @@
-"""Reports people would rather look at than read: one self-contained HTML page, or Markdown.
+"""Reports people would rather look at than read: one self-contained HTML page, Markdown or JSON.
 
-``html_document(cat, sweep)`` draws, with matplotlib (images embedded as base64 PNG, so the page
-needs no network): the K-depth curves (fraction of differing outputs vs K, log axes, per dtype and
-pair), the per-layer replay heatmap, the ROC curve and calibration plot of the flip-risk model, and
-the tables: agreement, the prediction scorecard, the conformance summary per kernel pair and the
-run's provenance. ``markdown_document`` gives the same tables for terminals and pull requests.
+``document(cat, sweep)`` assembles the report once: the verdicts per kernel pair first (the
+certificate table of ``reports.certificate`` when it exists, else the conformance summary), then
+sections that each pair a question with its figures (``reports.figures``: K-depth small multiples
+with the spread across seeds, the replay heatmap in forward layer order, ROC and calibration per
+arm pair) and tables (kernel checks, flip risk, agreement, pre-registered predictions, the
+conformance evidence), and the provenance and the date (UTC) at the end. Rates are in ppm
+everywhere. ``html_document`` renders it through ``templates/report.html.j2`` (images embedded as
+base64 PNG: the page needs no network), ``markdown_document`` through ``templates/report.md.j2``
+(tables only), ``json_document`` as one JSON-able object (figures listed by title and caption).
+Markdown passed in (the nightly report's preface) is turned into HTML by markdown-it-py.
 
 This is the one Markdown/HTML renderer of swapcheck (the nightly report too: ``nightly_markdown``).
 Every number comes from a reports function reading the one named query of its fact through the
@@ -13,139 +18,51 @@ Every number comes from a reports function reading the one named query of its fa
 
 from __future__ import annotations
 
-import base64
-import html
-import io
+import importlib
 import json
-import re
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from reports import agreement, conformance, fliprisk, kdepth, predictions, replay
+from reports import agreement, conformance, predictions
+from reports.figures import all_figures
 
 if TYPE_CHECKING:
     from storage.catalog import Catalog
 
-__all__ = ["figures", "flip_figures", "html_document", "kdepth_figures", "markdown_document", "markdown_to_html",
-           "md_table", "nightly_markdown", "replay_figure", "tables"]
+__all__ = ["document", "html_document", "json_document", "markdown_document", "markdown_to_html",
+           "md_table", "nightly_markdown", "provenance", "verdict_rows", "verdict_view"]
 
-SYMLOG_FLOOR = 1e-7
+TEMPLATES = Path(__file__).with_name("templates")
+NOT_RUN = "not run"
 
-def _png(fig: Any) -> str:
-    import matplotlib.pyplot as plt
+# -- the verdicts ----------------------------------------------------------------------------------
 
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
-
-
-def _figure(width: float, height: float, ncols: int = 1) -> tuple[Any, Any]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt.subplots(1, ncols, figsize=(width, height))
-
-
-# -- the pictures ----------------------------------------------------------------------------------
-
-def kdepth_figures(cat: Catalog, sweep: str | None) -> list[tuple[str, str]]:
-    rows = kdepth.curves(kdepth.summary(cat, sweep))
-    figs = []
-    for dtype in sorted({r["dtype"] for r in rows}):
-        fig, ax = _figure(7.5, 4.2)
-        import matplotlib.pyplot as plt
-
-        ax.set_prop_cycle(color=[plt.get_cmap("tab20")(i) for i in range(20)])
-        series: dict[tuple[str, str, str], list[tuple[int, float]]] = {}
-        for r in rows:
-            if r["dtype"] == dtype:
-                series.setdefault((r["impl_a"], r["impl_b"], r["scale_mode"]), []).append((r["k"], r["frac"]))
-        for (a, b, mode), pts in series.items():
-            ks, fr = zip(*pts, strict=True)
-            ax.plot(ks, fr, marker="o", linestyle="--" if mode == "pow2" else "-",
-                    label=f"{a} vs {b} ({mode})")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("symlog", linthresh=SYMLOG_FLOOR)
-        ax.set_ylim(bottom=0)
-        ax.set_xlabel("K (reduction depth)")
-        ax.set_ylabel("fraction of outputs differing")
-        ax.set_title(f"K-depth: {dtype} (0 plotted on a linear segment below {SYMLOG_FLOOR:g})")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-        figs.append((f"K-depth curves, {dtype}", _png(fig)))
-    return figs
+def verdict_rows(cat: Catalog, sweep: str | None) -> tuple[str, list[dict[str, Any]]]:
+    """(source, rows): the certificate summary per kernel pair, or the conformance summary until the
+    certificate module exists; a cell where nothing ran says "not run"."""
+    try:
+        cert = importlib.import_module("reports.certificate")
+    except ImportError:
+        cert = None
+    if cert is not None and hasattr(cert, "summary_rows") and hasattr(cert, "certificates"):
+        source, rows = "certificate", list(cert.summary_rows(cert.certificates(cat, sweep)))
+    else:
+        source, rows = "conformance", evidence_view(conformance.conformance(cat, sweep))
+    return source, _not_run(rows)
 
 
-def _replay_cells(cat: Catalog, sweep: str | None) -> list[dict[str, Any]]:
-    """Fraction of differing outputs per (layer, pair and scale mode), from ``replay_by_layer``."""
-    cells: dict[tuple[str, str], dict[str, Any]] = {}
-    for r in replay.by_layer(cat, sweep):
-        if r["comparison"] != "pair":
-            continue
-        col = f"{r['impl_a']} vs {r['impl_b']} ({r['scale_mode']})"
-        c = cells.setdefault((r["layer"], col), {"layer": r["layer"], "li": r["layer_index"], "col": col, "d": 0, "e": 0})
-        c["d"] += r["differing"] or 0
-        c["e"] += r["elements"] or 0
-    rows = [{**c, "frac": c["d"] / c["e"] if c["e"] else None} for c in cells.values()]
-    return sorted(rows, key=lambda c: (c["li"] is None, c["li"] or 0, c["layer"], c["col"]))
+#: How the verdict table's columns read in the documents (JSON keeps the rows as they are).
+VERDICT_COLUMNS = {"max_spacing": "max spacings", "verdicts_by_scale": "per scale mode",
+                   "max_spacing_beyond_reference_error": "max spacings beyond the reference's own error"}
 
 
-def replay_figure(cat: Catalog, sweep: str | None) -> list[tuple[str, str]]:
-    import numpy as np
-
-    rows = _replay_cells(cat, sweep)
-    if not rows:
-        return []
-    layers = list(dict.fromkeys(r["layer"] for r in rows))
-    cols = sorted({r["col"] for r in rows})
-    grid = np.full((len(layers), len(cols)), np.nan)
-    for r in rows:
-        grid[layers.index(r["layer"]), cols.index(r["col"])] = r["frac"]
-    from matplotlib.colors import SymLogNorm
-
-    fig, ax = _figure(2.5 + 1.6 * len(cols), 1.2 + 0.22 * len(layers))
-    im = ax.imshow(grid, aspect="auto", cmap="magma_r", norm=SymLogNorm(linthresh=SYMLOG_FLOOR, vmin=0, vmax=max(1e-4, np.nanmax(grid))))
-    ax.set_yticks(range(len(layers)), layers, fontsize=6)
-    ax.set_xticks(range(len(cols)), cols, fontsize=7, rotation=20, ha="right")
-    ax.set_title("Per-layer replay: fraction of outputs differing (white = bit-identical)")
-    fig.colorbar(im, ax=ax, fraction=0.05)
-    return [("Per-layer replay heatmap", _png(fig))]
-
-
-def flip_figures(cat: Catalog, sweep: str | None) -> list[tuple[str, str]]:
-    from sklearn.metrics import roc_curve
-
-    everything = fliprisk.load(cat, sweep=sweep)
-    figs = []
-    for pid, p in enumerate(everything.pairs):
-        data = everything.subset(everything.pair == pid)
-        if not data.flip.any() or data.flip.all():
-            continue
-        fig, (ax1, ax2) = _figure(9.5, 3.8, ncols=2)
-        fpr, tpr, _ = roc_curve(data.flip, -data.margin)
-        auc = fliprisk.auc(data.margin, data.flip)
-        ax1.plot(fpr, tpr, label=f"-margin, AUC {auc:.3f}")
-        ax1.plot([0, 1], [0, 1], color="grey", linestyle=":")
-        ax1.set_xlabel("false positive rate")
-        ax1.set_ylabel("true positive rate")
-        ax1.set_title(f"ROC: flips of {p['arm']} on {p['ref_arm']}")
-        ax1.legend(loc="lower right")
-        model = fliprisk.fit_logistic(data.margin, data.flip)
-        table = fliprisk.calibration(data.margin, data.flip, model)
-        mids = [((b["margin_lo"] or 1e-8) * (b["margin_hi"] if b["margin_hi"] not in (None, float("inf")) else 10 * (b["margin_lo"] or 1))) ** 0.5 for b in table]
-        ax2.plot(mids, [b["observed_rate"] for b in table], marker="o", label="observed")
-        ax2.plot(mids, [b["predicted_rate"] for b in table], marker="x", linestyle="--", label="logistic model")
-        ax2.set_xscale("log")
-        ax2.set_yscale("symlog", linthresh=1e-4)
-        ax2.set_ylim(bottom=0)
-        ax2.set_xlabel("reference top-1/top-2 logit margin")
-        ax2.set_ylabel("flip rate")
-        ax2.set_title(f"calibration ({data.flip.sum()} flips / {len(data)} positions)")
-        ax2.legend()
-        figs.append((f"Flip risk: {p['ref_arm']} vs {p['arm']} ({p['sweep']})", _png(fig)))
-    return figs
+def verdict_view(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The verdict rows as people read them: one sweep's name once (in the title), the pair once."""
+    drop = {"kernel_a", "kernel_b", "scales"} if rows and "pair" in rows[0] else set()
+    if len({r.get("sweep") for r in rows}) == 1:
+        drop.add("sweep")
+    return [{VERDICT_COLUMNS.get(k, k): v for k, v in r.items() if k not in drop} for r in rows]
 
 
 # -- the tables ------------------------------------------------------------------------------------
@@ -162,100 +79,177 @@ def provenance(cat: Catalog, sweep: str | None) -> list[dict[str, Any]]:
     return prov
 
 
-def tables(cat: Catalog, sweep: str | None) -> list[tuple[str, list[dict[str, Any]]]]:
-    out: list[tuple[str, list[dict[str, Any]]]] = [
-        ("Conformance summary per kernel pair", conformance.conformance(cat, sweep))]
-    checks = conformance.check_rows(cat, sweep)
-    if checks:
-        out.append(("Kernel checks (worst verdict over trials and shapes)", checks))
-    out += agreement.summary_tables(cat, sweep)
-    preds = predictions.score_sweeps(cat, sweep)
-    if preds:
-        out.append(("Pre-registered predictions", predictions.report_rows(preds)))
-    prov = provenance(cat, sweep)
-    if prov:
-        out.append(("Provenance", prov))
+def _g(v: Any, spec: str = ".3g") -> str:
+    return "—" if v is None else format(v, spec)
+
+
+def evidence_view(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``report conformance``'s matrix (one row per pair and scale mode) as people read it: each
+    experiment's numbers in one cell, "not run" where the experiment did not cover the pair."""
+    if not rows or "kdepth_elements" not in rows[0]:
+        return _not_run(rows)
+    one_sweep = len({r.get("sweep") for r in rows}) == 1
+    out = []
+    for r in rows:
+        kd = NOT_RUN if not r.get("kdepth_elements") else (
+            f"{_g(r['kdepth_ppm'])} ppm ({_g(r.get('kdepth_ppm_ci_low'))}–{_g(r.get('kdepth_ppm_ci_high'))}); "
+            f"max {r.get('kdepth_max_spacing')} sp, {r.get('kdepth_max_spacing_beyond_reference_error')} beyond ref.")
+        trend = NOT_RUN if not r.get("kdepth_elements") else (
+            "no differing outputs" if r.get("k_trend_slope") is None else
+            f"K^{_g(r['k_trend_slope'], '.2f')} ({_g(r.get('k_trend_slope_ci_low'), '.2f')} to "
+            f"{_g(r.get('k_trend_slope_ci_high'), '.2f')})")
+        rp = NOT_RUN if not r.get("replay_layers") else (
+            f"{r['replay_identical_layers']}/{r['replay_layers']} layers identical, max {r.get('replay_max_spacing')} sp")
+        e2e = NOT_RUN if not r.get("e2e_total") else f"{r['e2e_identical']}/{r['e2e_total']} sequences identical"
+        out.append({**({} if one_sweep else {"sweep": r.get("sweep")}),
+                    "pair": f"{r.get('kernel_a')} vs {r.get('kernel_b')}", "scales": r.get("scale_mode") or NOT_RUN,
+                    "verdict": r.get("verdict"), "K-depth ppm (95% interval)": kd, "K-trend": trend,
+                    "replay": rp, "end to end": e2e})
     return out
 
 
+def _not_run(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: NOT_RUN if v is None or v == "" else v for k, v in r.items()} for r in rows]
+
+
+# -- the document ----------------------------------------------------------------------------------
+
+def _table(title: str, rows: list[dict[str, Any]], note: str = "") -> dict[str, Any]:
+    return {"id": _anchor(title), "title": title, "rows": rows, "note": note}
+
+
+def _anchor(title: str) -> str:
+    return "-".join("".join(c if c.isalnum() else " " for c in title.lower()).split())
+
+
+def document(cat: Catalog, sweep: str | None = None, *, draw: bool = True) -> dict[str, Any]:
+    """The whole report as data: verdicts, sections (figures with captions, tables), provenance.
+
+    ``draw=False`` lists the figures (id, title, caption) without drawing them.
+    """
+    source, verdicts = verdict_rows(cat, sweep)
+    figs, flip_rows = all_figures(cat, sweep)
+
+    def section(sid: str, title: str, intro: str, tabs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        items = [{**f.summary(), "uri": f.draw() if draw else None} for f in figs if f.section == sid]
+        return {"id": sid, "title": title, "intro": intro, "figures": items, "tables": tabs or []}
+
+    sections = [
+        section("kdepth", "K-depth: outputs differing as the reduction grows",
+                "Each kernel multiplies random matrices of growing reduction depth K; how many outputs differ "
+                "between kernels (or from the exact reference), in ppm."),
+        section("replay", "Per-layer replay", "Each layer's captured activations replayed through both kernels."),
+        section("flips", "Flip risk", "Teacher-forced decoding: where the other arm's greedy token differs from "
+                "the reference arm's, and whether the reference arm's logit margin predicts it.",
+                [_table("Flip risk per arm pair", flip_rows)] if flip_rows else []),
+    ]
+    checks = conformance.check_rows(cat, sweep)
+    if checks:
+        sections.append(section("checks", "Kernel checks", "Worst verdict over trials and shapes.",
+                                [_table("Kernel checks (worst verdict over trials and shapes)", checks)]))
+    agree = [_table(t, rows) for t, rows in agreement.summary_tables(cat, sweep)]
+    if agree:
+        sections.append(section("agreement", "End-to-end agreement",
+                                "Greedy sequences compared across cold restarts and across arms.", agree))
+    preds = predictions.score_sweeps(cat, sweep)
+    if preds:
+        sections.append(section("predictions", "Pre-registered predictions",
+                                "Hashed into the sweep before any unit ran; scored against the results.",
+                                [_table("Pre-registered predictions", predictions.report_rows(preds))]))
+    if source != "conformance":
+        sections.append(section("evidence", "Conformance evidence", "What every experiment says per kernel pair.",
+                                [_table("Conformance evidence per kernel pair and scale mode", evidence_view(conformance.conformance(cat, sweep)))]))
+    sections = [s for s in sections if s["figures"] or s["tables"]]
+    for n, f in enumerate((f for s in sections for f in s["figures"]), start=1):
+        f["number"] = n
+    now = datetime.now(UTC)
+    return {
+        "title": f"swapcheck report{'' if sweep is None else ': ' + sweep}",
+        "sweep": sweep,
+        "generated_at": now.isoformat(timespec="seconds"),
+        "generated_date": now.strftime("%Y-%m-%d %H:%M UTC"),
+        "verdicts": {"id": "verdicts", "title": "Verdicts per kernel pair", "source": source, "rows": verdicts,
+                     "view": verdict_view(verdicts)},
+        "sections": sections,
+        "provenance": provenance(cat, sweep),
+    }
+
+
+def json_document(cat: Catalog, sweep: str | None = None) -> dict[str, Any]:
+    """``report all --format json``: one object with the certificate rows, every table, the figure
+    list (id, title, caption), the provenance and generated_at."""
+    doc = document(cat, sweep, draw=False)
+    return {
+        "title": doc["title"], "sweep": sweep, "generated_at": doc["generated_at"],
+        "certificate": doc["verdicts"],
+        "tables": [{"section": s["id"], **t} for s in doc["sections"] for t in s["tables"]],
+        "figures": [{k: f[k] for k in ("id", "section", "title", "caption")} for s in doc["sections"] for f in s["figures"]],
+        "provenance": doc["provenance"],
+    }
+
+
 # -- rendering -------------------------------------------------------------------------------------
+
+def fmt_cell(v: Any) -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
 
 def md_table(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "(no rows)\n"
     cols = list(rows[0])
     lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
-    lines += ["| " + " | ".join(str(r.get(c, "")).replace("|", "\\|") for c in cols) + " |" for r in rows]
+    lines += ["| " + " | ".join(fmt_cell(r.get(c)).replace("|", "\\|") for c in cols) + " |" for r in rows]
     return "\n".join(lines) + "\n"
 
 
-def markdown_document(cat: Catalog, sweep: str | None = None) -> str:
-    parts = [f"# swapcheck report{'' if sweep is None else ': ' + sweep}\n"]
-    for title, rows in tables(cat, sweep):
-        parts.append(f"## {title}\n\n{md_table(rows)}")
-    return "\n".join(parts)
+def _cell_class(v: Any) -> str:
+    text = fmt_cell(v).lower()
+    if text == NOT_RUN:
+        return "notrun"
+    if text in ("identical", "pass", "confirmed", "yes") or text.startswith("identical"):
+        return "good"
+    if text in ("epilogue_rounding", "within_algorithm_bound", "inconclusive"):
+        return "mid"
+    if text in ("refuted", "fail", "no", "different", "incorrect", "error"):
+        return "bad"
+    return ""
 
 
-def _inline(text: str) -> str:
-    text = html.escape(text)
-    text = re.sub(r"`([^`]+)`", r"<code>\1</code>", text)
-    return re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", text)
+def _env(autoescape: bool) -> Any:
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=autoescape,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+                             keep_trailing_newline=True)
+    env.filters.update(cell=fmt_cell, cell_class=_cell_class, md_table=md_table)
+    return env
 
 
 def markdown_to_html(md: str) -> str:
-    """The Markdown subset swapcheck itself writes: headings, pipe tables, paragraphs."""
-    out: list[str] = []
-    table: list[str] = []
+    """CommonMark with pipe tables (markdown-it-py); raw HTML in the input is escaped, not passed on."""
+    from markdown_it import MarkdownIt
 
-    def flush() -> None:
-        if table:
-            rows = [[c.strip() for c in line.strip().strip("|").split(" | ")] for line in table if not set(line) <= set("|-: ")]
-            head, body = rows[0], rows[1:]
-            out.append("<table><thead><tr>" + "".join(f"<th>{_inline(c)}</th>" for c in head) + "</tr></thead><tbody>"
-                       + "".join("<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in r) + "</tr>" for r in body)
-                       + "</tbody></table>")
-            table.clear()
-    for line in md.splitlines():
-        if line.startswith("|"):
-            table.append(line)
-            continue
-        flush()
-        m = re.match(r"^(#{1,4}) (.*)", line)
-        if m:
-            n = len(m.group(1)) + 1
-            out.append(f"<h{n}>{_inline(m.group(2))}</h{n}>")
-        elif line.strip():
-            out.append(f"<p>{_inline(line)}</p>")
-    flush()
-    return "\n".join(out)
+    return str(MarkdownIt("commonmark", {"html": False}).enable("table").render(md))
 
 
-STYLE = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
-table{border-collapse:collapse;margin:.5em 0 1.5em;font-size:13px}th,td{border:1px solid #ccc;padding:3px 8px;text-align:left}
-th{background:#f3f3f3}code{background:#f6f6f6;padding:0 3px}img{max-width:100%;border:1px solid #eee;margin:.5em 0}
-h1{font-size:1.5em}h2{font-size:1.25em;margin-top:1.5em}h3{font-size:1.1em}"""
-
-
-def figures(cat: Catalog, sweep: str | None) -> list[tuple[str, str]]:
-    """Every figure of the HTML report: (title, data URI of the PNG)."""
-    return kdepth_figures(cat, sweep) + replay_figure(cat, sweep) + flip_figures(cat, sweep)
+def markdown_document(cat: Catalog, sweep: str | None = None) -> str:
+    """The report's tables in Markdown: verdicts, each section's tables, provenance, the date."""
+    return str(_env(False).get_template("report.md.j2").render(doc=document(cat, sweep, draw=False)))
 
 
 def html_document(cat: Catalog, sweep: str | None = None, preface_markdown: str | None = None) -> str:
-    body = []
-    if preface_markdown:
-        body.append(markdown_to_html(preface_markdown))
-    else:
-        body.append(f"<h1>swapcheck report{'' if sweep is None else ': ' + html.escape(sweep)}</h1>")
-    figs = figures(cat, sweep)
-    if figs:
-        body.append("<h2>Figures</h2>")
-        for title, uri in figs:
-            body.append(f"<h3>{html.escape(title)}</h3><img alt=\"{html.escape(title)}\" src=\"{uri}\">")
-    for title, rows in tables(cat, sweep):
-        body.append(f"<h2>{html.escape(title)}</h2>" + markdown_to_html(md_table(rows)))
-    return (f"<!doctype html><html><head><meta charset=\"utf-8\"><title>swapcheck report</title>"
-            f"<style>{STYLE}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
+    """The whole report as one self-contained HTML page; ``preface_markdown`` replaces the title."""
+    from markupsafe import Markup
+
+    preface = Markup(markdown_to_html(preface_markdown)) if preface_markdown else None
+    return str(_env(True).get_template("report.html.j2").render(doc=document(cat, sweep), preface=preface))
 
 
 # -- the nightly report ----------------------------------------------------------------------------

@@ -61,11 +61,14 @@ __all__ = [
     "check_read_only",
     "connect",
     "lock_down",
+    "named_queries",
     "named_query",
     "open_catalog",
     "query_names",
     "read_only_query",
     "run_named",
+    "view_definitions",
+    "write_views",
 ]
 
 #: Statement kinds ``swapcheck query`` accepts: reading only (DESCRIBE, SHOW, SUMMARIZE parse as SELECT;
@@ -539,3 +542,115 @@ def run_named(results: str | Path, name: str, **params: Any) -> pa.Table:
     """Run a named query with ``$param`` placeholders bound from ``params`` (one-shot)."""
     with Catalog(results) as cat:
         return cat.named_arrow(name, **params)
+
+
+def named_queries() -> list[dict[str, Any]]:
+    """The named queries a user can run (``swapcheck query --list``): name, the first line of its header
+    comment, and its ``$parameters``. Templates with ``{{fragments}}`` (``prediction_*``) are left out:
+    they run only as ``reports.predictions`` fills them."""
+    out = []
+    for name in query_names():
+        sql = named_query(name)
+        if "{{" in sql:
+            continue
+        first = next((line.lstrip("- ").strip() for line in sql.splitlines() if line.startswith("--")), "")
+        out.append({"name": name, "summary": first, "parameters": sql_params(sql)})
+    return out
+
+
+# -- swapcheck db: the same views for the `duckdb` shell ------------------------------------------------
+
+def _literal(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _typed_empty(schema: pa.Schema) -> str:
+    """``SELECT CAST(NULL AS <type>) AS <col>, ... WHERE false``: the declared columns, in order, no rows."""
+    con = duckdb.connect(":memory:")
+    try:
+        rel = con.from_arrow(pa.Table.from_pylist([], schema=schema))
+        cols = [f"CAST(NULL AS {t}) AS {_ident(c)}" for c, t in zip(rel.columns, rel.types, strict=True)]
+    finally:
+        con.close()
+    return f"SELECT {', '.join(cols)} WHERE false"
+
+
+def _scan(paths: list[str], wants: list[_Want], schema: pa.Schema) -> str:
+    """The declared columns plus ``sweep`` over exactly ``wants``: one ``read_parquet`` per sweep, the
+    partition directories never parsed (``hive_partitioning = false``: no ``table`` column)."""
+    parts = [_typed_empty(schema.append(pa.field("sweep", pa.string())))]
+    by_sweep: dict[str, list[str]] = {}
+    for path, w in zip(paths, wants, strict=True):
+        by_sweep.setdefault(w.sweep, []).append(path)
+    for sweep, files in sorted(by_sweep.items()):
+        listed = ", ".join(_literal(f) for f in files)
+        parts.append(f"SELECT *, {_literal(sweep)} AS sweep FROM read_parquet([{listed}], "
+                     "hive_partitioning = false, union_by_name = true)")
+    return "\nUNION ALL BY NAME\n".join(parts)
+
+
+def _rows(columns: list[str], rows: list[tuple[str | None, ...]]) -> str:
+    """A literal VALUES table of VARCHAR columns (``WHERE false`` when empty)."""
+    if not rows:
+        return "SELECT " + ", ".join(f"CAST(NULL AS VARCHAR) AS {_ident(c)}" for c in columns) + " WHERE false"
+    values = ", ".join("(" + ", ".join("NULL" if v is None else _literal(v) for v in r) + ")" for r in rows)
+    return f"SELECT * FROM (VALUES {values}) AS v({', '.join(_ident(c) for c in columns)})"
+
+
+def view_definitions(results: str | Path) -> tuple[str, list[str]]:
+    """``CREATE VIEW`` statements that open the catalog's tables in any DuckDB (``swapcheck db``), and
+    the catalog's warnings.
+
+    Each view reads exactly the files a :class:`Catalog` binds now (same checks, same skips: the
+    lists are fixed, so export again after new results), with the declared columns and ``sweep``;
+    ``units`` adds ``damaged`` and ``damage`` as the catalog's view does.
+    """
+    store = open_store(results)
+    bound = _Binder(store, str(results)).bind()
+    text = str(results)
+    prefix = text.split("://", 1)[0] + "://" if "://" in text and not store.local else ""
+
+    def paths(wants: list[_Want]) -> list[str]:
+        return [f"{prefix}{store.base}/{w.rel}" for w in wants]
+
+    statements = []
+    for table in TABLES:
+        wants = bound.files[table]
+        body = _scan(paths(wants), wants, TABLES[table])
+        if table == "units":
+            damage = _rows(["sweep", "unit_id", "damage"], [(k[0], k[1], v) for k, v in bound.damaged.items()])
+            lost = _rows(["unit_id", "status", "sweep", "damage"],
+                         [(r["unit_id"], "damaged", r["sweep"], bound.damaged.get((r["sweep"], r["unit_id"])))
+                          for r in bound.lost])
+            body = (f"SELECT l.*, d.unit_id IS NOT NULL AS damaged, d.damage FROM (\n{body}\n) AS l\n"
+                    f"LEFT JOIN ({damage}) AS d ON l.sweep = d.sweep AND l.unit_id = d.unit_id\n"
+                    f"UNION ALL BY NAME SELECT *, true AS damaged FROM ({lost})")
+        statements.append(f"CREATE OR REPLACE VIEW {_ident(table)} AS\n{body};")
+    header = (f"-- swapcheck db: one view per table of {text}, over the files the catalog binds now\n"
+              "-- (export again after new results). Open with: duckdb -init views.sql, or .read views.sql\n")
+    return header + "\n\n".join(statements) + "\n", bound.warnings
+
+
+def write_views(results: str | Path, out: str | Path) -> tuple[list[str], list[str]]:
+    """Write :func:`view_definitions` to ``out``: SQL text for ``*.sql``, else a DuckDB database file
+    holding the views (replaced whole). Returns the view names and the catalog's warnings."""
+    import os
+
+    sql, warnings = view_definitions(results)
+    target = Path(out)
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    if target.suffix.lower() == ".sql":
+        tmp.write_text(sql, encoding="utf-8")
+    else:
+        tmp.unlink(missing_ok=True)
+        con = duckdb.connect(str(tmp))
+        try:
+            con.execute(sql)
+        finally:
+            con.close()
+    tmp.replace(target)
+    return list(TABLES), warnings

@@ -1,5 +1,6 @@
 """The flip-risk model (reports/fliprisk.py) and `report flips`: synthetic teacher-forced data whose
-flip probability falls with the margin, degenerate data, and the CLI's JSON."""
+flip probability falls with the margin, degenerate data, library intervals (scipy), the minimum
+events for an AUC interval, the power note, per-pair reporting (never pooled) and the CLI's JSON."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from scipy.stats import binomtest
 from sklearn.metrics import roc_auc_score
 from typer.testing import CliRunner
 
@@ -111,11 +113,11 @@ def test_sequence_bootstrap_pair_matrix_equals_the_weighted_path(monkeypatch: py
 def test_sequence_resamples_without_flips_are_left_out_and_said() -> None:
     margin = np.linspace(0.0, 1.0, 200)
     flip = np.zeros(200, dtype=bool)
-    flip[:3] = True  # every flip in sequence 0 of 20
+    flip[:fr.AUC_CI_MIN_FLIPS] = True  # every flip in sequence 0 of 20 (enough flips for an interval)
     rep = fr.analyze(fr.FlipData(margin, flip, np.repeat(np.arange(20), 10)), resamples=200)
-    assert 0 < rep["ci"]["used"] < 200
+    assert 0 < rep["ci"]["used"] < 200 and rep["auc_ci"] is not None
     assert any("held only one class" in n for n in rep["notes"])
-    assert any("smaller class" in n for n in rep["notes"])
+    assert any("only 1 reference sequences" in n for n in rep["notes"])
     assert rep["auc"] == 1.0
 
 
@@ -126,10 +128,13 @@ def test_degenerate_data_gives_no_auc_and_says_why(kind: str) -> None:
     flip = np.full(n, kind == "all flips")
     rep = fr.analyze(fr.FlipData(margin, flip), resamples=100)
     assert rep["auc"] is None and rep["auc_ci"] is None and rep["model"] is None
-    assert rep["auc_note"] and rep["notes"] == [rep["auc_note"]]
+    assert rep["auc_note"] and rep["notes"][0] == rep["auc_note"] and rep["auc_ci_note"] is None
     assert rep["positions"] == n and rep["flips"] == int(flip.sum())
     if kind == "empty":
         assert rep["flip_rate"] is None and rep["calibration"] == [] and rep["concentration"] == []
+        assert rep["flip_rate_ci"] is None and rep["power"] is None and rep["notes"] == [rep["auc_note"]]
+    elif kind == "all flips":
+        assert rep["notes"] == [rep["auc_note"]] and rep["flip_rate_ci"][1] == 1.0
     else:
         assert sum(b["positions"] for b in rep["calibration"]) == n
         assert all(b["predicted_rate"] is None for b in rep["calibration"])
@@ -137,6 +142,9 @@ def test_degenerate_data_gives_no_auc_and_says_why(kind: str) -> None:
         assert rep["concentration"] == [] and rep["concentration_margin"] is None
         assert {b["observed_rate"] for b in rep["calibration"]} == {0.0}
         assert "undefined" in rep["auc_note"]
+        upper = rep["rate_ci"]["upper_one_sided"]
+        assert upper == pytest.approx(1.0 - 0.05 ** (1.0 / n), rel=1e-9)  # the exact one-sided bound (~3/n)
+        assert rep["notes"][1:] == [f"0 flips in {n} positions: the rate is below {upper:.3g} (95% one-sided, exact)"]
     json.dumps(rep, allow_nan=False)  # plain JSON, no NaN
 
 
@@ -200,27 +208,39 @@ def test_report_flips_json(tf_results: Path) -> None:
     res = runner.invoke(app, ["report", "flips", "--results", str(tf_results), "--sweep", "e2e", "--ref-arm", "cutlass",
                               "--arm", "triton", "--format", "json", "--resamples", "300"])
     assert res.exit_code == 0, res.output
-    rep = json.loads(res.stdout)
-    for key in ("positions", "flips", "flip_rate", "auc", "auc_ci", "calibration", "concentration_margin",
-                "concentration", "model", "pairs", "notes"):
+    top = json.loads(res.stdout)
+    assert set(top) == {"filters", "pairs", "notes"}  # no figure at the top level, even for one pair
+    assert top["filters"] == {"sweep": "e2e", "ref_arm": "cutlass", "arm": "triton"}
+    assert [(p["ref_arm"], p["arm"], p["positions"]) for p in top["pairs"]] == [("cutlass", "triton", 2000)]
+    rep = top["pairs"][0]
+    for key in ("positions", "flips", "flip_rate", "flip_rate_ci", "rate_ci", "power", "auc", "auc_ci", "auc_note",
+                "auc_ci_note", "ci", "calibration", "calibration_ci", "concentration_margin", "concentration", "model",
+                "dropped", "ref_mismatch", "notes"):
         assert key in rep
     assert rep["positions"] == 2000 and rep["auc"] > 0.8 and rep["auc_ci"][0] < rep["auc"] < rep["auc_ci"][1]
-    assert rep["filters"] == {"sweep": "e2e", "ref_arm": "cutlass", "arm": "triton"}
-    assert [(p["ref_arm"], p["arm"], p["positions"]) for p in rep["pairs"]] == [("cutlass", "triton", 2000)]
+    assert rep["ci"]["unit"] == "sequence" and rep["ci"]["resamples"] == 300
+    assert rep["rate_ci"]["method"] == "exact (Clopper-Pearson)" and rep["rate_ci"]["unit"] == "position"
 
 
-def test_report_flips_pooled_per_pair_and_degenerate(tf_results: Path) -> None:
+def test_report_flips_per_pair_never_pooled_and_degenerate(tf_results: Path) -> None:
     res = runner.invoke(app, ["report", "flips", "--results", str(tf_results), "--format", "json", "--resamples", "100"])
     rep = json.loads(res.stdout)
-    assert rep["positions"] == 4000 and any("pooled over 2" in n for n in rep["notes"])
+    assert set(rep) == {"filters", "pairs", "notes"} and rep["notes"] == []
     pairs = {p["arm"]: p for p in rep["pairs"]}
+    # the zero-flip pow2 pair does not halve the cutlass pair's rate: its rate is its own flips / positions
+    own = synthetic(n_seq=40)
+    assert (pairs["triton"]["positions"], pairs["triton"]["flips"]) == (2000, int(own.flip.sum()))
+    assert pairs["triton"]["flip_rate"] == int(own.flip.sum()) / 2000
+    assert pairs["triton"]["flip_rate_ci"] == list(_exact(int(own.flip.sum()), 2000))
+    assert pairs["triton"]["calibration"] == _flip_report(tf_results, ref_arm="cutlass", resamples=10)["pairs"][0]["calibration"]
     assert pairs["triton-pow2"]["flips"] == 0 and pairs["triton-pow2"]["auc"] is None
     assert pairs["triton-pow2"]["auc_ci"] is None and "no flips" in pairs["triton-pow2"]["auc_note"]
     assert pairs["triton"]["auc"] > 0.8
     res = runner.invoke(app, ["report", "flips", "--results", str(tf_results), "--arm", "triton-pow2", "--format", "json"])
     assert res.exit_code == 0
-    rep = json.loads(res.stdout)
+    (rep,) = json.loads(res.stdout)["pairs"]
     assert (rep["flips"], rep["auc"], rep["auc_ci"]) == (0, None, None) and "no flips" in rep["auc_note"]
+    assert any(n.startswith("0 flips in 2000 positions: the rate is below") for n in rep["notes"])
 
 
 def test_report_flips_for_people_and_csv(tf_results: Path) -> None:
@@ -228,12 +248,15 @@ def test_report_flips_for_people_and_csv(tf_results: Path) -> None:
                         env={"COLUMNS": "200"})
     assert res.exit_code == 0, res.output
     assert "ROC-AUC" in res.output and "calibration by margin bin" in res.output and "90% of flips" in res.output
-    assert "per arm pair" in res.output and "undefined" in res.output
+    assert "per arm pair" in res.output and "undefined" in res.output and "nothing pooled" in res.output
+    assert "cutlass -> triton (sweep e2e)" in res.output and "cutlass-pow2 -> triton-pow2 (sweep e2e)" in res.output
+    assert "exact Clopper-Pearson, unit: positions" in res.output and "power: " in res.output
     res = runner.invoke(app, ["report", "flips", "--results", str(tf_results), "--format", "csv", "--resamples", "10"])
-    assert res.exit_code == 0 and res.stdout.splitlines()[0].startswith("bin,positions,flips,observed")
+    assert res.exit_code == 0 and res.stdout.splitlines()[0].startswith("sweep,ref_arm,arm,bin,positions,flips,observed")
+    assert {line.split(",")[2] for line in res.stdout.splitlines()[1:]} == {"triton", "triton-pow2"}
     for bad in (["--bins", "octaves"], ["--ci-unit", "prompt"], ["--resamples", "0"]):
         assert runner.invoke(app, ["report", "flips", "--results", str(tf_results), *bad]).exit_code == 2
-    empty = runner.invoke(app, ["report", "flips", "--results", str(tf_results), "--sweep", "nope"])
+    empty = runner.invoke(app, ["report", "flips", "--results", str(tf_results), "--arm", "nope"])
     assert empty.exit_code == 0 and "no teacher-forced positions" in empty.output
 
 
@@ -269,9 +292,112 @@ def test_docs_queries_recompute_the_reports(tmp_path: Path) -> None:
     assert [(r["positions"], r["flips"]) for r in q[4]] == [(p["positions"], p["flips"]) for p in pairs]
     assert [r["flip_rate"] for r in q[4]] == pytest.approx([p["flip_rate"] for p in pairs])
     assert q[5][0]["auc"] == pytest.approx(pairs[0]["auc"], abs=1e-12) and q[5][1]["auc"] is None
-    one = _flip_report(root, ref_arm="cutlass", arm="triton", resamples=10)
+    (one,) = _flip_report(root, ref_arm="cutlass", arm="triton", resamples=10)["pairs"]
     c90 = next(c for c in one["concentration"] if c["flip_share"] == 0.9)
     assert len(q[6]) == 1 and q[6][0]["margin_90"] == c90["margin"] == pairs[0]["concentration_margin"]
     assert q[6][0]["share_of_positions"] == pytest.approx(c90["share_of_positions"])
     assert [(r["positions"], r["flips"]) for r in q[7]] == [(b["positions"], b["flips"]) for b in one["calibration"]]
     assert [r["margin_lo"] for r in q[7]] == pytest.approx([b["margin_lo"] for b in one["calibration"]])
+
+
+# -- honest statistics: library intervals, minimum events, power, no pooling -------------------------
+
+def _exact(k: int, n: int) -> tuple[float, float]:
+    ci = binomtest(k, n).proportion_ci(confidence_level=0.95, method="exact")
+    return float(ci.low), float(ci.high)
+
+
+def few_flips(n_flips: int, n: int = 2000, length: int = 50) -> fr.FlipData:
+    """``n_flips`` flips at the smallest margins, one per sequence (so none shares a sequence)."""
+    margin = np.geomspace(1e-5, 5.0, n)
+    seq = np.repeat(np.arange(n // length), length)
+    flip = np.zeros(n, dtype=bool)
+    flip[np.argsort(margin)[:n_flips]] = True
+    order = np.argsort(margin)
+    seq[order[:n_flips]] = np.arange(n_flips) % (n // length)
+    return fr.FlipData(margin, flip, seq)
+
+
+def test_three_flips_give_no_auc_interval_and_say_why() -> None:
+    rep = fr.analyze(few_flips(3), resamples=200)
+    assert rep["auc"] == 1.0  # the point estimate is still shown
+    assert rep["auc_ci"] is None and rep["ci"]["used"] == 0
+    assert rep["auc_ci_note"] == "too few flips (3) for an interval: at least 10 are needed"
+    assert rep["auc_ci_note"] in rep["notes"]
+    assert (rep["ci"]["min_flips"], rep["ci"]["min_non_flips"]) == (fr.AUC_CI_MIN_FLIPS, fr.AUC_CI_MIN_NON_FLIPS) == (10, 10)
+    # too few unflipped positions: the same rule, the other class
+    margin = np.geomspace(1e-5, 5.0, 200)
+    flip = np.arange(200) < 195  # 5 unflipped positions, at the largest margins
+    rep = fr.analyze(fr.FlipData(margin, flip), resamples=50)
+    assert rep["auc_ci"] is None and rep["auc_ci_note"] == (
+        f"too few unflipped positions ({int((~flip).sum())}) for an interval: at least 10 are needed")
+
+
+@pytest.mark.parametrize("n_flips", [9, 10])
+def test_auc_interval_needs_ten_flips(n_flips: int) -> None:
+    rep = fr.analyze(few_flips(n_flips), resamples=200, ci_unit="position")
+    if n_flips < fr.AUC_CI_MIN_FLIPS:
+        assert rep["auc_ci"] is None and rep["auc_ci_note"].startswith(f"too few flips ({n_flips})")
+    else:
+        assert rep["auc_ci"] is not None and rep["auc_ci_note"] is None and rep["ci"]["used"] == 200
+
+
+def test_report_flips_with_three_flips_prints_no_auc_interval(tmp_path: Path) -> None:
+    root = tmp_path / "results"
+    write_teacher_forced(root, "demo", "cutlass", "triton", few_flips(3))
+    res = runner.invoke(app, ["report", "flips", "--results", str(root), "--resamples", "50", "--format", "markdown"],
+                        env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    (auc_line,) = [line for line in res.output.splitlines() if line.startswith("ROC-AUC")]
+    assert auc_line == "ROC-AUC of -margin: 1.0000 (no interval: see the note)"
+    assert "note: too few flips (3) for an interval: at least 10 are needed" in res.output
+    assert "none: too few flips (3)" in res.output  # the per-pair table's AUC interval column
+    rate_line = next(line for line in res.output.splitlines() if line.startswith("3 flips in 2000 positions"))
+    lo, hi = _exact(3, 2000)
+    assert f"95% CI {lo:.3g} - {hi:.3g} (exact Clopper-Pearson, unit: positions, 3/2000)" in rate_line
+
+
+def test_intervals_are_the_libraries() -> None:
+    d = synthetic(n_seq=20)
+    k, n = int(d.flip.sum()), len(d)
+    rep = fr.analyze(d, resamples=50)
+    assert rep["flip_rate_ci"] == list(_exact(k, n)) == rep["rate_ci"]["interval"]
+    assert (rep["rate_ci"]["flips"], rep["rate_ci"]["positions"], rep["rate_ci"]["level"]) == (k, n, 0.95)
+    assert rep["calibration_ci"]["method"] == "Wilson score"
+    for b in rep["calibration"]:
+        ci = binomtest(b["flips"], b["positions"]).proportion_ci(confidence_level=0.95, method="wilson")
+        assert b["observed_ci"] == pytest.approx([max(0.0, ci.low), min(1.0, ci.high)], abs=1e-12)
+    zero = fr.rate_interval(0, 300)
+    one_sided = binomtest(0, 300, alternative="less").proportion_ci(confidence_level=0.95, method="exact").high
+    assert zero["upper_one_sided"] == one_sided and zero["interval"] == list(_exact(0, 300))
+
+
+def test_power_note_positions_needed() -> None:
+    assert [fr.positions_needed(p) for p in (1e-3, 1e-4)] == [2995, 29956]
+    for p in (0.3, 1e-3, 2.5e-4, 1e-5):
+        n = fr.positions_needed(p)
+        assert 1 - (1 - p) ** n >= 0.95 > 1 - (1 - p) ** (n - 1)
+        assert n == int(np.ceil(np.log(0.05) / np.log1p(-p)))
+    assert fr.positions_needed(1.0) == 1
+    with pytest.raises(ValueError, match="rate"):
+        fr.positions_needed(0.0)
+    rep = fr.analyze(few_flips(3), resamples=10)
+    rows = {r["basis"]: r for r in rep["power"]["rows"]}
+    assert rows["observed"]["rate"] == 3 / 2000 and rows["observed"]["positions_needed"] == fr.positions_needed(3 / 2000)
+    assert rows["upper end of the exact interval"]["rate"] == rep["flip_rate_ci"][1]
+    assert [r["rate"] for r in rep["power"]["rows"] if r["basis"] == "reference"] == list(fr.POWER_RATES)
+    assert all(r["enough"] == (2000 >= r["positions_needed"]) for r in rep["power"]["rows"])
+    assert "2,995" in rep["power"]["note"] and "this pair has 2,000" in rep["power"]["note"]
+
+
+def test_pairs_are_never_pooled(tf_results: Path) -> None:
+    both = _load(tf_results)
+    with pytest.raises(ValueError, match="never pooled"):
+        fr.analyze(both)
+    rep = _flip_report(tf_results, resamples=10)
+    own = _flip_report(tf_results, ref_arm="cutlass", arm="triton", resamples=10)["pairs"][0]
+    cut = next(p for p in rep["pairs"] if p["arm"] == "triton")
+    for key in ("positions", "flips", "flip_rate", "flip_rate_ci", "auc", "auc_ci", "model", "calibration", "power"):
+        assert cut[key] == own[key], key
+    assert cut["flip_rate"] == cut["flips"] / cut["positions"] == int(synthetic(n_seq=40).flip.sum()) / 2000
+    assert not {"positions", "flips", "flip_rate", "auc"} & set(rep)

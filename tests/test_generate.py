@@ -118,5 +118,5 @@ def test_reports_on_real_generation_output(gen_results: Path) -> None:
         ("cutlass-pow2", "triton-pow2", 6, 6)]
     flips = runner.invoke(app, ["report", "flips", "--results", str(gen_results), "--format", "json"])
     assert flips.exit_code == 0, flips.output
-    f = json.loads(flips.stdout)
+    (f,) = json.loads(flips.stdout)["pairs"]
     assert f["positions"] == 6 * 12 and f["flips"] == 0 and f["auc"] is None and f["auc_ci"] is None

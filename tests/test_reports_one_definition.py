@@ -64,10 +64,12 @@ def test_conformance_max_spacing_is_the_max_over_k_of_report_kdepth(results: Pat
     true_max = max(r["max_spacing"] for r in per_k)
     res = runner.invoke(app, ["report", "conformance", "--results", str(results), "--format", "json"])
     assert res.exit_code == 0, res.output
-    (line,) = json.loads(res.stdout)
-    assert line["pair"] == "a-kernel vs b-kernel"
-    assert f"int8/real: {1e6 * 15 / 4000:.3g} ppm differ, max {true_max} sp" in line["kdepth"]
-    assert "int8/pow2: identical" in line["kdepth"]
+    rows = {r["scale_mode"]: r for r in json.loads(res.stdout)}
+    assert {(r["kernel_a"], r["kernel_b"]) for r in rows.values()} == {("a-kernel", "b-kernel")}
+    # The true largest spacing over K (not max_spacing_significant), as numbers with stable keys.
+    assert (rows["real"]["kdepth_max_spacing"], rows["real"]["kdepth_differing"]) == (true_max, 15)
+    assert rows["real"]["kdepth_ppm"] == 1e6 * 15 / 4000
+    assert rows["pow2"]["verdict"] == "IDENTICAL" and rows["pow2"]["kdepth_differing"] == 0
     with open_catalog(results) as cat:
         (real,) = [t for t in kdepth.pair_totals(kdepth.summary(cat, "s1")) if t["scale_mode"] == "real"]
         assert (real["max_spacing"], real["max_spacing_significant"]) == (9, 2)

@@ -1,4 +1,4 @@
-"""Shared CLI helpers: error translation, output formats, results option."""
+"""Shared CLI helpers: error translation, output formats, consoles, verbosity, progress, options."""
 
 from __future__ import annotations
 
@@ -12,24 +12,78 @@ from enum import Enum
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
+from rich.console import Console, ConsoleDimensions
 from rich.markup import escape
 
 from orchestrator.errors import exit_code_for
 
-out = Console(soft_wrap=True)
+#: Width of standard output when it is not a terminal (a pipe, a file, CI): never cut a table there.
+PIPE_WIDTH = 10_000
+
+
+class _Console(Console):
+    """As wide as its content when not writing to a terminal (rich would take the width of any
+    terminal among stdin/stdout/stderr, or 80), so a pipe or file is never cut; ``COLUMNS`` wins.
+    Colour follows rich: off when not a terminal, and off under ``NO_COLOR``."""
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        size = Console.size.fget(self)  # type: ignore[attr-defined]
+        if self._width is None and not self.is_terminal and not self._environ.get("COLUMNS", "").isdigit():
+            return ConsoleDimensions(PIPE_WIDTH, size.height)
+        return size  # type: ignore[no-any-return]
+
+    @size.setter
+    def size(self, new_size: tuple[int, int]) -> None:
+        Console.size.fset(self, new_size)  # type: ignore[attr-defined]
+
+
+out = _Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 
-RESULTS_HELP = "Results directory (the Parquet tree)."
 DEFAULT_RESULTS = "results"
+
+#: ``-q`` (0: errors and results only), default (1: progress and notes), ``-v`` (2: engine logs too).
+QUIET, NORMAL, VERBOSE = 0, 1, 2
+verbosity = NORMAL
+
+
+def note(message: str) -> None:
+    """A progress or status line on stderr (not a result): silent under ``-q``."""
+    if verbosity > QUIET:
+        err.print(message, highlight=False, markup=False)
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """``1 unit``, ``2 units``, ``0 units`` (``many`` for irregular plurals)."""
+    return f"{n} {word if n == 1 else (many or word + 's')}"
 
 
 class Format(str, Enum):
+    """Every output format some command writes (``report all`` adds html; see the two below)."""
+
     table = "table"
     json = "json"
     csv = "csv"
     markdown = "markdown"
     html = "html"
+
+
+class TableFormat(str, Enum):
+    """``--format`` of a command that prints rows: what :func:`emit_rows` writes."""
+
+    table = "table"
+    json = "json"
+    csv = "csv"
+    markdown = "markdown"
+
+
+class DocFormat(str, Enum):
+    """``--format`` of ``report all``: a document (html only here)."""
+
+    markdown = "markdown"
+    html = "html"
+    json = "json"
 
 
 # Options shared by every command that reads results: declared once, used as type annotations
@@ -45,8 +99,9 @@ def _results_root(value: str) -> str:
 
 ResultsOpt = Annotated[str, typer.Option("--results", help="Results directory or URI (the Parquet tree).",
                                          callback=_results_root)]
-SweepOpt = Annotated[str | None, typer.Option("--sweep", help="Only this sweep (default: all).")]
-FormatOpt = Annotated[Format, typer.Option("--format", help="table, json, csv or markdown.")]
+SweepOpt = Annotated[str | None, typer.Option("--sweep", help="Only this sweep (default: all; an unknown one exits 2).")]
+FormatOpt = Annotated[TableFormat, typer.Option("--format", help="table, json, csv or markdown.")]
+
 
 
 @contextmanager
@@ -82,10 +137,11 @@ def _fmt_cell(v: Any) -> str:
     return str(v)
 
 
-def emit_rows(rows: list[dict[str, Any]], fmt: Format, title: str | None = None,
+def emit_rows(rows: list[dict[str, Any]], fmt: TableFormat | Format | str, title: str | None = None,
               cell: Callable[[str, Any], str] | None = None) -> None:
-    """Print rows as a rich table, JSON array, CSV or Markdown table."""
+    """Print rows as a rich table, JSON array, CSV or Markdown table (``fmt`` by value)."""
     cell = cell or (lambda _k, v: _fmt_cell(v))
+    fmt = Format(getattr(fmt, "value", fmt))
     if fmt is Format.json:
         sys.stdout.write(json.dumps(rows, default=_json_default, indent=1) + "\n")
         return
@@ -141,3 +197,4 @@ def allow_user_kernels(enabled: bool) -> Iterator[None]:
             os.environ.pop("SWAPCHECK_USER_KERNELS", None)
         else:
             os.environ["SWAPCHECK_USER_KERNELS"] = before
+

@@ -4,24 +4,61 @@ from __future__ import annotations
 
 import typer
 
-from orchestrator.cli import check, kernels, nightly, numerics, query, report, sweep
+from orchestrator.cli import check, common, db, kernels, nightly, numerics, query, report, sweep
 
 app = typer.Typer(
     name="swapcheck",
-    help=__doc__ + "\n\nStart with `swapcheck sweep launch sweeps/kdepth-demo.toml`, then `swapcheck report kdepth`.",
+    help=__doc__ + "\n\nStart with `swapcheck sweep launch sweeps/kdepth-demo.toml`, then `swapcheck report kdepth`."
+    "\n\nColour is off when output is not a terminal and whenever NO_COLOR is set.",
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
-    add_completion=False,
+    add_completion=True,
 )
 
 
+def _version() -> str:
+    from importlib.metadata import version as v
+
+    return v("swapcheck")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(_version())
+        raise typer.Exit()
+
+
+def set_verbosity(level: int) -> None:
+    """Apply ``-q``/``-v`` to this process and to the Ray workers and engines it starts (environment)."""
+    import logging
+    import os
+
+    common.verbosity = level
+    os.environ["SWAPCHECK_VERBOSITY"] = {common.QUIET: "quiet", common.NORMAL: "normal", common.VERBOSE: "verbose"}[level]
+    engines = {common.VERBOSE: {"VLLM_LOGGING_LEVEL": "INFO", "TRANSFORMERS_VERBOSITY": "info", "RAY_BACKEND_LOG_LEVEL": "info"},
+               common.QUIET: {"VLLM_LOGGING_LEVEL": "ERROR", "TRANSFORMERS_VERBOSITY": "error"}}.get(level, {})
+    for var, value in engines.items():
+        os.environ.setdefault(var, value)
+    if level == common.VERBOSE:
+        logging.basicConfig(level=logging.INFO)
+        logging.getLogger("ray").setLevel(logging.INFO)
+
+
 @app.callback()
-def _main() -> None:
+def _main(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="Print swapcheck's version and exit."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress or notes: only errors and results."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Also the logs of Ray and the engines (vLLM, transformers)."),
+) -> None:
     # A user's kernel named "module:attr" lives in their project: import it from the current
     # directory, as `python -m` would (Ray workers of the embedded instance run there too).
     import os
     import sys
 
+    if quiet and verbose:
+        raise typer.BadParameter("give -q or -v, not both", param_hint="'-q' / '-v'")
+    set_verbosity(common.QUIET if quiet else common.VERBOSE if verbose else common.NORMAL)
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
 
@@ -32,15 +69,14 @@ app.add_typer(report.app, name="report")
 app.add_typer(check.app, name="check")
 app.add_typer(numerics.app, name="numerics")
 app.command("query")(query.query)
+app.command("db")(db.db)
 app.command("nightly")(nightly.nightly)
 
 
 @app.command("version")
 def version() -> None:
-    """Print swapcheck's version."""
-    from importlib.metadata import version as v
-
-    typer.echo(v("swapcheck"))
+    """Print swapcheck's version (as `swapcheck --version` does)."""
+    typer.echo(_version())
 
 
 if __name__ == "__main__":  # pragma: no cover

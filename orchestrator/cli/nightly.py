@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -12,7 +13,9 @@ from orchestrator.cli.common import (
     UserKernelsOpt,
     allow_user_kernels,
     err,
+    note,
     out,
+    plural,
     user_errors,
 )
 
@@ -28,22 +31,46 @@ def nightly(
 ) -> None:
     """Run the suite as a dated sweep, compare its metrics with the baseline and the previous night.
 
-    Writes report.md, report.html and report.json under RESULTS/nightly/<sweep>/ saying what changed.
+    Writes report.md, report.html and report.json under RESULTS/nightly/<sweep>/ saying what changed
+    (give the results root: `--results results` gives results/nightly/<sweep>/). Progress goes to
+    stderr even when it is not a terminal (a line every tenth of the units or 10 s; -q: none).
     Exit 0 when nothing regressed, 1 on a regression (each metric named with its baseline and today's
     value), 2 on bad input or an infrastructure failure (never reported as a numerical regression).
     Kernels named by module:attr are refused unless --user-kernels is given: the suite runs
     unattended, so nothing outside swapcheck's own kernels is imported by default.
 
-    Example: swapcheck nightly sweeps/nightly.toml --baseline baselines/nightly.json --results /results/nightly
+    Example: swapcheck nightly sweeps/nightly.toml --baseline baselines/nightly.json --results results
     """
     with user_errors(), allow_user_kernels(user_kernels):
+        from orchestrator.cli.sweep import UnitProgress
         from orchestrator.nightly import run_nightly
-        outcome = run_nightly(suite, baseline, results, update_baseline=update_baseline, address=address,
-                              num_cpus=num_cpus)
+
+        units = UnitProgress("nightly")
+
+        def on_event(kind: str, info: dict[str, Any]) -> None:
+            if kind != "nightly":
+                units(kind, info)
+            elif info["phase"] == "launch":
+                units.label = f"nightly {info['sweep']}"
+                note(f"nightly {info['sweep']}: launching {suite} (starting Ray first)")
+            else:
+                note(f"nightly {info['sweep']}: every unit ran; computing metrics, comparing and writing the report")
+
+        try:
+            outcome = run_nightly(suite, baseline, results, update_baseline=update_baseline, address=address,
+                                  num_cpus=num_cpus, on_event=on_event)
+        finally:
+            units.stop()
         for c in outcome.regressions:
             err.print(f"[bold red]REGRESSION[/] {c['metric']} ({c['rule']}): baseline {c['baseline']} -> today {c['today']}")
-        verdict = "regression" if outcome.exit_code == 1 else ("baseline updated" if outcome.baseline_updated else "no regression")
-        out.print(f"nightly {outcome.sweep}: {verdict}; {len(outcome.changes)} metric(s) changed since the baseline"
-                  + (f", {len(outcome.since_previous)} since {outcome.previous}" if outcome.previous else "")
-                  + f"; report in {outcome.report_dir}")
+        if outcome.baseline_created:
+            verdict = f"baseline created with {plural(outcome.metrics, 'metric')} in {baseline}"
+        else:
+            verdict = ("regression" if outcome.exit_code == 1 else "baseline updated" if outcome.baseline_updated
+                       else "no regression")
+            changed = len(outcome.changes)
+            verdict += f"; {plural(changed, 'metric')} changed since the baseline"
+        out.print(f"nightly {outcome.sweep}: {verdict}"
+                  + (f", {plural(len(outcome.since_previous), 'metric')} since {outcome.previous}" if outcome.previous else "")
+                  + f"; report in {outcome.report_dir}", highlight=False)
         raise typer.Exit(outcome.exit_code)

@@ -7,20 +7,24 @@ calls a ``reports`` function and renders what it returns. The commands live here
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
-from orchestrator.cli import report_agreement, report_documents, report_flips
+from orchestrator.cli import report_agreement, report_certificate, report_documents, report_flips
 from orchestrator.cli.common import (
     DEFAULT_RESULTS,
+    DocFormat,
     Format,
     FormatOpt,
     ResultsOpt,
     SweepOpt,
+    TableFormat,
     emit_rows,
     out,
     user_errors,
 )
-from orchestrator.cli.report_options import By, catalog
+from orchestrator.cli.report_options import By, OutputOpt, catalog, output_to, with_sweep
 
 app = typer.Typer(help="Reports over the results (tables, JSON for machines).", no_args_is_help=True)
 
@@ -29,8 +33,9 @@ app = typer.Typer(help="Reports over the results (tables, JSON for machines).", 
 def kdepth(
     results: ResultsOpt = DEFAULT_RESULTS,
     sweep: SweepOpt = None,
-    fmt: FormatOpt = Format.table,
+    fmt: FormatOpt = TableFormat.table,
     long: bool = typer.Option(False, "--long", help="One line per (pair, scale mode, K) with the spacing histogram."),
+    output: OutputOpt = None,
 ) -> None:
     """The K-depth table by dtype, implementation pair, scale mode and K, summed over seeds.
 
@@ -41,11 +46,11 @@ def kdepth(
 
     Example: swapcheck report kdepth --results results --format json
     """
-    with user_errors(), catalog(results) as cat:
+    with user_errors(), catalog(results, sweep) as cat, output_to(output):
         from reports import kdepth as kd
 
         rows = kd.summary(cat, sweep)
-        if fmt is Format.json or fmt is Format.csv:
+        if fmt in (TableFormat.json, TableFormat.csv):
             emit_rows(rows, fmt)
             return
         if not rows:
@@ -58,13 +63,14 @@ def kdepth(
 def units(
     results: ResultsOpt = DEFAULT_RESULTS,
     sweep: SweepOpt = None,
-    fmt: FormatOpt = Format.table,
+    fmt: FormatOpt = TableFormat.table,
+    output: OutputOpt = None,
 ) -> None:
     """The ledger: units per sweep and status, attempts, rows, time, and an example error.
 
     Example: swapcheck report units --results results
     """
-    with user_errors(), catalog(results) as cat:
+    with user_errors(), catalog(results, sweep) as cat, output_to(output):
         emit_rows(cat.named("unit_status", sweep=sweep), fmt, title="units")
 
 
@@ -72,37 +78,59 @@ def units(
 def replay(
     results: ResultsOpt = DEFAULT_RESULTS,
     sweep: SweepOpt = None,
-    fmt: FormatOpt = Format.table,
+    fmt: FormatOpt = TableFormat.table,
     by: By = typer.Option(By.both, "--by", help="type, layer or both (tables); JSON is always per layer."),
+    output: OutputOpt = None,
 ) -> None:
     """Per-layer operand replay: bitwise agreement of each kernel pair on identical captured operands.
 
     Per layer type: how many layers are bit-identical, the differing fraction and the largest
     distance in output spacings; per layer: the same plus the integer alibi (the int32 accumulators
     of both kernels agree). `capture` rows check that the capture kernel reproduces the model's own
-    outputs from the saved operands.
+    outputs from the saved operands. When several sweeps are shown, every table has a `sweep` column
+    (JSON and CSV always do).
 
     Example: swapcheck report replay --results results --format json
     """
-    with user_errors(), catalog(results) as cat:
+    with user_errors(), catalog(results, sweep) as cat, output_to(output):
         from reports import replay as rp
 
         per_layer = rp.by_layer(cat, sweep)
-        if fmt in (Format.json, Format.csv):
+        if fmt in (TableFormat.json, TableFormat.csv):
             emit_rows(per_layer, fmt)
             return
         if not per_layer:
             out.print("no replay results yet")
             return
         if by in (By.type, By.both):
-            emit_rows(rp.type_table(rp.by_type(cat, sweep)), fmt, title="replay by layer type")
+            by_type = rp.by_type(cat, sweep)
+            emit_rows(with_sweep(by_type, rp.type_table(by_type)), fmt, title="replay by layer type")
         if by in (By.layer, By.both):
-            emit_rows(rp.layer_table(per_layer), fmt, title="replay by layer")
+            emit_rows(with_sweep(per_layer, rp.layer_table(per_layer)), fmt, title="replay by layer")
+
+
+def all_(
+    results: ResultsOpt = DEFAULT_RESULTS,
+    sweep: SweepOpt = None,
+    fmt: DocFormat = typer.Option(DocFormat.markdown, "--format", help="markdown, html or json."),
+    out_file: Path = typer.Option(None, "--output", "-o", "--out", dir_okay=False,
+                                  help="Write here instead of standard output (required for html)."),
+) -> None:
+    """Everything in one document: verdicts per kernel pair first, then figures and tables, provenance last.
+
+    HTML is one self-contained page (images embedded); Markdown carries the same tables for terminals
+    and PRs; JSON is one object (the certificate rows, every table, the figures' titles and captions,
+    the provenance). `--out` is an alias of `-o/--output`.
+
+    Example: swapcheck report all --results results --format html -o report.html
+    """
+    report_documents.all_(results=results, sweep=sweep, fmt=Format(fmt.value), out_file=out_file)
 
 
 # The remaining commands, in the order `swapcheck report --help` lists them.
 app.command("predictions")(report_documents.predictions)
 app.command("agreement")(report_agreement.agreement)
 app.command("flips")(report_flips.flips)
-app.command("all")(report_documents.all_)
+app.command("all")(all_)
 app.command("conformance")(report_documents.conformance)
+app.command("certificate")(report_certificate.certificate)

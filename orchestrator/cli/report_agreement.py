@@ -6,23 +6,30 @@ import typer
 
 from orchestrator.cli.common import (
     DEFAULT_RESULTS,
-    Format,
     FormatOpt,
     ResultsOpt,
     SweepOpt,
+    TableFormat,
     emit_rows,
     out,
     user_errors,
 )
-from orchestrator.cli.report_options import AgreementTable, catalog, write_json
+from orchestrator.cli.report_options import (
+    AgreementTable,
+    OutputOpt,
+    catalog,
+    output_to,
+    write_json,
+)
 
 
 def agreement(
     results: ResultsOpt = DEFAULT_RESULTS,
     sweep: SweepOpt = None,
-    fmt: FormatOpt = Format.table,
+    fmt: FormatOpt = TableFormat.table,
     table: AgreementTable = typer.Option(AgreementTable.all, "--table",
                                          help="all, self, cross, divergence or positions (CSV: one of the last four)."),
+    output: OutputOpt = None,
 ) -> None:
     """Bitwise agreement of generated sequences: each arm with itself across cold restarts, and arm pairs.
 
@@ -38,17 +45,17 @@ def agreement(
 
     Example: swapcheck report agreement --results results --sweep e2e-demo --format json
     """
-    with user_errors(), catalog(results) as cat:
+    with user_errors(), catalog(results, sweep) as cat, output_to(output):
         from orchestrator.errors import UsageError
         from reports import agreement as ag
 
-        if fmt is Format.csv and table is AgreementTable.all:
+        if fmt is TableFormat.csv and table is AgreementTable.all:
             raise UsageError("--format csv holds one table: add --table self, cross, divergence or positions")
         rep = ag.agreement(cat, sweep)
-        if fmt is Format.json and table is AgreementTable.all:
+        if fmt is TableFormat.json and table is AgreementTable.all:
             write_json(rep)
             return
-        if fmt in (Format.json, Format.csv):
+        if fmt in (TableFormat.json, TableFormat.csv):
             emit_rows(rep[ag.TABLE_KEYS[table.value]], fmt)
             return
         if not rep["self_reproducibility"] and not rep["cross_arm"]:

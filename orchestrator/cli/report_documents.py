@@ -12,6 +12,7 @@ from orchestrator.cli.common import (
     FormatOpt,
     ResultsOpt,
     SweepOpt,
+    TableFormat,
     emit_rows,
     out,
     user_errors,
@@ -22,7 +23,7 @@ from orchestrator.cli.report_options import catalog
 def predictions(
     results: ResultsOpt = DEFAULT_RESULTS,
     sweep: str = typer.Option(None, "--sweep", help="Only this sweep (default: every sweep with predictions)."),
-    fmt: FormatOpt = Format.table,
+    fmt: FormatOpt = TableFormat.table,
 ) -> None:
     """Score the pre-registered predictions against the results: confirmed or refuted, with support.
 
@@ -37,7 +38,7 @@ def predictions(
 
         rows = pr.score_sweeps(cat, sweep)
         edited = sorted({r["file"] for r in rows if r["file_edited_after_registration"]})
-        if fmt in (Format.json, Format.csv):
+        if fmt in (TableFormat.json, TableFormat.csv):
             emit_rows(rows, fmt)
         elif not rows:
             out.print("no pre-registered predictions")
@@ -53,30 +54,45 @@ def predictions(
             raise typer.Exit(1)
 
 
+#: What ``report all`` writes (a document; csv and the terminal table are the single reports' job).
+DOCUMENT_FORMATS = (Format.html, Format.markdown, Format.json)
+
+
 def all_(
     results: ResultsOpt = DEFAULT_RESULTS,
     sweep: SweepOpt = None,
-    fmt: Format = typer.Option(Format.markdown, "--format", help="html or markdown."),
+    fmt: Format = typer.Option(Format.markdown, "--format", help="html, markdown or json."),
     out_file: Path = typer.Option(None, "--out", help="Write here instead of standard output (required for html)."),
 ) -> None:
-    """Everything in one document: K-depth curves, replay heatmap, ROC and calibration plots, tables.
+    """Everything in one document: verdicts per kernel pair first, then figures and tables, provenance last.
 
-    HTML embeds its images (no network needed to view it); Markdown carries the tables (conformance
-    summary per kernel pair, agreement, prediction scorecard, provenance) for terminals and PRs.
+    HTML is one self-contained page (images embedded; a table of contents; each figure with its
+    question and caption; the date in the header and the provenance at the end). Markdown carries
+    the same tables for terminals and PRs; JSON is one object: the certificate rows, every table,
+    the list of figures (title and caption), the provenance and generated_at. Rates are in ppm.
 
     Example: swapcheck report all --results results --format html --out report.html
     """
-    with user_errors(), catalog(results) as cat:
-        from orchestrator.errors import UsageError
-        from reports.render import html_document, markdown_document
+    from orchestrator.errors import UsageError
 
-        if fmt not in (Format.html, Format.markdown):
-            raise UsageError(f"--format {fmt.value}: `report all` writes html or markdown")
+    with user_errors():
+        if fmt not in DOCUMENT_FORMATS:
+            raise UsageError(f"--format {fmt.value}: `report all` writes html, markdown or json "
+                             "(for a table or csv, use the report of that table, e.g. `report certificate`)")
         if fmt is Format.html and out_file is None:
             raise UsageError("--format html needs --out FILE")
-        text = html_document(cat, sweep) if fmt is Format.html else markdown_document(cat, sweep)
+    with user_errors(), catalog(results, sweep) as cat:
+        import json
+
+        from orchestrator.cli.common import _json_default
+        from reports.render import html_document, json_document, markdown_document
+
+        if fmt is Format.json:
+            text = json.dumps(json_document(cat, sweep), default=_json_default, indent=1) + "\n"
+        else:
+            text = html_document(cat, sweep) if fmt is Format.html else markdown_document(cat, sweep)
     if out_file is None:
-        typer.echo(text)
+        typer.echo(text, nl=False)
     else:
         out_file.write_text(text, encoding="utf-8")
         out.print(f"wrote {out_file}")
@@ -85,7 +101,7 @@ def all_(
 def conformance(
     results: ResultsOpt = DEFAULT_RESULTS,
     sweep: SweepOpt = None,
-    fmt: FormatOpt = Format.table,
+    fmt: FormatOpt = TableFormat.table,
 ) -> None:
     """One page per kernel pair: what each experiment says about swapping one kernel for the other.
 
@@ -101,5 +117,5 @@ def conformance(
 
         emit_rows(summary(cat, sweep), fmt, title="conformance summary per kernel pair")
         checks = check_rows(cat, sweep)
-        if checks and fmt not in (Format.json, Format.csv):
+        if checks and fmt not in (TableFormat.json, TableFormat.csv):
             emit_rows(checks, fmt, title="kernel checks (worst verdict over trials and shapes)")

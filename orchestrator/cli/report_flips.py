@@ -6,9 +6,10 @@ import typer
 
 from orchestrator.cli.common import (
     DEFAULT_RESULTS,
-    Format,
+    FormatOpt,
     ResultsOpt,
     SweepOpt,
+    TableFormat,
     emit_rows,
     out,
     user_errors,
@@ -21,7 +22,7 @@ def flips(
     sweep: SweepOpt = None,
     ref_arm: str = typer.Option(None, "--ref-arm", help="Only this reference arm (default: all)."),
     arm: str = typer.Option(None, "--arm", help="Only this scored arm (default: all)."),
-    fmt: Format = typer.Option(Format.table, "--format", help="table, json, csv (the calibration table) or markdown."),
+    fmt: FormatOpt = TableFormat.table,
     bins: Bins = typer.Option(Bins.decades, "--bins", help="Calibration bins: decades (fixed, 0/1e-6/.../10) or quantile (10)."),
     resamples: int = typer.Option(1000, "--resamples", help="Bootstrap resamples for the AUC interval."),
     seed: int = typer.Option(0, "--seed", help="Bootstrap seed."),
@@ -29,15 +30,20 @@ def flips(
 ) -> None:
     """Flip risk from teacher-forced replay: does the reference margin predict where the other arm flips?
 
-    Over the selected teacher_forced positions (pooled, and a line per sweep and arm pair): the flip
-    rate; the ROC-AUC of the reference arm's top-1/top-2 logit margin as a flip predictor (score =
-    -margin) with a seeded 95% percentile-bootstrap interval (resampling whole reference sequences,
-    or positions with `--ci-unit position`); a logistic model of flip on log10(margin + 1e-7); a
-    calibration table by margin bin (observed flip rate with its Wilson interval vs the model's mean
-    prediction); and the margins at or below which 50/90/99% of flips lie, with the share of all
-    positions there. With no flips (or only flips) AUC is null with a note. JSON: one object
-    (`positions`, `flips`, `flip_rate`, `auc`, `auc_ci`, `model`, `calibration`,
-    `concentration_margin`, `concentration`, `pairs`, `notes`); CSV: the calibration table.
+    Every figure is per (sweep, ref_arm, arm) pair, never pooled across pairs: one block per pair
+    (and, with several pairs or markdown, a table with a line per pair). Per pair: the flip rate with
+    its exact (Clopper-Pearson) 95% interval over positions (scipy), or with no flips the exact
+    one-sided upper bound; a power note (positions needed to see one flip with 95% probability at
+    a given rate); the ROC-AUC of the reference arm's top-1/top-2 logit margin as a flip predictor
+    (score = -margin), with a seeded 95% percentile-bootstrap interval (resampling whole reference
+    sequences, or positions with `--ci-unit position`) only when the pair has at least 10 flips and
+    10 unflipped positions, else a note "too few flips (N) for an interval"; a logistic model of
+    flip on log10(margin + 1e-7); a calibration table by margin bin (observed flip rate with its
+    Wilson interval vs the model's mean prediction); and the margins at or below which 50/90/99% of
+    flips lie. JSON: {`filters`, `pairs`, `notes`}, one object per pair in `pairs` (`positions`,
+    `flips`, `flip_rate`, `flip_rate_ci`, `rate_ci`, `power`, `auc`, `auc_ci`, `auc_note`,
+    `auc_ci_note`, `ci`, `model`, `calibration`, `concentration`, `notes`, ...), no pooled figure;
+    CSV: the calibration table of every pair, a row per pair and bin.
 
     Example: swapcheck report flips --results results --sweep e2e-demo --ref-arm cutlass --arm triton --format json
     """
@@ -50,20 +56,25 @@ def flips(
             raise UsageError(f"--resamples {resamples}: must be at least 1")
         rep = flip_report(cat, sweep=sweep, ref_arm=ref_arm, arm=arm, bins=bins.value, resamples=resamples,
                           seed=seed, ci_unit=ci_unit.value)
-        if fmt is Format.json:
+        if fmt is TableFormat.json:
             write_json(rep)
             return
-        calib = fl.calibration_table(rep)
-        if fmt is Format.csv:
-            emit_rows(calib, fmt)
+        if fmt is TableFormat.csv:
+            emit_rows(fl.calibration_rows(rep), fmt)
             return
-        if not rep["positions"]:
+        if not rep["pairs"]:
             out.print("no teacher-forced positions yet" + (" for this selection" if sweep or ref_arm or arm else ""))
             return
-        for line in fl.summary_lines(rep):
-            out.print(line, highlight=False)
-        if len(rep["pairs"]) > 1 or fmt is Format.markdown:
-            emit_rows(fl.pair_table(rep), fmt, title="per arm pair")
-        emit_rows(calib, fmt, title=f"calibration by margin bin ({rep['calibration_bins']})")
-        if rep["concentration"]:
-            emit_rows(fl.concentration_table(rep), fmt, title="where flips concentrate")
+        if len(rep["pairs"]) > 1 or fmt is TableFormat.markdown:
+            emit_rows(fl.pair_table(rep), fmt, title="per arm pair (each on its own; nothing pooled)")
+        for p in rep["pairs"]:
+            title = fl.pair_title(p)
+            if fmt is TableFormat.markdown:
+                out.print(f"\n## {title}\n", highlight=False, markup=False)
+            else:
+                out.print(f"\n[bold]{title}[/]", highlight=False)
+            for line in fl.summary_lines(p):
+                out.print(line, highlight=False, markup=False)
+            emit_rows(fl.calibration_table(p), fmt, title=f"calibration by margin bin ({p['calibration_bins']}): {title}")
+            if p["concentration"]:
+                emit_rows(fl.concentration_table(p), fmt, title=f"where flips concentrate: {title}")

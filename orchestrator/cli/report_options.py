@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
 from enum import Enum
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
 
 if TYPE_CHECKING:
     from storage.catalog import Catalog
@@ -43,9 +46,58 @@ class AgreementTable(str, Enum):
     positions = "positions"
 
 
+#: ``-o/--output FILE``: where a command that writes a report writes it (default: standard output).
+OutputOpt = Annotated[Path | None, typer.Option("--output", "-o", help="Write the output to this file instead of standard output.",
+                                                dir_okay=False, show_default=False)]
+
+
 @contextmanager
-def catalog(results: str) -> Iterator[Catalog]:
-    """The one catalog of a report command; a usage error when ``--results`` does not exist.
+def output_to(path: Path | None) -> Iterator[None]:
+    """Send standard output (rows, tables, JSON) to ``path`` while the command renders; a note says where."""
+    from orchestrator.cli.common import note
+
+    if path is None:
+        yield
+        return
+    with open(path, "w", encoding="utf-8") as fh, redirect_stdout(fh):
+        yield
+    note(f"wrote {path}")
+
+
+def _sweep_option() -> str | None:
+    """The ``--sweep`` the running command was given (every report command names its option ``sweep``)."""
+    import importlib
+
+    try:  # typer vendors click (typer._click) since 0.2x; older typer runs on click itself
+        context = importlib.import_module("typer._click.globals").get_current_context
+    except ImportError:
+        context = importlib.import_module("click").get_current_context
+    ctx = context(silent=True)
+    value = ctx.params.get("sweep") if ctx is not None else None
+    return value if isinstance(value, str) else None
+
+
+def check_sweep(cat: Catalog, sweep: str | None) -> None:
+    """A usage error (exit 2) naming the sweeps that exist when ``--sweep`` names none of them."""
+    from orchestrator.errors import UsageError
+
+    if sweep is None:
+        return
+    known = set(cat.sweeps())
+    if sweep in known:
+        return
+    from storage.schemas import TABLES  # a tree written without spec records: its partitions count
+
+    known.update(s for table in TABLES for s in cat.store.sweep_partitions(table))
+    if sweep not in known:
+        listed = ", ".join(sorted(known)) or "none yet (run `swapcheck sweep launch` first)"
+        raise UsageError(f"--sweep {sweep}: no such sweep in {cat.results}; sweeps: {listed}")
+
+
+@contextmanager
+def catalog(results: str, sweep: str | None = None) -> Iterator[Catalog]:
+    """The one catalog of a report command; a usage error when ``--results`` does not exist or
+    ``--sweep`` (``sweep``, else the running command's ``--sweep`` option) names no sweep there.
 
     Every file the catalog does not read (damaged, missing, foreign, orphaned) is one yellow
     ``warning:`` line on stderr, before any output: nothing is left out silently.
@@ -62,6 +114,7 @@ def catalog(results: str) -> Iterator[Catalog]:
     with open_catalog(results) as cat:
         for line in cat.warnings:
             err.print(f"[bold yellow]warning:[/] {escape(line)}", highlight=False, markup=True)
+        check_sweep(cat, sweep if sweep is not None else _sweep_option())
         yield cat
 
 
@@ -73,3 +126,11 @@ def write_json(obj: object) -> None:
     from orchestrator.cli.common import _json_default
 
     sys.stdout.write(json.dumps(obj, default=_json_default, indent=1) + "\n")
+
+
+def with_sweep(rows: list[dict[str, Any]], table: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``table`` (one line per row of ``rows``) with a leading ``sweep`` column when ``rows`` come from
+    several sweeps, so that lines of two sweeps are never shown as repeats of each other."""
+    if len({r.get("sweep") for r in rows}) <= 1:
+        return table
+    return [{"sweep": r.get("sweep"), **t} for r, t in zip(rows, table, strict=True)]

@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import typer
+from rich.markup import escape
 
-from orchestrator.cli import sweep_verify
+from orchestrator.cli import common, sweep_verify
 from orchestrator.cli.common import (
     DEFAULT_RESULTS,
-    Format,
+    FormatOpt,
     ResultsOpt,
+    TableFormat,
     UserKernelsOpt,
     allow_user_kernels,
     emit_rows,
     err,
+    note,
     out,
+    plural,
     user_errors,
 )
 from orchestrator.errors import Interrupted
@@ -37,14 +43,15 @@ def validate(spec: Path = SPEC_ARG, user_kernels: UserKernelsOpt = True) -> None
         from orchestrator.spec import load_spec
         loaded = load_spec(spec)
         plan = make_plan(loaded)
-        out.print(f"{spec}: valid — sweep {plan.sweep!r}, {len(loaded.experiments)} experiment(s), {len(plan.units)} unit(s)")
+        out.print(f"{spec}: valid — sweep {plan.sweep!r}, {plural(len(loaded.experiments), 'experiment')}, "
+                  f"{plural(len(plan.units), 'unit')}")
 
 
 @app.command("plan")
 def plan(
     spec: Path = SPEC_ARG,
     results: str = typer.Option(None, "--results", help="If given, show which units are already done there."),
-    fmt: Format = typer.Option(Format.table, "--format", help="table, json, csv or markdown."),
+    fmt: FormatOpt = TableFormat.table,
     user_kernels: UserKernelsOpt = True,
 ) -> None:
     """List the units a spec expands to, with their content-addressed ids; runs nothing.
@@ -66,7 +73,7 @@ def plan(
              **({"status": "done" if u.id in done else "pending"} if results is not None else {})}
             for u in p.units
         ]
-        emit_rows(rows, fmt, title=f"sweep {p.sweep}: {len(rows)} units")
+        emit_rows(rows, fmt, title=f"sweep {p.sweep}: {plural(len(rows), 'unit')}")
 
 
 @app.command("launch")
@@ -75,7 +82,8 @@ def launch(
     results: ResultsOpt = DEFAULT_RESULTS,
     address: str = typer.Option(None, "--address", help="Join this Ray cluster instead of starting a local one (e.g. ray://head:10001, auto)."),
     num_cpus: int = typer.Option(None, "--num-cpus", min=1, help="CPUs of the embedded Ray instance (default: all)."),
-    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+    progress: bool = typer.Option(True, "--progress/--no-progress",
+                                  help="Show progress (a bar on a terminal, else a line every tenth of the units or 10 s)."),
     repair: bool = typer.Option(False, "--repair", help="First move aside the units `sweep verify` finds damaged, so exactly those are recomputed."),
     connect_timeout: float = typer.Option(30.0, "--connect-timeout", min=1, help="Seconds to reach --address before giving up (exit 2)."),
     user_kernels: UserKernelsOpt = True,
@@ -92,36 +100,10 @@ def launch(
     Example: swapcheck sweep launch sweeps/kdepth-demo.toml --results results
     """
     with user_errors(), allow_user_kernels(user_kernels):
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-        )
-
         from orchestrator.runner import launch as run_launch
         from orchestrator.spec import load_spec
         loaded = load_spec(spec)
-        bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                       TextColumn("{task.fields[failed]} failed"), TimeElapsedColumn(), console=err,
-                       disable=not progress)
-        task_id = None
-
-        def on_event(kind: str, info: dict[str, Any]) -> None:
-            nonlocal task_id
-            if kind == "start":
-                err.print(f"sweep {loaded.sweep.name}: {info['total']} units, {info['skipped']} already done, {info['pending']} to run")
-                if info["pending"]:
-                    bar.start()
-                    task_id = bar.add_task(loaded.sweep.name, total=info["pending"], failed=0)
-            elif kind == "unit" and task_id is not None:
-                failed = info["result"]["status"] != "ok"
-                if failed:
-                    bar.console.print(f"[red]failed[/] {info['unit'].describe()}: {(info['result']['error'] or '').splitlines()[0]}")
-                bar.update(task_id, advance=1, failed=bar.tasks[0].fields["failed"] + int(failed))
-            elif kind == "end":
-                bar.stop()
+        on_event = UnitProgress(f"sweep {loaded.sweep.name}", enabled=progress)
 
         try:
             summary = run_launch(loaded, results, address=address, num_cpus=num_cpus, on_event=on_event,
@@ -130,13 +112,77 @@ def launch(
             # Before Ray started or between two units being recorded: nothing half-written stays.
             raise Interrupted("SIGINT: stopped. Relaunch the same spec to resume.") from None
         finally:
-            bar.stop()
-        err.print(
-            f"sweep {summary.sweep}: {summary.n_units} units — {summary.n_skipped} skipped (done before), "
-            f"{summary.n_ok} ok, {summary.n_failed} failed — sweep time {summary.seconds:.1f} s — results in {summary.results}"
-        )
+            on_event.stop()
+        err.print(f"sweep {summary.sweep}: {plural(summary.n_units, 'unit')} — {summary.n_skipped} skipped (done before), "
+                  f"{summary.n_ok} ok, {summary.n_failed} failed — sweep time {summary.seconds:.1f} s — "
+                  f"results in {summary.results}", highlight=False, markup=False)
         if summary.n_failed:
             raise typer.Exit(1)
+
+
+class UnitProgress:
+    """``on_event`` for ``orchestrator.runner.launch``: the progress of a sweep's units on stderr.
+
+    On a terminal a bar; anywhere else (CI, cron, a log file) a plain line every ``every`` units (a
+    tenth of them) or every ``seconds``, whichever comes first, and one at the end: done/total,
+    failed, rate and ETA. A failed unit is always one line (it is an error); the rest is off under -q.
+    """
+
+    def __init__(self, label: str, *, enabled: bool = True, seconds: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.label, self.seconds, self.clock = label, seconds, clock
+        self.enabled = enabled and common.verbosity > common.QUIET
+        self.total = self.done = self.failed = 0
+        self.every = 1
+        self.started = self.last = 0.0
+        self.bar: Any = None
+
+    def line(self) -> str:
+        elapsed = max(self.clock() - self.started, 1e-9)
+        rate = self.done / elapsed
+        eta = f"{(self.total - self.done) / rate:.0f} s" if rate > 0 else "?"
+        return (f"{self.label}: {self.done}/{plural(self.total, 'unit')} done, {self.failed} failed, "
+                f"{rate:.2f} units/s, ETA {eta}")
+
+    def __call__(self, kind: str, info: dict[str, Any]) -> None:
+        if kind == "start":
+            note(f"{self.label}: {plural(info['total'], 'unit')}, {info['skipped']} already done, {info['pending']} to run")
+            self.total, self.started = info["pending"], self.clock()
+            self.last, self.every = self.started, max(1, self.total // 10)
+            if self.enabled and self.total and err.is_terminal:
+                from rich.progress import (
+                    BarColumn,
+                    MofNCompleteColumn,
+                    Progress,
+                    TextColumn,
+                    TimeElapsedColumn,
+                )
+
+                self.bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                    TextColumn("{task.fields[failed]} failed"), TimeElapsedColumn(), console=err)
+                self.bar.start()
+                self.bar.add_task(self.label, total=self.total, failed=0)
+        elif kind == "unit":
+            self.done += 1
+            result = info["result"]
+            if result["status"] != "ok":
+                self.failed += 1
+                first = (result.get("error") or "").splitlines()[:1]
+                err.print(f"[red]failed[/] {escape(info['unit'].describe())}: {escape(first[0] if first else '')}",
+                          highlight=False)
+            if self.bar is not None:
+                self.bar.update(self.bar.task_ids[0], advance=1, failed=self.failed)
+            elif self.enabled and (self.done % self.every == 0 or self.done == self.total
+                                   or self.clock() - self.last >= self.seconds):
+                self.last = self.clock()
+                err.print(self.line(), highlight=False, markup=False)
+        elif kind == "end":
+            self.stop()
+
+    def stop(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None
 
 
 app.command("verify")(sweep_verify.verify)

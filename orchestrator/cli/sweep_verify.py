@@ -6,17 +6,17 @@ import typer
 
 from orchestrator.cli.common import (
     DEFAULT_RESULTS,
-    Format,
     FormatOpt,
     ResultsOpt,
     SweepOpt,
+    TableFormat,
     emit_rows,
     err,
     user_errors,
 )
 
 
-def verify(results: ResultsOpt = DEFAULT_RESULTS, sweep: SweepOpt = None, fmt: FormatOpt = Format.table) -> None:
+def verify(results: ResultsOpt = DEFAULT_RESULTS, sweep: SweepOpt = None, fmt: FormatOpt = TableFormat.table) -> None:
     """Check every committed unit's result files against its ledger record; exit 1 on damage.
 
     Finds missing, truncated, extended, rewritten (checksum), unreadable and foreign-schema files,
@@ -39,14 +39,12 @@ def verify(results: ResultsOpt = DEFAULT_RESULTS, sweep: SweepOpt = None, fmt: F
             raise UsageError(f"--sweep {sweep}: no such sweep under {results}")
         problems = check(store, sweep)
     damage = [p for p in problems if p.damage]
-    if fmt is Format.html:
-        fmt = Format.markdown
     rows = [p.as_row() for p in problems]
-    if fmt is Format.table:  # the path names the sweep, table and unit: keep the terminal table narrow
+    if fmt is TableFormat.table:  # the path names the sweep, table and unit: keep the terminal table narrow
         rows = [{"kind": r["kind"], "path": r["path"], "remedy": r["remedy"], "detail": r["detail"]} for r in rows]
-    if problems or fmt is Format.json:
+    if problems or fmt is TableFormat.json:
         emit_rows(rows, fmt, title="integrity problems")
-    if fmt is not Format.json:
+    if fmt is not TableFormat.json:
         units = len({(p.sweep, p.unit_id) for p in damage if p.remedy == "recompute"})
         summary = (f"{len(damage)} problem(s), {units} damaged unit(s)" if damage
                    else "clean: every recorded file is as committed")

@@ -1,0 +1,509 @@
+"""The swap certificate: one verdict per kernel pair of a sweep, with its evidence as numbers.
+
+One certificate per (sweep, kernel A, kernel B), for every pair of the kernels a sweep ran (the N x N
+matrix, kernels of one input format), with one section per scale mode. Each section holds:
+
+* ``kdepth`` (``kdepth_summary``): outputs, differing, ppm with an exact (Clopper-Pearson) interval,
+  ``max_spacing`` (the largest distance in output spacings, the SQL max), ``max_spacing_beyond_reference_error``
+  (see :func:`kdepth_section`), one row per K, and the K-trend (:func:`k_trend`);
+* ``replay`` (``replay_by_type`` summed by ``reports.replay.pair_totals``): layers identical n/N, max spacing;
+* ``end_to_end`` (``cross_arm``, ``self_reproducibility``, ``teacher_forced_pairs``): per arm pair whose
+  arms ran the two kernels under this scale mode, sequences identical n/N, each arm's
+  self-reproducibility, and the flips of each teacher-forced (ref_arm, arm) pair read alone
+  (``reports.fliprisk.load``) with an exact interval: never pooled across pairs.
+
+Beside them: each kernel's check verdicts (``check_verdicts``) and the provenance (``certificate_provenance``,
+``certificate_kernel_versions``, ``certificate_arms``). A sweep is always a key: without a sweep every
+sweep gets its own certificates, nothing is pooled across sweeps. Intervals come from scipy
+(``binomtest(...).proportion_ci(method="exact")``); the K-trend is a Poisson profile likelihood. The
+rules and the JSON keys are documented in docs/certificate.md and docs/schema.md.
+"""
+
+from __future__ import annotations
+
+import json
+from itertools import combinations
+from typing import TYPE_CHECKING, Any
+
+from reports import fliprisk, kdepth, replay
+
+if TYPE_CHECKING:
+    from storage.catalog import Catalog
+
+__all__ = ["NOT_RUN", "RARE_FRACTION", "VERDICT_ORDER", "certificates", "check_verdicts", "detail_lines",
+           "evidence_rows", "exact_ci", "k_trend", "matrix_rows", "section_verdict", "select_pair", "summary_rows",
+           "worst_verdict"]
+
+#: Verdicts from most to least benign (tasks/verdicts.py): several trials end in the worst one.
+VERDICT_ORDER = ["IDENTICAL", "EPILOGUE_ROUNDING", "WITHIN_ALGORITHM_BOUND", "DIFFERENT", "INCORRECT",
+                 "INCONCLUSIVE", "ERROR"]
+#: The verdicts that pass (tasks.verdicts.PASSING).
+PASSING = ("IDENTICAL", "EPILOGUE_ROUNDING", "WITHIN_ALGORITHM_BOUND")
+#: Differing in at most this fraction of outputs is "rare" (tasks.verdicts.RARE_FRACTION).
+RARE_FRACTION = 1e-3
+#: The verdict and status of an experiment (or a whole section) that did not run for a pair.
+NOT_RUN = "not run"
+#: Confidence level of every interval.
+LEVEL = 0.95
+#: A K-trend bound beyond this slope counts as unbounded (K^10 is no physical trend).
+SLOPE_LIMIT = 10.0
+#: How the answer names a scale mode.
+SCALE_NAMES = {"pow2": "power-of-two scales", "real": "real scales"}
+
+
+def worst_verdict(verdicts: list[str]) -> str:
+    return max(verdicts, key=lambda v: VERDICT_ORDER.index(v) if v in VERDICT_ORDER else len(VERDICT_ORDER))
+
+
+def check_verdicts(cat: Catalog, sweep: str | None) -> list[dict[str, Any]]:
+    """Worst check verdict per (sweep, check, kernel, output dtype), exact_match before bounds.
+
+    Over every sweep of the results (``Catalog.sweeps``) when ``sweep`` is None.
+    """
+    rows = cat.named("check_verdicts", sweep=sweep)
+    order = [sweep] if sweep else cat.sweeps()
+    by_sweep: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_sweep.setdefault(r["sweep"], []).append({"sweep": r["sweep"], "check": r["check"], "kernel": r["kernel"],
+                                                    "dtype": r["dtype"], "verdict": worst_verdict(r["verdicts"])})
+    return [r for sw in order for r in by_sweep.get(sw, [])]
+
+
+# -- statistics -----------------------------------------------------------------------------------
+
+def exact_ci(k: int, n: int, level: float = LEVEL) -> tuple[float, float] | None:
+    """Clopper-Pearson interval of k/n from scipy (None when n is 0)."""
+    if n <= 0:
+        return None
+    from scipy.stats import binomtest
+
+    ci = binomtest(int(k), int(n)).proportion_ci(confidence_level=level, method="exact")
+    return float(ci.low), float(ci.high)
+
+
+def k_trend(per_k: list[tuple[int, int, int]], level: float = LEVEL) -> dict[str, Any]:
+    """The trend of the differing rate in K: ``rate ~ K^slope``, with a profile-likelihood interval.
+
+    ``per_k`` is ``(k, differing, elements)`` per K. Model: differing_k ~ Poisson(elements_k * c * K^s).
+    Conditioning on the total count removes ``c``: the counts are multinomial with probabilities
+    proportional to ``elements_k * K^s``, a one-parameter likelihood that handles zero counts. The
+    slope is its maximum; the interval is every s whose likelihood-ratio statistic is within
+    ``dispersion * chi2(1).ppf(level)``, where ``dispersion`` is the Pearson chi-square per degree of
+    freedom of the fit (at least 1; 1 with two K values). ``kind``: ``identical`` (no differing output
+    at any K: slope None), ``single_k``, ``no_trend`` (the interval holds 0), ``grows`` / ``shrinks``.
+    A bound farther than ``SLOPE_LIMIT`` is None (unbounded); so is the slope when every differing
+    output lies at the smallest or the largest K (the maximum is at infinity).
+    """
+    import numpy as np
+    from scipy.optimize import brentq, minimize_scalar
+    from scipy.special import logsumexp
+    from scipy.stats import chi2
+
+    pts = sorted((k, d, n) for k, d, n in per_k if n and n > 0)
+    out: dict[str, Any] = {"kind": "identical", "slope": None, "slope_ci_low": None, "slope_ci_high": None,
+                           "dispersion": None, "ks": len(pts), "level": level}
+    x = np.log(np.array([p[0] for p in pts], dtype=np.float64))
+    d = np.array([p[1] for p in pts], dtype=np.float64)
+    lw = np.log(np.array([p[2] for p in pts], dtype=np.float64))
+    total = float(d.sum())
+    if total == 0:
+        return out
+    if len(set(x.tolist())) < 2:
+        return {**out, "kind": "single_k"}
+
+    def nll(s: float) -> float:
+        return -float(np.sum(d * (lw + s * x)) - total * logsumexp(lw + s * x))
+
+    at_max = bool(d[x < x.max()].sum() == 0)
+    at_min = bool(d[x > x.min()].sum() == 0)
+    if at_max or at_min:
+        s_hat, best = (SLOPE_LIMIT, nll(SLOPE_LIMIT)) if at_max else (-SLOPE_LIMIT, nll(-SLOPE_LIMIT))
+        slope = None
+        phi = 1.0
+    else:
+        res = minimize_scalar(nll, bounds=(-SLOPE_LIMIT, SLOPE_LIMIT), method="bounded",
+                              options={"xatol": 1e-10})
+        s_hat, best = float(res.x), float(res.fun)
+        slope = s_hat
+        mu = total * np.exp(lw + s_hat * x - logsumexp(lw + s_hat * x))
+        df = len(pts) - 2
+        phi = max(1.0, float(np.sum((d - mu) ** 2 / mu)) / df) if df > 0 else 1.0
+    cut = phi * float(chi2.ppf(level, 1))
+
+    def excess(s: float) -> float:
+        return 2.0 * (nll(s) - best) - cut
+
+    lo = None if excess(-SLOPE_LIMIT) <= 0 or s_hat <= -SLOPE_LIMIT else float(brentq(excess, -SLOPE_LIMIT, s_hat))
+    hi = None if excess(SLOPE_LIMIT) <= 0 or s_hat >= SLOPE_LIMIT else float(brentq(excess, s_hat, SLOPE_LIMIT))
+    kind = "grows" if lo is not None and lo > 0 else "shrinks" if hi is not None and hi < 0 else "no_trend"
+    return {**out, "kind": kind, "slope": slope, "slope_ci_low": lo, "slope_ci_high": hi, "dispersion": phi}
+
+
+def trend_phrase(t: dict[str, Any]) -> str:
+    """The K-trend in words, for the answer."""
+    if t["kind"] == "identical":
+        return "bit-identical at every K"
+    if t["kind"] == "single_k":
+        return "one K only"
+    if t["kind"] == "no_trend":
+        return "no trend in K"
+    word = "grows" if t["kind"] == "grows" else "shrinks"
+    if t["slope"] is None:
+        return f"{word} with K (differences only at the {'largest' if word == 'grows' else 'smallest'} K)"
+    return f"{word} like K^{t['slope']:.2g}"
+
+
+# -- sections -------------------------------------------------------------------------------------
+
+def _ppm(d: int, n: int) -> float | None:
+    return 1e6 * d / n if n else None
+
+
+def kdepth_section(rows: list[dict[str, Any]], refs: dict[tuple[str, int], int | None],
+                   a: str, b: str) -> dict[str, Any]:
+    """K-depth evidence of one pair and scale mode from its ``kdepth_summary`` rows.
+
+    ``max_spacing_beyond_reference_error``: over K, the largest ``pair max_spacing at K - max(max_spacing
+    of a vs exact at K, of b vs exact at K)``, floored at 0: how many spacings the pair's largest
+    difference exceeds the larger of the two kernels' own largest errors against the exact result at
+    the same K. None when a K lacks either reference row.
+    """
+    if not rows:
+        return {"status": NOT_RUN}
+    per_k: dict[int, dict[str, Any]] = {}
+    for t in kdepth.pair_totals(rows, keys=("k",)):
+        ra, rb = refs.get((a, t["k"])), refs.get((b, t["k"]))
+        ref = None if ra is None or rb is None else max(ra, rb)
+        per_k[t["k"]] = {"k": t["k"], "elements": t["elements"], "differing": t["differing"],
+                         "ppm": _ppm(t["differing"], t["elements"]), "max_spacing": t["max_spacing"],
+                         "reference_max_spacing": ref,
+                         "beyond_reference_error": None if ref is None or t["max_spacing"] is None
+                         else max(0, t["max_spacing"] - ref)}
+    (tot,) = kdepth.pair_totals(rows, keys=())
+    ci = exact_ci(tot["differing"], tot["elements"])
+    beyond = [r["beyond_reference_error"] for r in per_k.values()]
+    return {"status": "run", "out_dtype": rows[0]["out_dtype"], "seeds": max(r["seeds"] for r in rows),
+            "elements": tot["elements"], "differing": tot["differing"],
+            "ppm": _ppm(tot["differing"], tot["elements"]),
+            "ppm_ci_low": None if ci is None else 1e6 * ci[0], "ppm_ci_high": None if ci is None else 1e6 * ci[1],
+            "max_spacing": tot["max_spacing"], "max_spacing_significant": tot["max_spacing_significant"],
+            "max_spacing_beyond_reference_error": None if None in beyond else max(beyond),
+            "per_k": [per_k[k] for k in sorted(per_k)],
+            "trend": k_trend([(r["k"], r["differing"], r["elements"]) for r in per_k.values()])}
+
+
+def replay_section(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    if not rows:
+        return {"status": NOT_RUN}
+    (t,) = replay.pair_totals(rows, keys=())
+    return {"status": "run", "layers": t["layers"], "identical_layers": t["identical_layers"],
+            "elements": t["elements"], "differing": t["differing"], "ppm": _ppm(t["differing"], t["elements"]),
+            "max_spacing": t["max_spacing"], "accumulators_equal": t["accumulators_equal"]}
+
+
+def flip_figures(cat: Catalog, sweep: str, ref_arm: str, arm: str) -> dict[str, Any]:
+    """The flips of ONE teacher-forced (ref_arm, arm) pair, read alone, with an exact interval."""
+    data = fliprisk.load(cat, sweep=sweep, ref_arm=ref_arm, arm=arm)
+    n, k = len(data), int(data.flip.sum())
+    ci = exact_ci(k, n)
+    return {"ref_arm": ref_arm, "arm": arm, "positions": n, "flips": k, "flip_rate": k / n if n else None,
+            "flip_rate_ci_low": None if ci is None else ci[0], "flip_rate_ci_high": None if ci is None else ci[1],
+            "dropped": data.dropped}
+
+
+def _self(r: dict[str, Any] | None) -> dict[str, Any] | None:
+    return None if r is None else {"identical": r["identical"], "total": r["total"], "restarts": r["restarts"]}
+
+
+def end_to_end_section(cat: Catalog, sweep: str, cross: list[dict[str, Any]], self_rows: dict[str, dict[str, Any]],
+                       tf_pairs: set[tuple[str, str]], arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    if not cross:
+        return {"status": NOT_RUN}
+    pairs = []
+    for c in cross:
+        flips = [flip_figures(cat, sweep, ra, a) for ra, a in ((c["arm_a"], c["arm_b"]), (c["arm_b"], c["arm_a"]))
+                 if (ra, a) in tf_pairs]
+        ci = exact_ci(c["identical"], c["total"])
+        pairs.append({"arm_a": c["arm_a"], "arm_b": c["arm_b"], "kernel_a": c["kernel_a"], "kernel_b": c["kernel_b"],
+                      "model": (arms.get(c["arm_a"]) or {}).get("model"),
+                      "identical": c["identical"], "total": c["total"],
+                      "identical_ci_low": None if ci is None else ci[0], "identical_ci_high": None if ci is None else ci[1],
+                      "self_reproducibility_a": _self(self_rows.get(c["arm_a"])),
+                      "self_reproducibility_b": _self(self_rows.get(c["arm_b"])),
+                      "flips": flips})
+    return {"status": "run", "arm_pairs": pairs}
+
+
+# -- verdicts -------------------------------------------------------------------------------------
+
+def section_verdict(sec: dict[str, Any], checks: dict[str, dict[str, str]]) -> str:
+    """The verdict of one (pair, scale mode) section (rules: docs/certificate.md)."""
+    kd, rp, e2e = sec["kdepth"], sec["replay"], sec["end_to_end"]
+    if all(x["status"] == NOT_RUN for x in (kd, rp, e2e)):
+        return NOT_RUN
+    kernel_checks = [v for c in checks.values() for v in c.values() if v != NOT_RUN]
+    if "INCORRECT" in kernel_checks or "ERROR" in kernel_checks:
+        return worst_verdict([v for v in kernel_checks if v in ("INCORRECT", "ERROR")])
+    identical = ((kd["status"] == NOT_RUN or kd["differing"] == 0)
+                 and (rp["status"] == NOT_RUN or (rp["identical_layers"] == rp["layers"] and rp["differing"] == 0))
+                 and (e2e["status"] == NOT_RUN or all(p["identical"] == p["total"] for p in e2e["arm_pairs"])))
+    if identical:
+        return "IDENTICAL"
+    kernel_identical = ((kd["status"] == NOT_RUN or kd["differing"] == 0)
+                        and (rp["status"] == NOT_RUN or (rp["identical_layers"] == rp["layers"] and rp["differing"] == 0)))
+    if kernel_identical:
+        return "INCONCLUSIVE"   # sequences differ, but no kernel-level experiment ran or saw a difference
+    ran = [x for x in (kd, rp) if x["status"] == "run"]
+    max_sp = max((x["max_spacing"] or 0) for x in ran)
+    rate = ran[0]["differing"] / ran[0]["elements"] if ran[0]["elements"] else 0.0
+    grows = kd["status"] == "run" and kd["trend"]["kind"] == "grows"
+    if max_sp <= 1 and rate <= RARE_FRACTION and not grows:
+        return "EPILOGUE_ROUNDING"
+    if all(c.get("bounds") in PASSING for c in checks.values()):
+        return "WITHIN_ALGORITHM_BOUND"
+    return "DIFFERENT"
+
+
+def _overall(sections: list[dict[str, Any]]) -> str:
+    run = [s["verdict"] for s in sections if s["verdict"] != NOT_RUN]
+    return worst_verdict(run) if run else NOT_RUN
+
+
+LEADS = {"IDENTICAL": "interchangeable: bit-identical",
+         "EPILOGUE_ROUNDING": "interchangeable within 1 {out} spacing",
+         "WITHIN_ALGORITHM_BOUND": "interchangeable within the accumulation algorithm's error bound",
+         "DIFFERENT": "not interchangeable bit for bit",
+         "INCORRECT": "not interchangeable: a kernel fails its correctness check",
+         "ERROR": "not interchangeable: a kernel raised in its check",
+         "INCONCLUSIVE": "inconclusive: sequences differ end to end, no kernel-level experiment shows why",
+         NOT_RUN: "not run: no experiment compared these two kernels"}
+
+
+def answer(cert: dict[str, Any]) -> str:
+    """The one-line answer that leads a certificate."""
+    outs = {s["kdepth"]["out_dtype"] for s in cert["scale_modes"] if s["kdepth"]["status"] == "run"}
+    lead = str(LEADS.get(cert["verdict"], cert["verdict"])).format(out="/".join(sorted(outs)) or "output")
+    if cert["verdict"] == "IDENTICAL":
+        names = [SCALE_NAMES.get(s["scale_mode"], f"{s['scale_mode']} scales") for s in cert["scale_modes"]
+                 if s["verdict"] != NOT_RUN]
+        return f"{lead} under {' and '.join(names)}"
+    clauses = []
+    for s in cert["scale_modes"]:
+        if s["verdict"] == NOT_RUN:
+            continue
+        name = SCALE_NAMES.get(s["scale_mode"], f"{s['scale_mode']} scales")
+        kd, e2e = s["kdepth"], s["end_to_end"]
+        if s["verdict"] == "IDENTICAL":
+            text = f"bit-identical under {name}"
+        elif kd["status"] == "run":
+            beyond = kd["max_spacing_beyond_reference_error"]
+            text = (f"{kd['ppm']:.3g} ppm differ under {name} (max {kd['max_spacing']} sp"
+                    + ("" if beyond is None else f", {beyond} beyond the reference's own error")
+                    + f"), {trend_phrase(kd['trend'])}")
+        elif s["replay"]["status"] == "run":
+            rp = s["replay"]
+            text = f"{rp['identical_layers']}/{rp['layers']} replayed layers identical under {name} (max {rp['max_spacing']} sp)"
+        else:
+            text = f"under {name}"
+        if e2e["status"] == "run" and s["verdict"] != "IDENTICAL":
+            text += "; " + ", ".join(f"{p['identical']}/{p['total']} sequences identical" for p in e2e["arm_pairs"])
+        clauses.append(text)
+    return str(lead + (": " + "; ".join(clauses) if clauses else ""))
+
+
+# -- the certificates -----------------------------------------------------------------------------
+
+def _unordered(a: str, b: str) -> tuple[str, str]:
+    return (a, b) if a <= b else (b, a)
+
+
+def _provenance(cat: Catalog, sweep: str) -> tuple[dict[str, Any], dict[str, list[str]]]:
+    launches = []
+    for r in cat.named("certificate_provenance", sweep=sweep):
+        p = json.loads(r["provenance_json"] or "{}")
+        launches.append({"launch_id": r["launch_id"], "spec_sha256": r["spec_sha256"], "status": r["status"],
+                         "started_at": None if r["started_at"] is None else r["started_at"].isoformat(),
+                         "host": p.get("host"), "cpu": p.get("cpu"), "platform": p.get("platform"),
+                         "python": p.get("python"), "cuda_available": p.get("cuda_available"),
+                         "torch_cuda": p.get("torch_cuda"), "versions": p.get("versions", {})})
+    versions: dict[str, list[str]] = {}
+    for r in cat.named("certificate_kernel_versions", sweep=sweep):
+        versions.setdefault(r["kernel"], []).append(r["version"])
+    prov = {"spec_sha256": sorted({x["spec_sha256"] for x in launches if x["spec_sha256"]}), "launches": launches}
+    return prov, versions
+
+
+def _sweep_certificates(cat: Catalog, sweep: str) -> list[dict[str, Any]]:
+    kd_rows = kdepth.summary(cat, sweep)
+    refs = {(t["impl_a"], t["scale_mode"], t["k"]): t["max_spacing"]
+            for t in kdepth.pair_totals([r for r in kd_rows if r["comparison"] == "reference"],
+                                        keys=("impl_a", "scale_mode", "k"))}
+    rp_rows = [r for r in replay.by_type(cat, sweep) if r["comparison"] == "pair"]
+    arms = {r["arm"]: r for r in cat.named("certificate_arms", sweep=sweep)}
+    cross = [c for c in cat.named("cross_arm", sweep=sweep) if c["same_scales"] and c["kernel_a"] and c["kernel_b"]
+             and c["kernel_a"] != c["kernel_b"]]
+    self_rows = {r["arm"]: r for r in cat.named("self_reproducibility", sweep=sweep)}
+    tf_pairs = {(r["ref_arm"], r["arm"]) for r in cat.named("teacher_forced_pairs", sweep=sweep)}
+    checks_rows = check_verdicts(cat, sweep)
+    prov, versions = _provenance(cat, sweep)
+
+    dtype: dict[str, str] = {}
+    order: dict[tuple[str, str], tuple[str, str]] = {}
+    for r in kd_rows:
+        dtype.setdefault(r["impl_a"], r["dtype"])
+        if r["comparison"] == "pair":
+            dtype.setdefault(r["impl_b"], r["dtype"])
+            order.setdefault(_unordered(r["impl_a"], r["impl_b"]), (r["impl_a"], r["impl_b"]))
+    for r in rp_rows:
+        order.setdefault(_unordered(r["impl_a"], r["impl_b"]), (r["impl_a"], r["impl_b"]))
+    for c in cross:
+        order.setdefault(_unordered(c["kernel_a"], c["kernel_b"]), (c["kernel_a"], c["kernel_b"]))
+    kernels = set(dtype) | {k for p in order for k in p} | {a["kernel"] for a in arms.values() if a["kernel"]} \
+        | {r["kernel"] for r in checks_rows}
+    pairs = [p for p in combinations(sorted(kernels), 2)
+             if p[0] not in dtype or p[1] not in dtype or dtype[p[0]] == dtype[p[1]]]
+
+    certs = []
+    for key in pairs:
+        a, b = order.get(key, key)
+        kd = [r for r in kd_rows if r["comparison"] == "pair" and _unordered(r["impl_a"], r["impl_b"]) == key]
+        rp = [r for r in rp_rows if _unordered(r["impl_a"], r["impl_b"]) == key]
+        xs = [c for c in cross if _unordered(c["kernel_a"], c["kernel_b"]) == key]
+        modes = sorted({r["scale_mode"] for r in kd} | {r["scale_mode"] for r in rp} | {c["scales_a"] or "" for c in xs})
+        checks = {k: {c: worst_verdict([r["verdict"] for r in checks_rows if r["kernel"] == k and r["check"] == c])
+                      if any(r["kernel"] == k and r["check"] == c for r in checks_rows) else NOT_RUN
+                      for c in ("exact_match", "bounds")} for k in (a, b)}
+        sections: list[dict[str, Any]] = []
+        for m in modes:
+            sec: dict[str, Any] = {"scale_mode": m,
+                   "kdepth": kdepth_section([r for r in kd if r["scale_mode"] == m],
+                                            {(i, k): v for (i, sm, k), v in refs.items() if sm == m}, a, b),
+                   "replay": replay_section([r for r in rp if r["scale_mode"] == m]),
+                   "end_to_end": end_to_end_section(cat, sweep, [c for c in xs if (c["scales_a"] or "") == m],
+                                                    self_rows, tf_pairs, arms)}
+            sections.append({**sec, "verdict": section_verdict(sec, checks)})
+        kd_run = [s["kdepth"] for s in sections if s["kdepth"]["status"] == "run"]
+        beyond = [x["max_spacing_beyond_reference_error"] for x in kd_run]
+        cert: dict[str, Any] = {
+            "sweep": sweep, "kernel_a": a, "kernel_b": b, "dtype": dtype.get(a) or dtype.get(b),
+            "verdict": _overall(sections), "answer": "",
+            "max_spacing": max((x["max_spacing"] for x in kd_run), default=None),
+            "max_spacing_beyond_reference_error": None if not beyond or None in beyond else max(beyond),
+            "scale_modes": sections,
+            "checks_a": checks[a], "checks_b": checks[b],
+            "provenance": {**prov, "kernel_versions_a": versions.get(a, []), "kernel_versions_b": versions.get(b, []),
+                           "weights_sha256": sorted({w for c in xs for arm in (c["arm_a"], c["arm_b"])
+                                                     for w in (arms.get(arm) or {}).get("weights_sha256") or []})},
+        }
+        cert["answer"] = answer(cert)
+        certs.append(cert)
+    return certs
+
+
+def certificates(cat: Catalog, sweep: str | None) -> list[dict[str, Any]]:
+    """Every certificate of a sweep (of each sweep, separately, when ``sweep`` is None): JSON-able."""
+    sweeps = [sweep] if sweep else sorted(set(cat.sweeps()) | {r["sweep"] for r in cat.named("certificate_sweeps", sweep=None)})
+    return [c for sw in sweeps for c in _sweep_certificates(cat, sw)]
+
+
+def summary_rows(certs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per certificate: pair, scales, verdict (overall and per scale mode), answer, max spacings."""
+    return [{"sweep": c["sweep"], "pair": f"{c['kernel_a']} vs {c['kernel_b']}", "kernel_a": c["kernel_a"],
+             "kernel_b": c["kernel_b"], "scales": ", ".join(s["scale_mode"] for s in c["scale_modes"]),
+             "verdict": c["verdict"],
+             "verdicts_by_scale": "; ".join(f"{s['scale_mode']}: {s['verdict']}" for s in c["scale_modes"]),
+             "answer": c["answer"], "max_spacing": c["max_spacing"],
+             "max_spacing_beyond_reference_error": c["max_spacing_beyond_reference_error"]} for c in certs]
+
+
+def matrix_rows(certs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (certificate, scale mode): numbers beside the verdict and the certificate's answer (``report conformance``)."""
+    out = []
+    for c in certs:
+        for s in c["scale_modes"] or [{"scale_mode": None, "verdict": NOT_RUN, "kdepth": {"status": NOT_RUN},
+                                       "replay": {"status": NOT_RUN}, "end_to_end": {"status": NOT_RUN}}]:
+            kd, rp, e2e = s["kdepth"], s["replay"], s["end_to_end"]
+            t = kd.get("trend") or {}
+            pairs = e2e.get("arm_pairs", [])
+            out.append({"sweep": c["sweep"], "kernel_a": c["kernel_a"], "kernel_b": c["kernel_b"],
+                        "scale_mode": s["scale_mode"], "verdict": s["verdict"], "answer": c["answer"],
+                        "kdepth_elements": kd.get("elements"), "kdepth_differing": kd.get("differing"),
+                        "kdepth_ppm": kd.get("ppm"), "kdepth_ppm_ci_low": kd.get("ppm_ci_low"),
+                        "kdepth_ppm_ci_high": kd.get("ppm_ci_high"), "kdepth_max_spacing": kd.get("max_spacing"),
+                        "kdepth_max_spacing_beyond_reference_error": kd.get("max_spacing_beyond_reference_error"),
+                        "k_trend_slope": t.get("slope"), "k_trend_slope_ci_low": t.get("slope_ci_low"),
+                        "k_trend_slope_ci_high": t.get("slope_ci_high"),
+                        "replay_identical_layers": rp.get("identical_layers"), "replay_layers": rp.get("layers"),
+                        "replay_max_spacing": rp.get("max_spacing"),
+                        "e2e_arm_pairs": len(pairs),
+                        "e2e_identical": sum(p["identical"] for p in pairs) if pairs else None,
+                        "e2e_total": sum(p["total"] for p in pairs) if pairs else None})
+    return out
+
+
+# -- the views people read ------------------------------------------------------------------------
+
+def _num(v: float | None, spec: str = ".3g") -> str:
+    return NOT_RUN if v is None else format(v, spec)
+
+
+def _interval(lo: float | None, hi: float | None, spec: str = ".3g") -> str:
+    return "" if lo is None and hi is None else f"[{'-inf' if lo is None else format(lo, spec)}, " \
+        f"{'inf' if hi is None else format(hi, spec)}]"
+
+
+def evidence_rows(cert: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per scale mode of a certificate, every cell a number with its name ("not run" where it did not)."""
+    rows = []
+    for s in cert["scale_modes"]:
+        kd, rp, e2e = s["kdepth"], s["replay"], s["end_to_end"]
+        row = {"scales": s["scale_mode"], "verdict": s["verdict"]}
+        if kd["status"] == "run":
+            t = kd["trend"]
+            row.update({
+                "K-depth ppm [95% exact]": f"{kd['ppm']:.3g} {_interval(kd['ppm_ci_low'], kd['ppm_ci_high'])}",
+                "ppm per K": " ".join(f"{r['k']}:{r['ppm']:.3g}" for r in kd["per_k"]),
+                "K-trend slope [95%]": trend_phrase(t) if t["kind"] in ("identical", "single_k") else
+                f"{_num(t['slope'], '.2f')} {_interval(t['slope_ci_low'], t['slope_ci_high'], '.2f')} ({trend_phrase(t)})",
+                "max spacing": kd["max_spacing"],
+                "max spacing beyond reference error": _num(kd["max_spacing_beyond_reference_error"], "d"),
+            })
+        else:
+            row.update({"K-depth ppm [95% exact]": NOT_RUN, "ppm per K": NOT_RUN, "K-trend slope [95%]": NOT_RUN,
+                        "max spacing": NOT_RUN, "max spacing beyond reference error": NOT_RUN})
+        row["replay layers identical"] = (f"{rp['identical_layers']}/{rp['layers']} (max {rp['max_spacing']} sp)"
+                                          if rp["status"] == "run" else NOT_RUN)
+        pairs = e2e.get("arm_pairs", [])
+        row["sequences identical"] = "; ".join(
+            f"{p['arm_a']}~{p['arm_b']} {p['identical']}/{p['total']}" for p in pairs) or NOT_RUN
+        row["self-reproducible"] = "; ".join(
+            f"{arm} {sr['identical']}/{sr['total']}" for p in pairs
+            for arm, sr in ((p["arm_a"], p["self_reproducibility_a"]), (p["arm_b"], p["self_reproducibility_b"]))
+            if sr is not None and sr["identical"] is not None) or NOT_RUN
+        row["flips [95% exact]"] = "; ".join(
+            f"{f['ref_arm']}->{f['arm']} {f['flips']}/{f['positions']} = {_num(f['flip_rate'])} "
+            f"{_interval(f['flip_rate_ci_low'], f['flip_rate_ci_high'])}" for p in pairs for f in p["flips"]) or NOT_RUN
+        rows.append(row)
+    return rows
+
+
+def detail_lines(cert: dict[str, Any]) -> list[str]:
+    """The checks and provenance of a certificate, one line each."""
+    prov = cert["provenance"]
+    lines = [f"checks of {k}: " + ", ".join(f"{c} {v}" for c, v in cert[key].items())
+             for k, key in ((cert["kernel_a"], "checks_a"), (cert["kernel_b"], "checks_b"))]
+    lines.append(f"kernel versions: {cert['kernel_a']} {', '.join(prov['kernel_versions_a']) or '?'}; "
+                 f"{cert['kernel_b']} {', '.join(prov['kernel_versions_b']) or '?'}")
+    lines.append(f"spec sha256: {', '.join(prov['spec_sha256']) or '?'}")
+    for la in prov["launches"]:
+        versions = ", ".join(f"{k} {v}" for k, v in la["versions"].items() if v)
+        lines.append(f"launch {la['launch_id']} ({la['status']}): {la['host']}, {la['cpu']}, {la['platform']}, "
+                     f"cuda {la['torch_cuda'] or 'none'}; {versions}")
+    if prov["weights_sha256"]:
+        lines.append(f"weights sha256: {', '.join(prov['weights_sha256'])}")
+    return lines
+
+
+def select_pair(certs: list[dict[str, Any]], a: str, b: str) -> list[dict[str, Any]]:
+    """The certificates of the pair {a, b} (either order)."""
+    return [c for c in certs if {c["kernel_a"], c["kernel_b"]} == {a, b}]
