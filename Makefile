@@ -19,11 +19,12 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP)
 
-# The main job: every experiment on the embedded default (sweeps/demo.toml), then the one-page
-# conformance summary, the pre-registered predictions and an HTML report with the figures.
+# The main job: every experiment on the embedded default (sweeps/demo.toml), then the conformance
+# matrix, the certificate of the headline pair, the pre-registered predictions and an HTML report.
 demo: $(STAMP)
 	$(BIN)/swapcheck sweep launch sweeps/demo.toml --results $(RESULTS)
 	$(BIN)/swapcheck report conformance --results $(RESULTS) --sweep demo
+	$(BIN)/swapcheck report certificate --results $(RESULTS) --sweep demo --pair int8-cutlass-order,int8-triton-order
 	$(BIN)/swapcheck report predictions --results $(RESULTS) --sweep demo
 	$(BIN)/swapcheck report all --results $(RESULTS) --sweep demo --format html --out $(RESULTS)/demo-report.html
 

@@ -35,3 +35,34 @@ def check_rows(cat: Catalog, sweep: str | None) -> list[dict[str, Any]]:
 def conformance(cat: Catalog, sweep: str | None) -> list[dict[str, Any]]:
     """One row per (sweep, kernel pair, scale mode): the certificates' matrix (``matrix_rows``)."""
     return matrix_rows(certificates(cat, sweep))
+
+
+def table_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The matrix for a terminal: one short line per (pair, scale mode); JSON and CSV keep every number."""
+    def count(k: Any, n: Any, what: str) -> str:
+        return "not run" if n is None else f"{k}/{n} {what}"
+
+    out = []
+    for r in rows:
+        ran = r["kdepth_elements"] is not None
+        slope = r["k_trend_slope"]
+        trend = ("not run" if not ran else "identical at every K" if r["kdepth_differing"] == 0
+                 else "one K only" if slope is None and r["k_trend_slope_ci_low"] is None
+                 else f"K^{slope:.2g} [{r['k_trend_slope_ci_low']:.2g}, {r['k_trend_slope_ci_high']:.2g}]"
+                 if slope is not None and r["k_trend_slope_ci_low"] is not None and r["k_trend_slope_ci_high"] is not None
+                 else f"K^{slope:.2g}" if slope is not None else "grows (slope unbounded above)")
+        lo, hi = r["k_trend_slope_ci_low"], r["k_trend_slope_ci_high"]
+        if ran and lo is not None and hi is not None and lo <= 0 <= hi:
+            trend += ": no trend"
+        out.append({
+            "pair": f"{r['kernel_a']} vs {r['kernel_b']}", "scales": r["scale_mode"] or "", "verdict": r["verdict"],
+            "K-depth ppm": f"{r['kdepth_ppm']:.3g}" if ran else "not run",
+            "max sp": r["kdepth_max_spacing"] if ran else "not run",
+            "K-trend (slope, 95%)": trend,
+            "replay": count(r["replay_identical_layers"], r["replay_layers"], "layers identical"),
+            "end to end": count(r["e2e_identical"], r["e2e_total"], "sequences identical"),
+        })
+    if len({r["sweep"] for r in rows}) > 1:
+        for line, r in zip(out, rows, strict=True):
+            line["sweep"] = r["sweep"]
+    return out

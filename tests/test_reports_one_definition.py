@@ -148,3 +148,11 @@ def test_prediction_fragments_stay_inside_one_select(results: Path) -> None:
             predictions.evaluate(cat, "s1", _prediction(table="read_csv('/etc/passwd')", every="true"))
         # nothing was changed: every view is still there
         assert cat.named("unit_status", sweep=None) == []
+
+
+def test_conformance_terminal_view_is_one_short_line_per_pair_and_scale(results: Path) -> None:
+    res = runner.invoke(app, ["report", "conformance", "--results", str(results), "--sweep", "s1"], env={"COLUMNS": "240"})
+    assert res.exit_code == 0, res.output
+    assert "a-kernel vs b-kernel" in res.output and "identical at every K" in res.output
+    assert "not run" in res.output  # replay and end to end did not run here: said, never blank
+    assert "kdepth_ppm_ci_low" not in res.output  # the raw numeric keys stay in --format json

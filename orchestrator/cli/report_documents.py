@@ -112,10 +112,15 @@ def conformance(
     Example: swapcheck report conformance --results results --sweep demo
     """
     with user_errors(), catalog(results) as cat:
-        from reports.conformance import check_rows
+        from reports.conformance import check_rows, table_rows
         from reports.conformance import conformance as summary
 
-        emit_rows(summary(cat, sweep), fmt, title="conformance summary per kernel pair")
+        rows = summary(cat, sweep)
+        if fmt in (TableFormat.json, TableFormat.csv):
+            emit_rows(rows, fmt)
+        else:
+            emit_rows(table_rows(rows), fmt, title="conformance summary per kernel pair "
+                      "(every number: --format json; the full evidence: swapcheck report certificate)")
         checks = check_rows(cat, sweep)
         if checks and fmt not in (TableFormat.json, TableFormat.csv):
             emit_rows(checks, fmt, title="kernel checks (worst verdict over trials and shapes)")
