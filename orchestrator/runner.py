@@ -169,11 +169,12 @@ def launch(
     Everything that can refuse (the spec, its predictions, GPUs, units no node can hold, another
     launcher holding the sweep's lock) refuses before the first write. ``repair`` first moves the
     units that ``swapcheck sweep verify`` finds damaged aside, so exactly those are recomputed.
-    ``on_event(kind, info)`` receives ``start`` (total, pending), ``unit`` (one finished unit's
+    ``on_event(kind, info)`` receives ``cluster`` (``Connection.info()``: which Ray, what it has;
+    before anything is submitted), ``start`` (total, pending), ``unit`` (one finished unit's
     summary) and ``end`` events, for progress display.
     """
     from orchestrator import prereg
-    from orchestrator.cluster import Connection, connect
+    from orchestrator.cluster import Connection, connect, resolve_address
     from storage.lock import LaunchLock
 
     emit = on_event or (lambda kind, info: None)
@@ -184,7 +185,7 @@ def launch(
     prereg_rows = prereg.plan_registration(store, plan.sweep, spec.prereg_paths)
     done = store.done_units(plan.sweep)
     pending = [u for u in plan.units if u.id not in done]
-    if address is None and any(u.resources.num_gpus > 0 for u in pending):
+    if resolve_address(address)[0] is None and any(u.resources.num_gpus > 0 for u in pending):
         import torch
 
         if not torch.cuda.is_available():
@@ -193,6 +194,7 @@ def launch(
     conn = None
     if pending or repair:
         conn = connect(address, num_cpus, timeout_s=connect_timeout_s)
+        emit("cluster", conn.info())
         stop_on_sigterm()
         check_gpu_resources(pending, conn)
         check_placeable(pending, _node_resources(), conn)
@@ -221,6 +223,7 @@ def launch(
         if pending:
             if conn is None:
                 conn = connect(address, num_cpus, timeout_s=connect_timeout_s)
+                emit("cluster", conn.info())
                 stop_on_sigterm()
             _run_launch(spec, plan, store, pending, str(results), summary, emit, conn)
         summary.seconds = time.perf_counter() - t0

@@ -19,7 +19,9 @@ Two mechanisms, one contract (:class:`LaunchLock`: ``acquire()`` or :class:`Lock
   launchers cannot both see themselves first. A live holder renews its lease every ``ttl_s / 3``
   seconds in a separate heartbeat object ``<token>.beat`` (the claim itself is never rewritten, so
   its place in the order stays); a holder that died stops renewing and its lease expires after
-  ``ttl_s`` (default 120 s), after which a launcher takes over. This relies on the store's read-after-write and list-after-write consistency (S3 and
+  ``ttl_s`` (default 120 s), after which a launcher takes over. A claim whose holder ran on this
+  machine (same host, boot and PID namespace) and whose process is gone (a SIGKILLed launcher) is
+  void at once, so relaunching on the same machine after a kill is not held up by the lease. This relies on the store's read-after-write and list-after-write consistency (S3 and
   GCS give both) and on the launchers' clocks agreeing to well within ``ttl_s``.
 """
 
@@ -57,9 +59,35 @@ class LockHeld(StorageError):
             "to finish (or stop it), then relaunch to resume. Nothing was written.")
 
 
+def _process_scope() -> str | None:
+    """This machine's boot and PID namespace (Linux): two processes with equal scopes see the same
+    PIDs, so one can tell whether the other is alive. None where it cannot be known."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            boot = fh.read().strip()
+        return f"{boot}:{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:
+        return None
+
+
 def _me(token: str) -> dict[str, Any]:
     return {"host": socket.gethostname(), "pid": os.getpid(), "since": datetime.now(UTC).isoformat(timespec="seconds"),
-            "token": token}
+            "token": token, "scope": _process_scope()}
+
+
+def _provably_dead(claim: dict[str, Any]) -> bool:
+    """The claim's holder ran on this machine, in this boot and PID namespace, and its process is gone
+    (a SIGKILLed launcher): its lease is void now, not after ``ttl_s``. Anything unsure is alive."""
+    scope, pid = claim.get("scope"), claim.get("pid")
+    if scope is None or scope != _process_scope() or claim.get("host") != socket.gethostname() or not isinstance(pid, int):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False  # exists, owned by someone else
+    return False
 
 
 class LaunchLock:
@@ -175,7 +203,8 @@ class LaunchLock:
         self._write_claim(mine)
         time.sleep(self.settle_s)
         now = time.time()
-        live = [(p, c) for _, p, c in self._claims() if c.get("expires_at", 0) > now or p == mine]
+        live = [(p, c) for _, p, c in self._claims()
+                if p == mine or (c.get("expires_at", 0) > now and not _provably_dead(c))]
         holder_path, holder = live[0] if live else (mine, {})
         if holder_path != mine:
             try:

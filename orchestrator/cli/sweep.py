@@ -80,7 +80,8 @@ def plan(
 def launch(
     spec: Path = SPEC_ARG,
     results: ResultsOpt = DEFAULT_RESULTS,
-    address: str = typer.Option(None, "--address", help="Join this Ray cluster instead of starting a local one (e.g. ray://head:10001, auto)."),
+    address: str = typer.Option(None, "--address", help="Join this Ray cluster (ray://head:10001, head:6379 or auto) instead of starting a local one; "
+                                 "default: $RAY_ADDRESS when set (as under `ray job submit`), else an embedded instance."),
     num_cpus: int = typer.Option(None, "--num-cpus", min=1, help="CPUs of the embedded Ray instance (default: all)."),
     progress: bool = typer.Option(True, "--progress/--no-progress",
                                   help="Show progress (a bar on a terminal, else a line every tenth of the units or 10 s)."),
@@ -90,8 +91,9 @@ def launch(
 ) -> None:
     """Run a sweep: one Ray task per unit, each writing its own Parquet file; finished units are skipped.
 
-    Starts an embedded Ray instance on 127.0.0.1 unless --address is given. One launcher per sweep:
-    a second one exits 2 naming the first. Relaunching the same spec after an interruption (Ctrl-C,
+    Starts an embedded Ray instance on 127.0.0.1 unless --address (or RAY_ADDRESS) names a cluster to
+    join; a joined cluster's address, alive nodes, CPUs and GPUs are printed before anything runs.
+    One launcher per sweep: a second one exits 2 naming the first. Relaunching the same spec after an interruption (Ctrl-C,
     SIGTERM, a killed driver) finishes the sweep without recomputing committed units. Exit code 0
     when every unit succeeded, 1 when some unit failed (its error is in the `units` table), 2 for bad
     input or an infrastructure failure, 3 when the results store failed mid-sweep, 130/143 when
@@ -145,7 +147,10 @@ class UnitProgress:
                 f"{rate:.2f} units/s, ETA {eta}")
 
     def __call__(self, kind: str, info: dict[str, Any]) -> None:
-        if kind == "start":
+        if kind == "cluster":
+            if not info["embedded"]:
+                note(str(info["line"]))
+        elif kind == "start":
             note(f"{self.label}: {plural(info['total'], 'unit')}, {info['skipped']} already done, {info['pending']} to run")
             self.total, self.started = info["pending"], self.clock()
             self.last, self.every = self.started, max(1, self.total // 10)

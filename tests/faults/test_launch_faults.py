@@ -122,8 +122,10 @@ def test_seeded_driver_sigkills_lose_nothing_and_match_an_uninterrupted_run(tmp_
     store = ResultStore(killed)
     schedule = sorted(random.Random(20261130).sample(range(2, total - 8), 3))
     for at in schedule:
+        before = len(store.done_units("killed"))
         proc = _launch(spec, killed)
-        _wait_done(store, "killed", at, proc)
+        # At least one unit committed by THIS launch: it is running (its launch row exists) when killed.
+        _wait_done(store, "killed", max(at, before + 1), proc)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
     time.sleep(2)  # orphaned workers of the last driver finish or die
