@@ -25,7 +25,7 @@ def nightly(
     baseline: Path = typer.Option(..., "--baseline", help="Baseline metrics (JSON) to compare with."),
     results: ResultsOpt = DEFAULT_RESULTS,
     update_baseline: bool = typer.Option(False, "--update-baseline", help="Accept today's metrics as the new baseline."),
-    address: str = typer.Option(None, "--address", help="Ray cluster to run on (default: an embedded local instance)."),
+    address: str = typer.Option(None, "--address", help="Ray cluster to run on (default: RAY_ADDRESS if set, else an embedded local instance)."),
     num_cpus: int = typer.Option(None, "--num-cpus", min=1, help="CPUs of the embedded Ray instance."),
     user_kernels: UserKernelsOpt = False,
 ) -> None:

@@ -122,10 +122,15 @@ def test_seeded_driver_sigkills_lose_nothing_and_match_an_uninterrupted_run(tmp_
     store = ResultStore(killed)
     schedule = sorted(random.Random(20261130).sample(range(2, total - 8), 3))
     for at in schedule:
-        before = len(store.done_units("killed"))
+        launches_before = len(_launches(killed, "killed")) if killed.exists() else 0
         proc = _launch(spec, killed)
-        # At least one unit committed by THIS launch: it is running (its launch row exists) when killed.
-        _wait_done(store, "killed", max(at, before + 1), proc)
+        # Kill only a launch that is running: its launch row exists (orphaned workers of the previous,
+        # killed driver may still commit units, so the unit count alone does not say this launch started).
+        deadline = time.time() + 240
+        while not killed.exists() or len(_launches(killed, "killed")) <= launches_before:
+            assert proc.poll() is None and time.time() < deadline, "the launch never started"
+            time.sleep(0.1)
+        _wait_done(store, "killed", at, proc)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
     time.sleep(2)  # orphaned workers of the last driver finish or die
