@@ -146,7 +146,13 @@ class LaunchLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            # The holder writes its record just after taking the lock: give it a moment to appear.
             holder = self._read_local(fd)
+            for _ in range(40):
+                if holder.get("pid"):
+                    break
+                time.sleep(0.05)
+                holder = self._read_local(fd)
             os.close(fd)
             raise LockHeld(self.sweep, self.where, holder) from None
         os.ftruncate(fd, 0)
