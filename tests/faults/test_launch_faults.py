@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
@@ -156,8 +155,18 @@ def test_storage_failing_mid_sweep_stops_the_sweep_it_is_not_a_unit_failure(tmp_
     _wait_done(store, "storage", 4, proc)
     # Every unit writes an attempt marker first: make that directory a file (root ignores chmod).
     attempts = results / "_state" / "attempts" / "sweep=storage"
-    shutil.rmtree(attempts)
-    attempts.write_text("not a directory")
+    # Workers keep adding markers meanwhile: move the directory aside (atomic) and put a file in its
+    # place; if a worker re-created the directory first, move that one aside too.
+    for i in range(100):
+        try:
+            if attempts.is_dir():
+                attempts.rename(attempts.with_name(f"moved-{i}"))
+            with open(attempts, "x") as fh:
+                fh.write("not a directory")
+            break
+        except (FileExistsError, IsADirectoryError, FileNotFoundError):
+            continue
+    assert attempts.is_file()
     _, stderr = proc.communicate(timeout=180)
     assert proc.returncode == 3, stderr[-3000:]
     assert "units are committed" in stderr and "Traceback" not in stderr
