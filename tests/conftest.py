@@ -52,6 +52,28 @@ seeds = {seeds}
 """
 
 
+KILL_SPEC = """
+question = "{question}"
+name = "{name}"
+
+[experiments.int8]
+kind = "kdepth"
+dtype = "int8"
+implementations = ["int8-cutlass-order", "int8-triton-order", "int8-torch-channelwise"]
+scale_modes = ["real", "pow2"]
+m = 64
+n = {n}
+k = {{ start = 64, stop = 8192, factor = 2 }}
+seeds = {seeds}
+"""
+
+
+def kill_spec_text(name: str, seeds: int, n: int = 64,
+                   question: str = "Does a sweep survive faults around its launch?") -> str:
+    """A sweep long enough (8 K values x 2 scale modes x seeds units) to be killed while it runs."""
+    return textwrap.dedent(KILL_SPEC.format(name=name, n=n, seeds=seeds, question=question))
+
+
 def tiny_spec_text(name: str = "tiny", impls: str = '["int8-cutlass-order", "int8-triton-order"]', seeds: int = 2) -> str:
     return textwrap.dedent(TINY_SPEC.format(name=name, impls=impls, seeds=seeds))
 

@@ -170,11 +170,11 @@ def test_json_and_markdown_documents(results: Path) -> None:
 
 
 def test_report_all_json_and_refused_formats(results: Path) -> None:
-    from orchestrator.cli.common import Format
+    from orchestrator.cli.common import DocFormat
     from orchestrator.cli.report_documents import all_
 
     out = results.parent / "all.json"
-    all_(results=str(results), sweep=SWEEP, fmt=Format.json, out_file=out)
+    all_(results=str(results), sweep=SWEEP, fmt=DocFormat.json, out_file=out)
     assert json.loads(out.read_text())["figures"]
     res = runner.invoke(app, ["report", "all", "--results", str(results), "--format", "csv"])
     assert res.exit_code == 2

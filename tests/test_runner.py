@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from orchestrator.cli.main import app
 from storage.catalog import read_only_query
 from storage.store import ResultStore
-from tests.conftest import REPO, tiny_spec_text
+from tests.conftest import REPO, kill_spec_text, tiny_spec_text
 
 runner = CliRunner()
 TIMING = {"seconds_a", "seconds_b"}
@@ -101,20 +101,6 @@ def test_worker_crash_is_retried_by_ray(ray_local, tmp_path: Path) -> None:
     assert max(u["attempts"] for u in units) == 2
 
 
-KILL_SPEC = """
-question = "Does a sweep survive its driver being killed?"
-name = "killme"
-
-[experiments.int8]
-kind = "kdepth"
-dtype = "int8"
-implementations = ["int8-cutlass-order", "int8-triton-order", "int8-torch-channelwise"]
-scale_modes = ["real", "pow2"]
-m = 64
-n = 64
-k = {{ start = 64, stop = 8192, factor = 2 }}
-seeds = {seeds}
-"""
 
 
 def _cli(*args: str) -> list[str]:
@@ -124,7 +110,7 @@ def _cli(*args: str) -> list[str]:
 @pytest.mark.slow
 def test_sigkill_of_the_driver_then_relaunch(tmp_path: Path) -> None:
     spec = tmp_path / "kill.toml"
-    spec.write_text(KILL_SPEC.format(seeds=4))
+    spec.write_text(kill_spec_text("killme", seeds=4, question="Does a sweep survive its driver being killed?"))
     total = 8 * 4 * 2
     killed, clean = tmp_path / "killed", tmp_path / "clean"
     env = {**os.environ, "PYTHONPATH": str(REPO)}

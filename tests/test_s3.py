@@ -30,7 +30,7 @@ from typer.testing import CliRunner
 
 from orchestrator.cli.main import app
 from storage.store import ResultStore, open_store
-from tests.conftest import REPO, tiny_spec_text
+from tests.conftest import REPO, kill_spec_text, tiny_spec_text
 
 moto_server = pytest.importorskip("moto.server")
 
@@ -259,20 +259,6 @@ def test_a_writer_killed_mid_upload_leaves_no_visible_partial_file(s3: S3) -> No
     s3.client.abort_multipart_upload(Bucket=BUCKET, Key=key, UploadId=uploads[0]["UploadId"])
 
 
-KILL_SPEC = """
-question = "Does a sweep on S3 survive its driver being killed?"
-name = "s3kill"
-
-[experiments.int8]
-kind = "kdepth"
-dtype = "int8"
-implementations = ["int8-cutlass-order", "int8-triton-order", "int8-torch-channelwise"]
-scale_modes = ["real", "pow2"]
-m = 64
-n = 64
-k = { start = 64, stop = 8192, factor = 2 }
-seeds = 2
-"""
 
 
 def _cli(*args: str) -> list[str]:
@@ -282,7 +268,7 @@ def _cli(*args: str) -> list[str]:
 @pytest.mark.slow
 def test_sigkill_of_the_driver_then_resume_on_s3_equals_a_local_run(s3: S3, tmp_path: Path) -> None:
     spec = tmp_path / "kill.toml"
-    spec.write_text(KILL_SPEC)
+    spec.write_text(kill_spec_text("s3kill", seeds=2, question="Does a sweep on S3 survive its driver being killed?"))
     total = 8 * 2 * 2
     uri = s3.uri("kill")
     env = {**os.environ, "PYTHONPATH": str(REPO)}

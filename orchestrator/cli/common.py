@@ -59,16 +59,6 @@ def plural(n: int, word: str, many: str | None = None) -> str:
     return f"{n} {word if n == 1 else (many or word + 's')}"
 
 
-class Format(str, Enum):
-    """Every output format some command writes (``report all`` adds html; see the two below)."""
-
-    table = "table"
-    json = "json"
-    csv = "csv"
-    markdown = "markdown"
-    html = "html"
-
-
 class TableFormat(str, Enum):
     """``--format`` of a command that prints rows: what :func:`emit_rows` writes."""
 
@@ -137,16 +127,16 @@ def _fmt_cell(v: Any) -> str:
     return str(v)
 
 
-def emit_rows(rows: list[dict[str, Any]], fmt: TableFormat | Format | str, title: str | None = None,
+def emit_rows(rows: list[dict[str, Any]], fmt: TableFormat | str, title: str | None = None,
               cell: Callable[[str, Any], str] | None = None) -> None:
     """Print rows as a rich table, JSON array, CSV or Markdown table (``fmt`` by value)."""
     cell = cell or (lambda _k, v: _fmt_cell(v))
-    fmt = Format(getattr(fmt, "value", fmt))
-    if fmt is Format.json:
+    fmt = TableFormat(getattr(fmt, "value", fmt))
+    if fmt is TableFormat.json:
         sys.stdout.write(json.dumps(rows, default=_json_default, indent=1) + "\n")
         return
     cols = list(rows[0].keys()) if rows else []
-    if fmt is Format.csv:
+    if fmt is TableFormat.csv:
         buf = io.StringIO()
         w = csv.DictWriter(buf, fieldnames=cols)
         w.writeheader()
@@ -154,7 +144,7 @@ def emit_rows(rows: list[dict[str, Any]], fmt: TableFormat | Format | str, title
             w.writerow({k: _json_default(v) if hasattr(v, "isoformat") else v for k, v in r.items()})
         sys.stdout.write(buf.getvalue())
         return
-    if fmt is Format.markdown:
+    if fmt is TableFormat.markdown:
         if title:
             sys.stdout.write(f"### {title}\n\n")
         sys.stdout.write("| " + " | ".join(cols) + " |\n|" + "|".join("---" for _ in cols) + "|\n")

@@ -7,15 +7,11 @@ calls a ``reports`` function and renders what it returns. The commands live here
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import typer
 
 from orchestrator.cli import report_agreement, report_certificate, report_documents, report_flips
 from orchestrator.cli.common import (
     DEFAULT_RESULTS,
-    DocFormat,
-    Format,
     FormatOpt,
     ResultsOpt,
     SweepOpt,
@@ -109,28 +105,10 @@ def replay(
             emit_rows(with_sweep(per_layer, rp.layer_table(per_layer)), fmt, title="replay by layer")
 
 
-def all_(
-    results: ResultsOpt = DEFAULT_RESULTS,
-    sweep: SweepOpt = None,
-    fmt: DocFormat = typer.Option(DocFormat.markdown, "--format", help="markdown, html or json."),
-    out_file: Path = typer.Option(None, "--output", "-o", "--out", dir_okay=False,
-                                  help="Write here instead of standard output (required for html)."),
-) -> None:
-    """Everything in one document: verdicts per kernel pair first, then figures and tables, provenance last.
-
-    HTML is one self-contained page (images embedded); Markdown carries the same tables for terminals
-    and PRs; JSON is one object (the certificate rows, every table, the figures' titles and captions,
-    the provenance). `--out` is an alias of `-o/--output`.
-
-    Example: swapcheck report all --results results --format html -o report.html
-    """
-    report_documents.all_(results=results, sweep=sweep, fmt=Format(fmt.value), out_file=out_file)
-
-
 # The remaining commands, in the order `swapcheck report --help` lists them.
 app.command("predictions")(report_documents.predictions)
 app.command("agreement")(report_agreement.agreement)
 app.command("flips")(report_flips.flips)
-app.command("all")(all_)
+app.command("all")(report_documents.all_)
 app.command("conformance")(report_documents.conformance)
 app.command("certificate")(report_certificate.certificate)

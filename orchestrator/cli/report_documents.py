@@ -8,7 +8,7 @@ import typer
 
 from orchestrator.cli.common import (
     DEFAULT_RESULTS,
-    Format,
+    DocFormat,
     FormatOpt,
     ResultsOpt,
     SweepOpt,
@@ -54,15 +54,12 @@ def predictions(
             raise typer.Exit(1)
 
 
-#: What ``report all`` writes (a document; csv and the terminal table are the single reports' job).
-DOCUMENT_FORMATS = (Format.html, Format.markdown, Format.json)
-
-
 def all_(
     results: ResultsOpt = DEFAULT_RESULTS,
     sweep: SweepOpt = None,
-    fmt: Format = typer.Option(Format.markdown, "--format", help="html, markdown or json."),
-    out_file: Path = typer.Option(None, "--out", help="Write here instead of standard output (required for html)."),
+    fmt: DocFormat = typer.Option(DocFormat.markdown, "--format", help="markdown, html or json."),
+    out_file: Path = typer.Option(None, "--output", "-o", "--out", dir_okay=False,
+                                  help="Write here instead of standard output (required for html)."),
 ) -> None:
     """Everything in one document: verdicts per kernel pair first, then figures and tables, provenance last.
 
@@ -70,27 +67,25 @@ def all_(
     question and caption; the date in the header and the provenance at the end). Markdown carries
     the same tables for terminals and PRs; JSON is one object: the certificate rows, every table,
     the list of figures (title and caption), the provenance and generated_at. Rates are in ppm.
+    `--out` is an alias of `-o/--output`.
 
-    Example: swapcheck report all --results results --format html --out report.html
+    Example: swapcheck report all --results results --format html -o report.html
     """
     from orchestrator.errors import UsageError
 
-    with user_errors():
-        if fmt not in DOCUMENT_FORMATS:
-            raise UsageError(f"--format {fmt.value}: `report all` writes html, markdown or json "
-                             "(for a table or csv, use the report of that table, e.g. `report certificate`)")
-        if fmt is Format.html and out_file is None:
-            raise UsageError("--format html needs --out FILE")
+    if fmt is DocFormat.html and out_file is None:
+        with user_errors():
+            raise UsageError("--format html needs --output FILE")
     with user_errors(), catalog(results, sweep) as cat:
         import json
 
         from orchestrator.cli.common import _json_default
         from reports.render import html_document, json_document, markdown_document
 
-        if fmt is Format.json:
+        if fmt is DocFormat.json:
             text = json.dumps(json_document(cat, sweep), default=_json_default, indent=1) + "\n"
         else:
-            text = html_document(cat, sweep) if fmt is Format.html else markdown_document(cat, sweep)
+            text = html_document(cat, sweep) if fmt is DocFormat.html else markdown_document(cat, sweep)
     if out_file is None:
         typer.echo(text, nl=False)
     else:

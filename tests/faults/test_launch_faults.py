@@ -19,22 +19,8 @@ from typer.testing import CliRunner
 from orchestrator.cli.main import app
 from storage.catalog import read_only_query
 from storage.store import ResultStore
-from tests.conftest import REPO, tiny_spec_text
+from tests.conftest import REPO, kill_spec_text, tiny_spec_text
 
-SPEC = """
-question = "Does a sweep survive faults around its launch?"
-name = "{name}"
-
-[experiments.int8]
-kind = "kdepth"
-dtype = "int8"
-implementations = ["int8-cutlass-order", "int8-triton-order", "int8-torch-channelwise"]
-scale_modes = ["real", "pow2"]
-m = 64
-n = {n}
-k = {{ start = 64, stop = 8192, factor = 2 }}
-seeds = {seeds}
-"""
 TIMING = {"seconds_a", "seconds_b"}
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 
@@ -45,7 +31,7 @@ def _cli(*args: str) -> list[str]:
 
 def _spec(tmp_path: Path, name: str = "faults", n: int = 64, seeds: int = 2, file: str = "spec.toml") -> Path:
     path = tmp_path / file
-    path.write_text(SPEC.format(name=name, n=n, seeds=seeds))
+    path.write_text(kill_spec_text(name, seeds=seeds, n=n))
     return path
 
 
