@@ -130,7 +130,11 @@ def test_seeded_driver_sigkills_lose_nothing_and_match_an_uninterrupted_run(tmp_
     assert dupes.num_rows == 0
     assert _rows(killed) == _rows(clean)
     statuses = sorted(str(r["status"]) for r in _launches(killed, "killed"))
-    assert statuses == ["finished", "lost", "lost", "lost"]
+    # The orphaned workers of the last killed driver may commit every remaining unit before the final
+    # launch starts; that launch then has nothing to run, connects to no cluster and records no launch.
+    final_skipped_all = f"{total} skipped (done before)" in err
+    expected = ([] if final_skipped_all else ["finished"]) + ["lost", "lost", "lost"]
+    assert statuses == expected, (statuses, err[-2000:])
 
 
 @pytest.mark.slow
