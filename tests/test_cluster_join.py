@@ -160,6 +160,15 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _agent_ports() -> list[str]:
+    """Free ports for the head's agents. Their defaults are fixed numbers (the dashboard agent's HTTP
+    port is 52365): a second Ray instance on the machine (an embedded one, another test's head) holds
+    them, and the agent then runs without its HTTP service, so `ray job submit` is refused for ever
+    ("No available agent to submit job")."""
+    return [f"--dashboard-agent-listen-port={_free_port()}", f"--dashboard-agent-grpc-port={_free_port()}",
+            f"--metrics-export-port={_free_port()}", f"--runtime-env-agent-port={_free_port()}"]
+
+
 @dataclass
 class Head:
     base: Path  # RAY_TMPDIR for drivers: Ray's temp dir is base/ray (where `auto` looks)
@@ -185,7 +194,7 @@ def head() -> Iterator[Head]:
     cmd = [RAY, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={gcs}",
            f"--ray-client-server-port={client}", "--num-cpus=2", "--include-dashboard=false",
            f"--dashboard-port={dash}",  # the minimal dashboard process still binds one: not 8265
-           f"--temp-dir={base / 'ray'}", "--disable-usage-stats"]
+           f"--temp-dir={base / 'ray'}", "--disable-usage-stats", *_agent_ports()]
     started = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
     try:
         assert started.returncode == 0, started.stdout[-3000:] + started.stderr[-3000:]
@@ -299,12 +308,21 @@ def test_ray_job_submit_runs_a_sweep(tmp_path: Path) -> None:  # pragma: no cove
     try:
         subprocess.run([RAY, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={gcs}", "--num-cpus=2",
                         "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", f"--temp-dir={base / 'ray'}",
-                        "--disable-usage-stats"], env=env, check=True, capture_output=True, timeout=180)
+                        "--disable-usage-stats", *_agent_ports()], env=env, check=True, capture_output=True, timeout=180)
         (tmp_path / "tiny.toml").write_text(tiny_spec_text())
-        out = subprocess.run([RAY, "job", "submit", "--address", f"http://127.0.0.1:{dash}", "--working-dir",
-                              str(tmp_path), "--", SWAPCHECK, "sweep", "launch", "tiny.toml", "--results",
-                              str(tmp_path / "results"), "--no-progress"],
-                             env=env, capture_output=True, text=True, timeout=600)
+        submit = [RAY, "job", "submit", "--address", f"http://127.0.0.1:{dash}", "--working-dir", str(tmp_path),
+                  "--", SWAPCHECK, "sweep", "launch", "tiny.toml", "--results", str(tmp_path / "results"),
+                  "--no-progress"]
+        # `ray start` returns before the head's dashboard agent has registered with the job server; a
+        # submission in between is refused ("No available agent to submit job") before any job exists,
+        # so it is safe to submit again until the agent is there.
+        deadline = time.monotonic() + 180
+        while True:
+            out = subprocess.run(submit, env=env, capture_output=True, text=True, timeout=600)
+            not_ready = out.returncode != 0 and "No available agent" in out.stdout + out.stderr
+            if not not_ready or time.monotonic() > deadline:
+                break
+            time.sleep(2)
         assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
         assert "(from RAY_ADDRESS)" in out.stdout and "12 ok, 0 failed" in out.stdout
     finally:
