@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.swapcheck-installed
 RESULTS ?= results
 PIP_QUIET := --quiet --disable-pip-version-check --no-input
 
-.PHONY: demo kdepth-demo test test-slow test-gpu lint install clean docs
+.PHONY: demo kdepth-demo test test-slow test-gpu lint install clean docs bench bench-quick
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -43,6 +43,14 @@ test-slow: $(STAMP)
 
 test-gpu: $(STAMP)
 	$(BIN)/python -m pytest -q -m gpu
+
+# Every stage benchmark against its named baseline, measured in the same run (docs/performance.md);
+# writes benchmarks/results.json. Run it on a quiet machine: the figures are ratios, not seconds.
+bench: $(STAMP)
+	$(BIN)/python benchmarks/run_all.py
+
+bench-quick: $(STAMP)
+	$(BIN)/python benchmarks/run_all.py --quick --out benchmarks/results-quick.json
 
 # ruff, mypy --strict (pyproject.toml) and the import contracts of docs/architecture.md.
 lint: $(STAMP)

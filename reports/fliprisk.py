@@ -24,7 +24,9 @@ JSON-able values:
   precision). The bootstrap resamples whole reference sequences by default (positions of one
   sequence share their context, so they are not independent draws; resampling positions would give
   a too narrow interval), or positions stratified by class (``ci_unit="position"``: every resample
-  keeps the flip count);
+  keeps the flip count). A pair with more than ``SEQUENCE_GROUPS`` (2048) reference sequences
+  resamples 2048 seeded random groups of whole sequences instead (``ci["sequences"]``,
+  ``ci["groups"]``; the output says so), so the interval's cost does not grow with the positions;
 * ``model``: a logistic regression of flip on ``log10(margin + eps)``. The log, because margins span
   many decades (exact ties at 0 up to several logits) and a flip happens when the kernels' logit
   perturbation exceeds the margin: P(flip | m) is the survival function of a perturbation whose size
@@ -62,6 +64,7 @@ __all__ = [
     "DECADE_EDGES",
     "EPS",
     "POWER_RATES",
+    "SEQUENCE_GROUPS",
     "FlipData",
     "analyze",
     "auc",
@@ -93,6 +96,9 @@ CONCENTRATION_SHARES = (0.5, 0.9, 0.99)
 _CHUNK_ELEMENTS = 4_000_000
 #: Up to this many sequences, the sequence bootstrap works on a sequences x sequences matrix.
 _MAX_PAIR_SEQUENCES = 2048
+#: Above this many sequences, the sequence bootstrap resamples seeded random groups of whole sequences
+#: (this many groups of about equal size): its cost is bounded, not proportional to the positions.
+SEQUENCE_GROUPS = 2048
 
 
 class FlipData:
@@ -144,22 +150,35 @@ def load(cat: Catalog, sweep: str | None = None, ref_arm: str | None = None,
     returned together; analyse them one pair at a time (``for_pair``, ``flip_report``).
     """
     t = cat.named_arrow("flip_positions", sweep=sweep, ref_arm=ref_arm, arm=arm)
-    cols = t.to_pydict()
-    margin = np.array([np.nan if v is None else v for v in cols["ref_margin"]], dtype=np.float64)
-    flip_raw = cols["flip"]
-    has_flip = np.array([v is not None for v in flip_raw], dtype=bool)
-    flip = np.array([bool(v) for v in flip_raw], dtype=bool)
-    ok = has_flip & np.isfinite(margin) & (margin >= 0)
-    mismatch = np.array([a is not None and b is not None and a != b
-                         for a, b in zip(cols["ref_token"], cols["ref_argmax"], strict=True)], dtype=bool)
-    pair_ids = np.array(cols["pair_id"], dtype=np.int64)
-    pairs: dict[int, dict[str, Any]] = {}
-    for pid, sw, ra, a in zip(cols["pair_id"], cols["sweep"], cols["ref_arm"], cols["arm"], strict=True):
-        pairs.setdefault(int(pid), {"sweep": sw, "ref_arm": ra, "arm": a})
-    n_pairs = max(pairs) + 1 if pairs else 0
+    return _from_arrow(t)
+
+
+def _numpy(col: Any, dtype: Any, null: Any) -> np.ndarray:
+    """An Arrow column as a numpy array of ``dtype``, nulls as ``null`` (vectorized, no Python objects)."""
+    return np.asarray(col.fill_null(null).to_numpy(), dtype=dtype) if len(col) else np.zeros(0, dtype=dtype)
+
+
+def _from_arrow(t: Any) -> FlipData:
+    """``FlipData`` from the rows of ``flip_positions`` (an Arrow table), with Arrow and numpy only."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    margin = _numpy(t.column("ref_margin").cast(pa.float64()), np.float64, np.nan)
+    flip_col = t.column("flip")
+    has_flip = _numpy(flip_col.is_valid(), bool, False)
+    flip = _numpy(flip_col, bool, False)
+    with np.errstate(invalid="ignore"):
+        ok = has_flip & np.isfinite(margin) & (margin >= 0)
+    mismatch = _numpy(pc.not_equal(t.column("ref_token"), t.column("ref_argmax")), bool, False)
+    pair_ids = _numpy(t.column("pair_id"), np.int64, 0)
+    n_pairs = int(pair_ids.max()) + 1 if pair_ids.size else 0
+    first = np.unique(pair_ids, return_index=True)[1] if pair_ids.size else np.zeros(0, np.int64)
+    keys = t.select(["sweep", "ref_arm", "arm"]).take(pa.array(first, pa.int64())).to_pylist()
+    pairs = dict(zip(np.unique(pair_ids).tolist(), keys, strict=True))
     per_pair_dropped = np.bincount(pair_ids[~ok], minlength=n_pairs)
     per_pair_mismatch = np.bincount(pair_ids[mismatch], minlength=n_pairs)
-    return FlipData(margin[ok], flip[ok], np.array(cols["sequence_id"], dtype=np.int64)[ok], pair_ids[ok],
+    sequence = _numpy(t.column("sequence_id"), np.int64, 0)
+    return FlipData(margin[ok], flip[ok], sequence[ok], pair_ids[ok],
                     pairs=[pairs[k] for k in sorted(pairs)], dropped=int((~ok).sum()),
                     ref_mismatch=int(mismatch.sum()),
                     pair_dropped=[int(per_pair_dropped[k]) for k in sorted(pairs)],
@@ -221,7 +240,10 @@ def bootstrap_auc(margin: np.ndarray, flip: np.ndarray, sequence: np.ndarray | N
                   unit: str = "sequence") -> dict[str, Any]:
     """Percentile-bootstrap interval of the AUC: ``{"ci": [lo, hi] | None, "used": k, ...}``.
 
-    ``unit="sequence"`` resamples whole sequences (``sequence`` ids) with replacement; resamples that
+    ``unit="sequence"`` resamples whole sequences (``sequence`` ids) with replacement; with more than
+    ``SEQUENCE_GROUPS`` sequences, it resamples that many seeded random groups of whole sequences
+    instead (``sequences`` and ``groups`` say so; a cluster bootstrap over groups of independent
+    sequences, so the cost is bounded by the groups, not the positions); resamples that
     happen to hold no flip or only flips have no AUC and are left out (``used`` counts the rest).
     ``unit="position"`` resamples flipped and unflipped positions separately (stratified), so every
     resample has the observed flip count. Vectorized: with up to ``_MAX_PAIR_SEQUENCES`` sequences,
@@ -234,7 +256,8 @@ def bootstrap_auc(margin: np.ndarray, flip: np.ndarray, sequence: np.ndarray | N
     margin = np.asarray(margin, dtype=np.float64)
     flip = np.asarray(flip, dtype=bool)
     info: dict[str, Any] = {"method": "percentile bootstrap", "unit": unit, "level": level,
-                            "resamples": resamples, "seed": seed, "used": 0, "ci": None}
+                            "resamples": resamples, "seed": seed, "used": 0, "ci": None,
+                            "sequences": None, "groups": None}
     if flip.size == 0 or flip.all() or not flip.any() or resamples < 1:
         return info
     order = np.argsort(margin, kind="stable")
@@ -247,6 +270,14 @@ def bootstrap_auc(margin: np.ndarray, flip: np.ndarray, sequence: np.ndarray | N
         seq = np.zeros(n, dtype=np.int64) if sequence is None else np.asarray(sequence, dtype=np.int64)
         _, seq_dense = np.unique(seq[order], return_inverse=True)
         n_seq = int(seq_dense.max()) + 1
+        info["sequences"] = n_seq
+        if n_seq > SEQUENCE_GROUPS:
+            # Whole sequences, dealt at random (seeded, apart from the resampling draws) into
+            # SEQUENCE_GROUPS groups of about equal size; the groups are the resampled units.
+            group = np.random.default_rng([seed, n_seq]).permutation(n_seq) % SEQUENCE_GROUPS
+            seq_dense = group[seq_dense]
+            n_seq = SEQUENCE_GROUPS
+            info["groups"] = n_seq
         if n_seq <= _MAX_PAIR_SEQUENCES:
             pair = _pair_matrix(m_sorted, f_sorted, seq_dense, n_seq)
             pos_per_seq = np.bincount(seq_dense, weights=f_sorted, minlength=n_seq)
@@ -570,7 +601,8 @@ def analyze(data: FlipData, *, bins: str = "decades", resamples: int = 1000, see
         "auc_note": note,
         "auc_ci_note": ci_note,
         "score": "-ref_margin (smaller margin, higher risk)",
-        "ci": {**{k: boot[k] for k in ("method", "unit", "level", "resamples", "seed", "used")},
+        "ci": {**{k: boot.get(k) for k in ("method", "unit", "level", "resamples", "seed", "used", "sequences",
+                                           "groups")},
                "min_flips": AUC_CI_MIN_FLIPS, "min_non_flips": AUC_CI_MIN_NON_FLIPS},
         "model": model,
         "calibration_bins": bins,
@@ -592,7 +624,16 @@ def flip_report(cat: Catalog, sweep: str | None = None, ref_arm: str | None = No
     "notes": [...]}``: no figure at the top level, whether one pair or many are selected. ``options``
     go to ``analyze`` (bins, resamples, seed, level, ci_unit, eps).
     """
-    data = load(cat, sweep=sweep, ref_arm=ref_arm, arm=arm)
-    pairs = [{**key, **analyze(data.for_pair(pid), **options)} for pid, key in enumerate(data.pairs)]
+    keys = [k for k in cat.named("teacher_forced_pairs", sweep=sweep)
+            if (ref_arm is None or k["ref_arm"] == ref_arm) and (arm is None or k["arm"] == arm)]
+    if all(k["sweep"] is not None and k["ref_arm"] is not None and k["arm"] is not None for k in keys):
+        # One pair at a time: memory is bounded by the largest pair, never by the whole table.
+        pairs = []
+        for k in keys:
+            one = load(cat, sweep=k["sweep"], ref_arm=k["ref_arm"], arm=k["arm"])
+            pairs += [{**key, **analyze(one.for_pair(pid), **options)} for pid, key in enumerate(one.pairs)]
+    else:  # a NULL key cannot be selected alone: read the selection whole
+        data = load(cat, sweep=sweep, ref_arm=ref_arm, arm=arm)
+        pairs = [{**key, **analyze(data.for_pair(pid), **options)} for pid, key in enumerate(data.pairs)]
     notes = [] if pairs else ["no teacher-forced positions for this selection"]
     return {"filters": {"sweep": sweep, "ref_arm": ref_arm, "arm": arm}, "pairs": pairs, "notes": notes}

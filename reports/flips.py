@@ -45,6 +45,14 @@ def _rate_line(p: dict[str, Any]) -> str:
             f"{p['flips']}/{p['positions']})")
 
 
+def _units(ci: dict[str, Any]) -> str:
+    """What the bootstrap resampled: ``sequences``, or groups of them for a pair with many."""
+    if ci.get("groups"):
+        return (f"{ci['groups']} seeded random groups of whole sequences ({ci['sequences']:,} sequences; "
+                "a group is the resampled unit)")
+    return f"{ci['unit']}s"
+
+
 def _auc_line(p: dict[str, Any]) -> str:
     if p["auc"] is None:
         return "ROC-AUC of -margin: undefined"
@@ -52,7 +60,7 @@ def _auc_line(p: dict[str, Any]) -> str:
     ci = p["ci"]
     if p["auc_ci"]:
         return txt + (f" ({ci['level']:.0%} CI {p['auc_ci'][0]:.4f} - {p['auc_ci'][1]:.4f}, {ci['method']}, "
-                      f"{ci['used']} of {ci['resamples']} resamples of {ci['unit']}s, seed {ci['seed']})")
+                      f"{ci['used']} of {ci['resamples']} resamples of {_units(ci)}, seed {ci['seed']})")
     return txt + " (no interval: see the note)"
 
 
