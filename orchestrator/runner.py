@@ -16,6 +16,7 @@ import json
 import signal
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -296,8 +297,9 @@ def _run_units(spec: LoadedSpec, plan: Plan, pending: list[Unit], results: str, 
     # A cold restart: the worker process exits after this one task, so no engine, cache or kernel
     # choice survives into the next unit (``max_calls`` is fixed per remote function).
     remote_fresh = ray.remote(max_calls=1)(execute_unit)
-    queue = list(pending)
+    queue = deque(pending)
     in_flight: dict[Any, Unit] = {}
+    refs = {kind: kind_ref(kind) for kind in {u.kind for u in pending}}
 
     def submit(unit: Unit) -> None:
         res = unit.resources
@@ -310,7 +312,7 @@ def _run_units(spec: LoadedSpec, plan: Plan, pending: list[Unit], results: str, 
         }
         if res.memory_gb:
             opts["memory"] = int(res.memory_gb * 2**30)
-        payload = {**unit.to_payload(), "description": unit.describe(), "kind_ref": kind_ref(unit.kind)}
+        payload = {**unit.to_payload(), "description": unit.describe(), "kind_ref": refs[unit.kind]}
         fn = remote_fresh if unit.fresh_process else remote
         ref = fn.options(**opts).remote(payload, results, plan.sweep, spec.sha256)
         in_flight[ref] = unit
@@ -321,7 +323,7 @@ def _run_units(spec: LoadedSpec, plan: Plan, pending: list[Unit], results: str, 
     _drain(queue, in_flight, submit, spec, plan, results, summary, emit)
 
 
-def _drain(queue: list[Unit], in_flight: dict[Any, Unit], submit: Callable[[Unit], None], spec: LoadedSpec,
+def _drain(queue: deque[Unit], in_flight: dict[Any, Unit], submit: Callable[[Unit], None], spec: LoadedSpec,
            plan: Plan, results: str, summary: LaunchSummary, emit: Callable[[str, dict[str, Any]], None]) -> None:
     import ray
 
@@ -329,12 +331,20 @@ def _drain(queue: list[Unit], in_flight: dict[Any, Unit], submit: Callable[[Unit
 
     while queue or in_flight:
         while queue and len(in_flight) < WINDOW:
-            submit(queue.pop(0))
-        ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=1.0)
-        for ref in ready:
+            submit(queue.popleft())
+        # Wait for one unit, then take every other finished one with it: each wait looks at every
+        # ref in flight, so one wait per finished unit would cost O(window) per unit.
+        ready, rest = ray.wait(list(in_flight), num_returns=1, timeout=1.0)
+        if ready and rest:
+            ready += ray.wait(rest, num_returns=len(rest), timeout=0)[0]
+        try:
+            values: list[Any] = ray.get(ready)
+        except (ray.exceptions.RayTaskError, ray.exceptions.RayError):
+            values = [None] * len(ready)  # one of them failed: get them one by one below
+        for ref, value in zip(ready, values, strict=True):
             unit = in_flight.pop(ref)
             try:
-                result = ray.get(ref)
+                result = value if value is not None else ray.get(ref)
             except (ray.exceptions.RayTaskError, ray.exceptions.RayError) as exc:
                 cause = getattr(exc, "cause", None)
                 if isinstance(cause, OSError | StorageError) or isinstance(exc, OSError):

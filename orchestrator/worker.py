@@ -9,22 +9,30 @@ the attempt marker, a result file, an artifact or the ledger row is neither: it 
 :class:`storage.errors.StorageFault` (naming the path) out of :func:`execute_unit`, writes no
 ledger row, and the driver stops the sweep. Result files written before the fault have no ledger
 row naming them, so the unit stays pending and a relaunch recomputes it.
+
+A kind returns each table as an Arrow table (columns: the fast path for per-position rows) or as a
+list of dicts; the worker adds the constant columns (``unit_id``, ``experiment``) as Arrow columns,
+never by copying rows. What does not change from unit to unit in a worker process (the package
+version, the Ray node, the results store) is looked up once per process.
 """
 
 from __future__ import annotations
 
+import functools
 import os
-import socket
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
+import pyarrow as pa
+
 from storage.errors import StorageFault
-from storage.store import FileRecord, ResultStore, open_store, to_table, utcnow
+from storage.schemas import TABLES
+from storage.store import FileRecord, ResultStore, hostname, open_store, utcnow
 from tasks.kinds import canonical_json, get_kind
 
 T = TypeVar("T")
@@ -64,7 +72,9 @@ class UnitFiles:
         return _store_call(where, lambda: self.store.read_unit(table, self.sweep, unit_id, columns))
 
 
+@functools.cache
 def _version() -> str:
+    """The installed swapcheck version (looked up once per process: the lookup parses metadata)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -77,9 +87,58 @@ def _node_id() -> str | None:
     try:
         import ray
 
-        return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+        if not ray.is_initialized():
+            return None
+        return _ray_node_id()
     except Exception:  # noqa: BLE001 - provenance only
         return None
+
+
+@functools.cache
+def _ray_node_id() -> str | None:
+    """The Ray node this process runs on (a worker process never moves: looked up once)."""
+    import ray
+
+    node: str | None = ray.get_runtime_context().get_node_id()
+    return node
+
+
+@functools.cache
+def _store(results: str) -> ResultStore:
+    """The results store, opened once per worker process (it holds no state but the file system)."""
+    return open_store(results)
+
+
+def unit_table(table: str, rows: pa.Table | list[dict[str, Any]], unit_id: str, experiment: str) -> pa.Table:
+    """A kind's rows for ``table`` (an Arrow table or dicts, without ``unit_id``/``experiment``) as
+    the declared schema, the constant columns added as Arrow columns.
+
+    Raises ``ValueError`` for columns the table does not declare and ``pyarrow`` errors (``ArrowInvalid``,
+    ``ArrowTypeError``: subclasses of ``ValueError``/``TypeError``) for values that do not fit.
+    """
+    schema = TABLES[table]
+    if isinstance(rows, pa.Table):
+        n = rows.num_rows
+    else:
+        n = len(rows)
+        names = {k for r in rows for k in r}
+        extra = names - set(schema.names)
+        if extra:
+            raise ValueError(f"rows for table {table!r} have undeclared columns {sorted(extra)}")
+        rows = pa.Table.from_pylist(rows, schema=pa.schema([f for f in schema if f.name in names]))
+    extra = set(rows.column_names) - set(schema.names)
+    if extra:
+        raise ValueError(f"rows for table {table!r} have undeclared columns {sorted(extra)}")
+    constant = {"unit_id": unit_id, "experiment": experiment}
+    columns = []
+    for f in schema:
+        if f.name in rows.column_names:
+            columns.append(rows.column(f.name).cast(f.type))
+        elif f.name in constant:
+            columns.append(pa.repeat(pa.scalar(constant[f.name], f.type), n))
+        else:
+            columns.append(pa.nulls(n, f.type))
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
 def ledger_row(payload: dict[str, Any], spec_sha256: str, *, status: str, attempts: int, started: datetime,
@@ -103,7 +162,7 @@ def ledger_row(payload: dict[str, Any], spec_sha256: str, *, status: str, attemp
         "params_json": canonical_json(payload["params"]),
         "status": status,
         "attempts": attempts,
-        "host": socket.gethostname() if ran_here else None,
+        "host": hostname() if ran_here else None,
         "pid": os.getpid() if ran_here else None,
         "node_id": _node_id() if ran_here else None,
         "started_at": started,
@@ -129,24 +188,25 @@ def execute_unit(payload: dict[str, Any], results: str, sweep: str, spec_sha256:
     import torch
 
     # One thread per unit keeps runs deterministic and lets Ray pack units onto cores.
-    torch.set_num_threads(max(1, int(os.environ.get("SWAPCHECK_THREADS_PER_UNIT", "1"))))
-    store = _store_call(results, lambda: open_store(results))
+    threads = max(1, int(os.environ.get("SWAPCHECK_THREADS_PER_UNIT", "1")))
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    store = _store_call(results, lambda: _store(results))
     unit_id = payload["id"]
     attempt = _store_call(str(store.root / "_state" / "attempts" / f"sweep={sweep}" / unit_id),
                           lambda: store.mark_attempt(sweep, unit_id, _node_id()))
     started = utcnow()
     t0 = time.perf_counter()
-    files: list[FileRecord] = []
-    arrow: dict[str, Any] = {}
+    arrow: dict[str, pa.Table] = {}
     error = None
     try:
         kind = get_kind(payload["kind"], payload.get("kind_ref"))
-        produced = kind.run(payload["params"], UnitFiles(store, sweep, unit_id))
+        produced: Mapping[str, Any] = kind.run(payload["params"], UnitFiles(store, sweep, unit_id))
         undeclared = sorted(set(produced) - set(kind.tables))
         if undeclared:
             raise RuntimeError(f"kind {kind.name!r} produced tables {undeclared} it does not declare {list(kind.tables)}")
         # Rows that do not fit their schema are the unit's failure: check every table before writing any.
-        arrow = {table: to_table(table, [{"unit_id": unit_id, "experiment": payload["experiment"], **r} for r in table_rows])
+        arrow = {table: unit_table(table, table_rows, unit_id, payload["experiment"])
                  for table, table_rows in produced.items()}
         status = "ok"
     except StorageFault:
@@ -154,14 +214,15 @@ def execute_unit(payload: dict[str, Any], results: str, sweep: str, spec_sha256:
     except Exception as exc:  # noqa: BLE001 - any task failure is recorded, never lost
         status, arrow = "failed", {}
         error = f"{type(exc).__name__}: {exc}\n" + "".join(traceback.format_exc(limit=8))
-    for table, t in arrow.items():
-        with _storage(str(store.partition(table, sweep) / f"{unit_id}.parquet")):
-            files.append(store.write(table, sweep, unit_id, t))
+
+    def row(files: list[FileRecord]) -> dict[str, Any]:
+        return ledger_row(payload, spec_sha256, status=status, attempts=attempt, started=started,
+                          duration_s=time.perf_counter() - t0, error=error, tables=[f.table for f in files],
+                          rows=sum(f.rows for f in files), ran_here=True, files=files)
+
+    # Result files and then the ledger row (renamed last); a storage fault names its file.
+    files = store.commit_unit(sweep, unit_id, arrow, row)
     rows = sum(f.rows for f in files)
-    row = ledger_row(payload, spec_sha256, status=status, attempts=attempt, started=started,
-                     duration_s=time.perf_counter() - t0, error=error, tables=[f.table for f in files], rows=rows,
-                     ran_here=True, files=files)
-    _store_call(str(store.partition("units", sweep) / f"{unit_id}.parquet"), lambda: store.record_unit(sweep, row))
     return {"unit_id": unit_id, "status": status, "error": error, "rows": rows, "attempts": attempt}
 
 

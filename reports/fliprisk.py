@@ -23,10 +23,11 @@ JSON-able values:
   10 are needed"; a percentile bootstrap over a handful of events gives an interval of false
   precision). The bootstrap resamples whole reference sequences by default (positions of one
   sequence share their context, so they are not independent draws; resampling positions would give
-  a too narrow interval), or positions stratified by class (``ci_unit="position"``: every resample
-  keeps the flip count). A pair with more than ``SEQUENCE_GROUPS`` (2048) reference sequences
-  resamples 2048 seeded random groups of whole sequences instead (``ci["sequences"]``,
-  ``ci["groups"]``; the output says so), so the interval's cost does not grow with the positions;
+  a too narrow interval; ``ci["sequences"]`` counts them), or positions stratified by class
+  (``ci_unit="position"``: every resample keeps the flip count). The sequence bootstrap works on
+  per-sequence sufficient statistics (flip and non-flip counts between consecutive flip margins), so
+  its cost grows with the flips and sequences, not the positions, and its numbers are those of the
+  plain per-position computation;
 * ``model``: a logistic regression of flip on ``log10(margin + eps)``. The log, because margins span
   many decades (exact ties at 0 up to several logits) and a flip happens when the kernels' logit
   perturbation exceeds the margin: P(flip | m) is the survival function of a perturbation whose size
@@ -64,7 +65,6 @@ __all__ = [
     "DECADE_EDGES",
     "EPS",
     "POWER_RATES",
-    "SEQUENCE_GROUPS",
     "FlipData",
     "analyze",
     "auc",
@@ -94,11 +94,9 @@ POWER_RATES = (1e-3, 1e-4, 1e-5)
 CONCENTRATION_SHARES = (0.5, 0.9, 0.99)
 #: Elements of one bootstrap chunk (resamples x positions): bounds memory at a few tens of MB.
 _CHUNK_ELEMENTS = 4_000_000
-#: Up to this many sequences, the sequence bootstrap works on a sequences x sequences matrix.
-_MAX_PAIR_SEQUENCES = 2048
-#: Above this many sequences, the sequence bootstrap resamples seeded random groups of whole sequences
-#: (this many groups of about equal size): its cost is bounded, not proportional to the positions.
-SEQUENCE_GROUPS = 2048
+#: The sequence bootstrap works on per-sequence sufficient statistics (``_sufficient_statistics``);
+#: False: on per-position weights (the reference implementation, same numbers, for the tests).
+_SUFFICIENT_STATISTICS = True
 
 
 class FlipData:
@@ -216,23 +214,51 @@ def _weighted_auc(pos_w: np.ndarray, neg_w: np.ndarray, starts: np.ndarray) -> n
     return np.asarray(out, dtype=np.float64)
 
 
-def _pair_matrix(margin: np.ndarray, flip: np.ndarray, seq: np.ndarray, n_seq: int) -> np.ndarray:
-    """A[s, t]: pairs (flip in sequence s, non-flip in sequence t) with the flip at the smaller margin,
-    ties counting one half. The AUC of a resample with sequence counts c is c A c / (c P)(c N)."""
-    a = np.zeros((n_seq, n_seq), dtype=np.float64)
+def _sufficient_statistics(margin: np.ndarray, flip: np.ndarray, seq: np.ndarray, n_seq: int) -> tuple[Any, Any, Any]:
+    """Per-sequence sufficient statistics of the AUC numerator, as sparse (buckets x sequences) counts.
+
+    ``margin``/``flip``/``seq``: positions sorted by ascending margin, dense sequence ids < ``n_seq``.
+    The K distinct flip margins u_1 < ... < u_K cut the non-flips into buckets: ``ties[k, t]`` counts
+    the non-flips of sequence t at margin u_k, ``above[k, t]`` those strictly between u_k and u_(k+1)
+    (above u_K for the last; non-flips below u_1 beat no flip and are left out); ``flips[k, t]`` counts
+    the flips of sequence t at u_k. For sequence counts w, the non-flips strictly above u_k weigh
+    R_k = sum_(j >= k) above_j w + sum_(j > k) ties_j w, and the resample's AUC numerator is
+    sum_k (flips_k w) (R_k + ties_k w / 2): w_F C w with C[s, t] the flip (in s) / non-flip (in t)
+    pairs, the flip at the smaller margin, ties one half, without ever forming C.
+    """
+    from scipy import sparse
+
+    u = np.unique(margin[flip])
+    k = u.size
     pos_m, pos_s = margin[flip], seq[flip]
     neg_m, neg_s = margin[~flip], seq[~flip]
-    order = np.lexsort((neg_m, neg_s))
-    neg_m, neg_s = neg_m[order], neg_s[order]
-    bounds = np.searchsorted(neg_s, np.arange(n_seq + 1))
-    for t in range(n_seq):
-        m_t = neg_m[bounds[t]:bounds[t + 1]]
-        if not m_t.size:
-            continue
-        left = np.searchsorted(m_t, pos_m, side="left")
-        right = np.searchsorted(m_t, pos_m, side="right")
-        a[:, t] = np.bincount(pos_s, weights=(m_t.size - right) + 0.5 * (right - left), minlength=n_seq)
-    return a
+    flips = sparse.csr_matrix((np.ones(pos_m.size), (np.searchsorted(u, pos_m), pos_s)), shape=(k, n_seq))
+    at = np.searchsorted(u, neg_m, side="left")
+    tie = (at < k) & (u[np.minimum(at, k - 1)] == neg_m)
+    ties = sparse.csr_matrix((np.ones(int(tie.sum())), (at[tie], neg_s[tie])), shape=(k, n_seq))
+    above_bucket = np.searchsorted(u, neg_m, side="right") - 1  # the last flip margin strictly below
+    keep = ~tie & (above_bucket >= 0)
+    above = sparse.csr_matrix((np.ones(int(keep.sum())), (above_bucket[keep], neg_s[keep])), shape=(k, n_seq))
+    for mat in (flips, ties, above):
+        mat.sum_duplicates()
+    return flips, ties, above
+
+
+def _sufficient_auc(stats: tuple[Any, Any, Any], counts: np.ndarray, n_pos: np.ndarray,
+                    n_neg: np.ndarray) -> np.ndarray:
+    """AUC per row of sequence counts (resamples x sequences) from ``_sufficient_statistics``."""
+    flips, ties, above = stats
+    wt = counts.T
+    f = np.asarray(flips @ wt).T  # resamples x buckets
+    e = np.asarray(ties @ wt).T
+    a = np.asarray(above @ wt).T
+    # R_k = sum_(j >= k) a_j + sum_(j > k) e_j: reverse cumulative sums.
+    rest = np.cumsum((a + e)[:, ::-1], axis=1)[:, ::-1] - e
+    num = (f * (rest + 0.5 * e)).sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = num / (n_pos * n_neg)
+    out[(n_pos == 0) | (n_neg == 0)] = np.nan
+    return np.asarray(out, dtype=np.float64)
 
 
 def bootstrap_auc(margin: np.ndarray, flip: np.ndarray, sequence: np.ndarray | None = None, *,
@@ -240,16 +266,18 @@ def bootstrap_auc(margin: np.ndarray, flip: np.ndarray, sequence: np.ndarray | N
                   unit: str = "sequence") -> dict[str, Any]:
     """Percentile-bootstrap interval of the AUC: ``{"ci": [lo, hi] | None, "used": k, ...}``.
 
-    ``unit="sequence"`` resamples whole sequences (``sequence`` ids) with replacement; with more than
-    ``SEQUENCE_GROUPS`` sequences, it resamples that many seeded random groups of whole sequences
-    instead (``sequences`` and ``groups`` say so; a cluster bootstrap over groups of independent
-    sequences, so the cost is bounded by the groups, not the positions); resamples that
-    happen to hold no flip or only flips have no AUC and are left out (``used`` counts the rest).
+    ``unit="sequence"`` resamples whole sequences (``sequence`` ids; ``sequences`` counts them) with
+    replacement, however many there are; resamples that happen to hold no flip or only flips have no
+    AUC and are left out (``used`` counts the rest). A resample with sequence counts w has the AUC
+    w_F C w / ((w P)(w N)) (C: flip/non-flip pairs between two sequences, the flip at the smaller
+    margin, ties one half; P, N: flips and non-flips per sequence); its numerator is computed from
+    per-sequence counts in buckets between consecutive distinct flip margins
+    (``_sufficient_statistics``), so the cost grows with the flips and sequences, not with the
+    positions, and no sequences x sequences matrix is formed. Every term is an integer or a half
+    integer, so the result equals the per-position computation exactly.
     ``unit="position"`` resamples flipped and unflipped positions separately (stratified), so every
-    resample has the observed flip count. Vectorized: with up to ``_MAX_PAIR_SEQUENCES`` sequences,
-    the flip/non-flip pair counts between every two sequences are computed once (``_pair_matrix``)
-    and a resample's AUC is a quadratic form in its sequence counts; otherwise each chunk of
-    resamples is a weight matrix over the positions sorted by margin, reduced per run of equal margins.
+    resample has the observed flip count: each chunk of resamples is a weight matrix over the
+    positions sorted by margin, reduced per run of equal margins.
     """
     if unit not in ("sequence", "position"):
         raise ValueError(f"unit {unit!r}: allowed: sequence, position")
@@ -257,7 +285,7 @@ def bootstrap_auc(margin: np.ndarray, flip: np.ndarray, sequence: np.ndarray | N
     flip = np.asarray(flip, dtype=bool)
     info: dict[str, Any] = {"method": "percentile bootstrap", "unit": unit, "level": level,
                             "resamples": resamples, "seed": seed, "used": 0, "ci": None,
-                            "sequences": None, "groups": None}
+                            "sequences": None}
     if flip.size == 0 or flip.all() or not flip.any() or resamples < 1:
         return info
     order = np.argsort(margin, kind="stable")
@@ -265,39 +293,34 @@ def bootstrap_auc(margin: np.ndarray, flip: np.ndarray, sequence: np.ndarray | N
     starts = np.flatnonzero(np.r_[True, m_sorted[1:] != m_sorted[:-1]])
     n = margin.size
     rng = np.random.default_rng(seed)
-    pair: np.ndarray | None = None
+    stats: tuple[Any, Any, Any] | None = None
     if unit == "sequence":
         seq = np.zeros(n, dtype=np.int64) if sequence is None else np.asarray(sequence, dtype=np.int64)
         _, seq_dense = np.unique(seq[order], return_inverse=True)
         n_seq = int(seq_dense.max()) + 1
         info["sequences"] = n_seq
-        if n_seq > SEQUENCE_GROUPS:
-            # Whole sequences, dealt at random (seeded, apart from the resampling draws) into
-            # SEQUENCE_GROUPS groups of about equal size; the groups are the resampled units.
-            group = np.random.default_rng([seed, n_seq]).permutation(n_seq) % SEQUENCE_GROUPS
-            seq_dense = group[seq_dense]
-            n_seq = SEQUENCE_GROUPS
-            info["groups"] = n_seq
-        if n_seq <= _MAX_PAIR_SEQUENCES:
-            pair = _pair_matrix(m_sorted, f_sorted, seq_dense, n_seq)
+        if _SUFFICIENT_STATISTICS:
+            stats = _sufficient_statistics(m_sorted, f_sorted, seq_dense, n_seq)
             pos_per_seq = np.bincount(seq_dense, weights=f_sorted, minlength=n_seq)
             neg_per_seq = np.bincount(seq_dense, weights=~f_sorted, minlength=n_seq)
     else:
         pos_idx = np.flatnonzero(f_sorted)
         neg_idx = np.flatnonzero(~f_sorted)
-    chunk = max(1, min(resamples, _CHUNK_ELEMENTS // max(n, 1)))
+    chunk = max(1, min(resamples, _CHUNK_ELEMENTS // max(n, 1)))  # the draws' chunking fixes the numbers
     aucs: list[np.ndarray] = []
+    pending: list[np.ndarray] = []  # sequence counts drawn, not yet evaluated (evaluated in larger batches)
+    batch = max(1, _CHUNK_ELEMENTS // 4 // max(n_seq if unit == "sequence" else 1, stats[0].shape[0] if stats else 1))
     done = 0
     while done < resamples:
         b = min(chunk, resamples - done)
         if unit == "sequence":
             counts = _row_bincount(rng.integers(0, n_seq, size=(b, n_seq)), n_seq).astype(np.float64)
-            if pair is not None:
-                n_pos, n_neg = counts @ pos_per_seq, counts @ neg_per_seq
-                with np.errstate(invalid="ignore", divide="ignore"):
-                    values = ((counts @ pair) * counts).sum(axis=1) / (n_pos * n_neg)
-                values[(n_pos == 0) | (n_neg == 0)] = np.nan
-                aucs.append(values)
+            if stats is not None:
+                pending.append(counts)
+                if sum(c.shape[0] for c in pending) >= batch or done + b >= resamples:
+                    counts = np.concatenate(pending)
+                    pending = []
+                    aucs.append(_sufficient_auc(stats, counts, counts @ pos_per_seq, counts @ neg_per_seq))
             else:
                 w = counts[:, seq_dense]
                 aucs.append(_weighted_auc(w * f_sorted, w * ~f_sorted, starts))
@@ -601,8 +624,7 @@ def analyze(data: FlipData, *, bins: str = "decades", resamples: int = 1000, see
         "auc_note": note,
         "auc_ci_note": ci_note,
         "score": "-ref_margin (smaller margin, higher risk)",
-        "ci": {**{k: boot.get(k) for k in ("method", "unit", "level", "resamples", "seed", "used", "sequences",
-                                           "groups")},
+        "ci": {**{k: boot.get(k) for k in ("method", "unit", "level", "resamples", "seed", "used", "sequences")},
                "min_flips": AUC_CI_MIN_FLIPS, "min_non_flips": AUC_CI_MIN_NON_FLIPS},
         "model": model,
         "calibration_bins": bins,

@@ -7,7 +7,9 @@ object store URI such as ``s3://bucket/prefix``)::
     table=units/sweep=<sweep>/<unit_id>.parquet     the ledger entry of one unit, written LAST
     table=sweeps/sweep=<sweep>/spec.parquet         the spec text and hash, written once
     table=launches/sweep=<sweep>/<launch_id>.parquet provenance of each launch
-    _state/attempts/sweep=<sweep>/<unit_id>/*.json  one marker per execution attempt
+    _state/attempts/sweep=<sweep>/<unit_id>/*.attempt one marker per execution attempt (an empty
+                                                    file named by what it records; older trees
+                                                    hold *.json markers, read the same)
 
 Local and object stores are the same code: every access goes through a ``pyarrow.fs.FileSystem``
 (``LocalFileSystem`` for a path, ``FileSystem.from_uri`` for a URI). They differ in one place only,
@@ -23,10 +25,19 @@ records of a unit's result files in its ledger row (column ``files``), so ``swap
 can check every committed file against what was written. A writer killed between creating its
 temporary file and renaming it leaves ``.<name>.tmp-<hex>`` behind: :meth:`ResultStore.temporaries`
 lists them, :meth:`ResultStore.remove_stale_temporaries` removes old ones.
+
+Cost (a tiny unit is dominated by it): :meth:`ResultStore.commit_unit` writes a unit's result files
+and its ledger file with their ``fsync`` calls running concurrently (the file system commits them in
+one journal commit) and still renames the ledger file last; an attempt marker is an empty file whose
+name carries what it records, created in one step, so it has no bytes that could be half-written and
+needs no fsync. Small tables are written without compression (zstd's set-up per column costs more
+than it saves below ``COMPRESS_FROM_BYTES``); every file keeps its page checksums. The ledger of a
+sweep is read as one dataset (one scan over its files, columns projected).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -34,7 +45,8 @@ import re
 import socket
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -44,9 +56,36 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from storage.errors import StorageFault
 from storage.schemas import TABLES, UNITS
 
-__all__ = ["STALE_AFTER_S", "FileRecord", "ResultStore", "is_uri", "open_store", "to_table", "utcnow"]
+__all__ = ["COMPRESS_FROM_BYTES", "STALE_AFTER_S", "FileRecord", "ResultStore", "is_uri", "open_store", "to_table",
+           "utcnow"]
+
+#: Tables at least this large in memory are written with zstd; smaller ones uncompressed (zstd's
+#: per-column set-up is ~1 ms for a ledger row, more than the whole rest of the write).
+COMPRESS_FROM_BYTES = 64 * 1024
+
+#: Columns of the ledger that :meth:`ResultStore.ledger` returns.
+LEDGER_COLUMNS = ["unit_id", "status", "attempts", "error"]
+
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _pool() -> ThreadPoolExecutor:
+    """Threads for concurrent puts (file writes and fsyncs release the GIL); one pool per process."""
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="swapcheck-put")
+    return _POOL
+
+
+def _forget_pool() -> None:
+    global _POOL
+    _POOL = None  # a forked child has none of its parent's threads
+
+
+os.register_at_fork(after_in_child=_forget_pool)
 
 #: A temporary file older than this (seconds) belongs to no live writer: a killed writer left it.
 STALE_AFTER_S = 3600.0
@@ -63,6 +102,8 @@ def to_table(table: str, rows: pa.Table | Iterable[Mapping[str, Any]]) -> pa.Tab
     """Rows (dicts) or an Arrow table, cast to the declared schema of ``table``."""
     schema = TABLES[table]
     if isinstance(rows, pa.Table):
+        if rows.schema.equals(schema):
+            return rows
         return rows.select(schema.names).cast(schema)
     rows = list(rows)
     extra = {k for r in rows for k in r} - set(schema.names)
@@ -76,11 +117,42 @@ def is_uri(results: str | Path) -> bool:
     return "://" in str(results)
 
 
-def _parquet_bytes(table: pa.Table) -> bytes:
+def _parquet_bytes(table: pa.Table) -> pa.Buffer:
+    """The Parquet file of ``table`` in memory (no copy into a Python ``bytes``)."""
     buf = pa.BufferOutputStream()
-    pq.write_table(table, buf, compression="zstd", write_page_checksum=True)  # page CRCs: readers verify them
-    data: bytes = buf.getvalue().to_pybytes()
+    compression = "zstd" if table.nbytes >= COMPRESS_FROM_BYTES else "none"
+    pq.write_table(table, buf, compression=compression, write_page_checksum=True)  # page CRCs: readers verify them
+    data: pa.Buffer = buf.getvalue()
     return data
+
+
+def _sha256(data: bytes | pa.Buffer) -> str:
+    return hashlib.sha256(memoryview(data)).hexdigest()
+
+
+def _marker_name(time_ns: int, host: str, pid: int, node_id: str | None) -> str:
+    """An attempt marker's name carries what it records: ``<time ns>_<pid>_<node id or ->_<host>.attempt``."""
+    return f"{time_ns}_{pid}_{node_id or '-'}_{host}.attempt"
+
+
+def _marker(name: str, read: Callable[[], bytes]) -> dict[str, Any]:
+    """What an attempt marker records: from its name (``.attempt``) or its JSON (older ``.json`` markers)."""
+    if name.endswith(".json"):
+        found: dict[str, Any] = json.loads(read())
+        return found
+    ns, pid, node, host = name[: -len(".attempt")].split("_", 3)
+    return {"host": host, "pid": int(pid), "node_id": None if node == "-" else node,
+            "started_at": datetime.fromtimestamp(int(ns) / 1e9, UTC).isoformat()}
+
+
+@functools.cache
+def hostname() -> str:
+    """This machine's name (looked up once per process)."""
+    return socket.gethostname()
+
+
+def _is_marker(path: str) -> bool:
+    return path.endswith((".attempt", ".json")) and not _TEMPORARY.match(path.rsplit("/", 1)[-1])
 
 
 @dataclass(frozen=True)
@@ -137,25 +209,51 @@ class ResultStore:
         return self._p("_state", "attempts", f"sweep={sweep}", *unit_id)
 
     # -- the file system ---------------------------------------------------------------------------
-    def _put(self, path: str, data: bytes) -> None:
+    def _put(self, path: str, data: bytes | pa.Buffer) -> None:
         """Write ``path`` whole and atomically: the one place local and object stores differ."""
-        parent = path.rsplit("/", 1)[0]
-        self.fs.create_dir(parent, recursive=True)
-        if not self.local:
-            with self.fs.open_output_stream(path) as out:  # one put: atomic on an object store
-                out.write(data)
-            return
-        # Local: temporary name in the final directory, flush + fsync, rename into place.
-        tmp = f"{parent}/.{path.rsplit('/', 1)[1]}.tmp-{uuid.uuid4().hex}"
+        tmp = self._stage(path, data)
         try:
-            with open(tmp, "wb") as fh:
-                fh.write(data)
+            self._publish(path, data, tmp)
+            tmp = None
+        finally:
+            if tmp is not None and os.path.exists(tmp):
+                os.unlink(tmp)
+
+    def _stage(self, path: str, data: bytes | pa.Buffer) -> str | None:
+        """Local: write ``data`` under a temporary name in ``path``'s directory, flush and fsync it;
+        return the temporary. Object store: nothing to do before the one put (returns None)."""
+        if not self.local:
+            return None
+        parent, name = path.rsplit("/", 1)
+        tmp = f"{parent}/.{name}.tmp-{uuid.uuid4().hex}"
+        try:
+            fh = open(tmp, "wb")  # noqa: SIM115 - closed below
+        except FileNotFoundError:  # the directory does not exist yet (the usual case needs no mkdir)
+            self.fs.create_dir(parent, recursive=True)
+            fh = open(tmp, "wb")  # noqa: SIM115 - closed below
+        try:
+            with fh:
+                fh.write(memoryview(data))
                 fh.flush()
                 os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        finally:
+        except BaseException:
             if os.path.exists(tmp):
                 os.unlink(tmp)
+            raise
+        return tmp
+
+    def _publish(self, path: str, data: bytes | pa.Buffer, tmp: str | None) -> None:
+        """Make a staged file visible whole: rename the temporary (local) or the one put (object store)."""
+        if tmp is not None:
+            os.replace(tmp, path)
+            return
+        self.fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+        with self.fs.open_output_stream(path) as out:  # one put: atomic on an object store
+            out.write(data)
+
+    def _where(self, relpath: str) -> str:
+        """A path under the root as messages name it."""
+        return f"{self.uri}/{relpath}" if self.uri is not None else str(self.root / relpath)
 
     def _files(self, path: str, recursive: bool = False) -> list[pafs.FileInfo]:
         """The files under ``path`` (none if it does not exist), sorted by path."""
@@ -181,19 +279,88 @@ class ResultStore:
         ``.rows`` of the record. Raises ``ValueError`` for rows that do not fit the schema (nothing
         written) and ``OSError`` when the file system refuses the write.
         """
+        rel, data, rows_n = self._serialize(table, sweep, name, rows)
+        put = _pool().submit(self._put, self._p(rel), data)  # the hash below runs while the file is written
+        try:
+            record = FileRecord(table=table, path=rel, rows=rows_n, bytes=data.size, sha256=_sha256(data))
+        finally:
+            put.exception()  # wait for the put whatever happened here
+        put.result()
+        return record
+
+    def _serialize(self, table: str, sweep: str, name: str,
+                   rows: pa.Table | Iterable[Mapping[str, Any]]) -> tuple[str, pa.Buffer, int]:
+        """(path relative to the root, the Parquet bytes, the row count) of one file of ``table``."""
         t = to_table(table, rows)
-        data = _parquet_bytes(t)
-        rel = f"table={table}/sweep={sweep}/{name}.parquet"
-        self._put(self._p(rel), data)
-        return FileRecord(table=table, path=rel, rows=int(t.num_rows), bytes=len(data),
-                          sha256=hashlib.sha256(data).hexdigest())
+        return f"table={table}/sweep={sweep}/{name}.parquet", _parquet_bytes(t), int(t.num_rows)
+
+    def commit_unit(self, sweep: str, unit_id: str, tables: Mapping[str, pa.Table | Iterable[Mapping[str, Any]]],
+                    ledger_row: Callable[[list[FileRecord]], Mapping[str, Any]]) -> list[FileRecord]:
+        """Write a unit's result files, then its ledger row naming them (``ledger_row(records)``).
+
+        The same guarantees as :meth:`write` of each file followed by :meth:`record_unit`, at about
+        one fsync's latency instead of one per file: the result files are put concurrently (each
+        whole, by :meth:`_put`) while the ledger file is written and fsynced under its temporary name,
+        and the ledger file is renamed into place only after every result file is. A result file
+        that cannot be written raises :class:`StorageFault` naming it and leaves no ledger file; a
+        ledger file that cannot be written raises naming it, after the result files are in place
+        (the unit stays pending: no ledger row names them). Rows that do not fit a table's schema
+        raise ``ValueError`` before anything is written.
+        """
+        staged = {table: self._serialize(table, sweep, unit_id, rows) for table, rows in tables.items()}
+        puts: list[Future[None]] = [_pool().submit(self._put, self._p(rel), data) for rel, data, _n in staged.values()]
+        ledger_rel = f"table=units/sweep={sweep}/{unit_id}.parquet"
+        tmp: str | None = None
+        ledger_error: OSError | None = None
+        try:
+            # While the result files are written: their hashes, the ledger row, the ledger file.
+            records = [FileRecord(table=table, path=rel, rows=n, bytes=data.size, sha256=_sha256(data))
+                       for table, (rel, data, n) in staged.items()]
+            try:
+                ledger_data = _parquet_bytes(to_table("units", [ledger_row(records)]))
+                tmp = self._stage(self._p(ledger_rel), ledger_data)
+            except OSError as exc:
+                ledger_error = exc
+            failed = []
+            for (rel, _data, _n), put in zip(staged.values(), puts, strict=True):
+                try:
+                    put.result()
+                except OSError as exc:
+                    failed.append((rel, exc))
+            if failed:
+                rel, first = failed[0]
+                raise StorageFault(self._where(rel), f"{type(first).__name__}: {first}") from first
+            try:
+                if ledger_error is not None:
+                    raise ledger_error
+                self._publish(self._p(ledger_rel), ledger_data, tmp)
+                tmp = None
+            except OSError as exc:
+                raise StorageFault(self._where(ledger_rel), f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            for put in puts:  # no put outlives the call, whatever raised
+                put.exception()
+            if tmp is not None and os.path.exists(tmp):
+                os.unlink(tmp)
+        return records
 
     def mark_attempt(self, sweep: str, unit_id: str, node_id: str | None = None) -> int:
-        """Record that an execution of ``unit_id`` started here; return the attempt number."""
-        marker = {"host": socket.gethostname(), "pid": os.getpid(), "node_id": node_id,
-                  "started_at": utcnow().isoformat()}
-        name = f"{time.time_ns()}-{socket.gethostname()}-{os.getpid()}.json"
-        self._put(f"{self._attempts(sweep, unit_id)}/{name}", json.dumps(marker).encode())
+        """Record that an execution of ``unit_id`` started here; return the attempt number.
+
+        The marker is an empty file whose name records host, pid, node and start time: created in
+        one step (exclusively, locally; one put on an object store), it has no bytes that could be
+        half-written, so it needs neither a temporary nor an fsync.
+        """
+        folder = self._attempts(sweep, unit_id)
+        path = f"{folder}/{_marker_name(time.time_ns(), hostname(), os.getpid(), node_id)}"
+        if self.local:
+            try:
+                open(path, "xb").close()  # noqa: SIM115 - an empty file
+            except FileNotFoundError:
+                self.fs.create_dir(folder, recursive=True)
+                open(path, "xb").close()  # noqa: SIM115 - an empty file
+        else:
+            self._publish(path, b"", None)
         return self.attempts(sweep, unit_id)
 
     def record_unit(self, sweep: str, record: Mapping[str, Any]) -> None:
@@ -264,31 +431,51 @@ class ResultStore:
     # -- reads -------------------------------------------------------------------------------------
     def attempt_markers(self, sweep: str) -> list[dict[str, Any]]:
         """Every attempt marker of a sweep, with its unit id (which unit started where, and when)."""
-        return [{**json.loads(self._read_bytes(i.path)), "unit_id": i.path.rsplit("/", 2)[-2]}
-                for i in self._files(self._attempts(sweep), recursive=True) if i.path.endswith(".json")]
+        return [{**_marker(i.base_name, functools.partial(self._read_bytes, i.path)), "unit_id": i.path.rsplit("/", 2)[-2]}
+                for i in self._files(self._attempts(sweep), recursive=True) if _is_marker(i.path)]
 
     def attempts(self, sweep: str, unit_id: str) -> int:
-        return sum(1 for i in self._files(self._attempts(sweep, unit_id)) if i.path.endswith(".json"))
+        return sum(1 for i in self._files(self._attempts(sweep, unit_id)) if _is_marker(i.path))
+
+    def _ledger_table(self, sweep: str, columns: list[str] | None) -> pa.Table:
+        """Every ledger row of ``sweep``, files in path order and rows in file order: one dataset scan
+        over the partition's files. A file the scan cannot read (damaged, foreign) is read on its own,
+        file by file, so the error is the one reading that file raises."""
+        import pyarrow.dataset as ds
+
+        files = self.parquet_files("units", sweep)
+        if not files:
+            return UNITS.empty_table() if columns is None else UNITS.empty_table().select(columns)
+        try:
+            dataset = ds.dataset(files, schema=UNITS, format="parquet", filesystem=self.fs)
+            return dataset.to_table(columns=columns)  # fragments in the order given: sorted by path
+        except (pa.ArrowException, OSError, ValueError):
+            return pa.concat_tables([self.read_table(p, columns=columns, schema=UNITS) for p in files])
+
+    @staticmethod
+    def _last_row_per_unit(table: pa.Table) -> dict[str, dict[str, Any]]:
+        """unit_id -> row; a unit with several rows keeps the last (the last written, in path order)."""
+        out: dict[str, dict[str, Any]] = {}
+        for row in table.to_pylist():
+            out[row["unit_id"]] = row
+        return out
 
     def ledger(self, sweep: str) -> dict[str, dict[str, Any]]:
-        """unit_id -> ledger row, for every unit of ``sweep`` that has one."""
-        out: dict[str, dict[str, Any]] = {}
-        for p in self.parquet_files("units", sweep):
-            for row in self.read_table(p, columns=["unit_id", "status", "attempts", "error"], schema=UNITS).to_pylist():
-                out[row["unit_id"]] = row
-        return out
+        """unit_id -> ledger row (``unit_id``, ``status``, ``attempts``, ``error``), for every unit of
+        ``sweep`` that has one."""
+        return self._last_row_per_unit(self._ledger_table(sweep, LEDGER_COLUMNS))
 
     def ledger_records(self, sweep: str) -> dict[str, dict[str, Any]]:
         """unit_id -> the whole ledger row (every ``UNITS`` column, ``files`` included: a list of
         :class:`FileRecord` dicts, None in rows written before integrity records existed)."""
-        out: dict[str, dict[str, Any]] = {}
-        for p in self.parquet_files("units", sweep):
-            for row in self.read_table(p, schema=UNITS).to_pylist():
-                out[row["unit_id"]] = row
-        return out
+        return self._last_row_per_unit(self._ledger_table(sweep, None))
 
     def done_units(self, sweep: str) -> set[str]:
-        return {u for u, row in self.ledger(sweep).items() if row["status"] == "ok"}
+        """The units of ``sweep`` whose (last) ledger row says ``ok``."""
+        t = self._ledger_table(sweep, ["unit_id", "status"])
+        last: dict[str, bool] = dict(zip(t.column("unit_id").to_pylist(),
+                                         (s == "ok" for s in t.column("status").to_pylist()), strict=True))
+        return {u for u, ok in last.items() if ok}
 
     def sweep_record(self, sweep: str) -> dict[str, Any] | None:
         p = f"{self._partition('sweeps', sweep)}/spec.parquet"

@@ -104,10 +104,25 @@ def test_sequence_bootstrap_pair_matrix_equals_the_weighted_path(monkeypatch: py
     flip = rng.random(1200) < 0.4 * np.exp(-margin)
     seq = rng.integers(0, 30, 1200)
     fast = fr.bootstrap_auc(margin, flip, seq, resamples=200, seed=3)
-    monkeypatch.setattr(fr, "_MAX_PAIR_SEQUENCES", 0)
+    monkeypatch.setattr(fr, "_SUFFICIENT_STATISTICS", False)
     slow = fr.bootstrap_auc(margin, flip, seq, resamples=200, seed=3)
     assert fast["used"] == slow["used"] == 200
     assert fast["ci"] == pytest.approx(slow["ci"], abs=1e-12)
+
+
+def test_sequence_bootstrap_is_exact_and_never_groups_sequences(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Many sequences (more than the 2048 groups an earlier version fell back to): every sequence is a
+    resampled unit, and the sufficient statistics give exactly the per-position numbers, ties included."""
+    rng = np.random.default_rng(11)
+    n = 30_000
+    margin = np.round(rng.lognormal(-3.0, 2.0, n), 3)  # many exact ties, flips among them
+    flip = rng.random(n) < 0.05 * np.exp(-margin)
+    seq = rng.integers(0, 3000, n)
+    fast = fr.bootstrap_auc(margin, flip, seq, resamples=60, seed=2)
+    monkeypatch.setattr(fr, "_SUFFICIENT_STATISTICS", False)
+    slow = fr.bootstrap_auc(margin, flip, seq, resamples=60, seed=2)
+    assert fast["sequences"] == np.unique(seq).size and "groups" not in fast
+    assert fast["used"] == slow["used"] == 60 and fast["ci"] == slow["ci"]
 
 
 def test_sequence_resamples_without_flips_are_left_out_and_said() -> None:

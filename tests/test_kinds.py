@@ -211,3 +211,84 @@ def test_unit_ids_of_the_demo_sweep_are_pinned() -> None:
     """Results written before the kinds moved to tasks/kinds/ are still skipped on relaunch."""
     pinned = json.loads((REPO / "tests" / "data" / "demo_unit_ids.json").read_text())
     assert [u.id for u in make_plan(load_spec(REPO / pinned["spec"])).units] == pinned["unit_ids"]
+
+
+# -- rows as Arrow tables (issue #14: per-position rows never pass through one dict per row) -------
+
+def test_a_kind_may_return_an_arrow_table_and_the_worker_adds_the_constant_columns(tmp_path: Path) -> None:
+    from orchestrator.worker import execute_unit
+    from storage.store import ResultStore
+
+    def run(params: dict[str, Any], ctx: UnitContext | None) -> dict[str, Any]:
+        xs = list(range(params["x"]))
+        return {"toy": pa.table({"x": xs, "square": [x * x for x in xs]})}  # int64 columns, no note
+
+    arrow_kind = dataclasses.replace(TOY, name="toy_arrow", run=run)
+    register_kind(arrow_kind)
+    try:
+        payload = {**arrow_kind.unit("exp", {"x": 4, "note": "n"}).to_payload(), "kind_ref": None}
+        out = execute_unit(payload, str(tmp_path), "s", "0" * 64)
+    finally:
+        from tasks.kinds import unregister_kind
+
+        unregister_kind("toy_arrow")
+    assert out["status"] == "ok" and out["rows"] == 4
+    rows = ResultStore(tmp_path).read_unit("toy", "s", payload["id"])
+    assert rows == [{"unit_id": payload["id"], "experiment": "exp", "x": x, "square": x * x, "note": None} for x in range(4)]
+    assert ResultStore(tmp_path).ledger_records("s")[payload["id"]]["files"][0]["rows"] == 4
+
+
+def test_unit_table_refuses_undeclared_columns_and_keeps_dict_rows_working() -> None:
+    from orchestrator.worker import unit_table
+
+    with pytest.raises(ValueError, match="undeclared columns"):
+        unit_table("toy", pa.table({"x": [1], "surprise": [2]}), "u", "e")
+    with pytest.raises(ValueError, match="undeclared columns"):
+        unit_table("toy", [{"x": 1, "surprise": 2}], "u", "e")
+    t = unit_table("toy", [{"x": 2, "square": 4}, {"x": 3, "note": "hi"}, {}], "u", "e")
+    assert t.schema.equals(TOY_TABLE) and t.to_pylist() == [
+        {"unit_id": "u", "experiment": "e", "x": 2, "square": 4, "note": None},
+        {"unit_id": "u", "experiment": "e", "x": 3, "square": None, "note": "hi"},
+        {"unit_id": "u", "experiment": "e", "x": None, "square": None, "note": None}]
+    assert unit_table("toy", [], "u", "e").num_rows == 0 and unit_table("toy", pa.table({"x": pa.array([], pa.int64())}), "u", "e").num_rows == 0
+
+
+def _teacher_forced_dict_rows(ref: str, arm: str, prompts: list[list[int]], generated: list[list[int]],
+                              ref_scores: dict[str, Any], arm_scores: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows as teacher_forced built them before issue #14: one dict per generated position."""
+    rows = []
+    for i, prompt in enumerate(prompts):
+        first = len(prompt) - 1
+        for p, token in enumerate(generated[i]):
+            j = first + p
+            ra, aa = ref_scores["argmax"][i][j], arm_scores["argmax"][i][j]
+            rows.append({"ref_arm": ref, "ref_restart": 0, "arm": arm, "prompt_index": i, "position": p, "ref_token": token,
+                         "ref_argmax": ra, "ref_margin": ref_scores["margins"][i][j], "arm_argmax": aa,
+                         "arm_margin": arm_scores["margins"][i][j], "flip": ra != aa})
+    return rows
+
+
+@pytest.mark.parametrize("as_arrays", [False, True], ids=["lists", "arrays"])
+def test_teacher_forced_position_table_equals_the_rows_it_built_as_dicts(as_arrays: bool) -> None:
+    import random
+
+    import numpy as np
+
+    from orchestrator.worker import unit_table
+    from tasks.kinds.teacher_forced import position_table
+
+    rng = random.Random(7)
+    prompts = [[rng.randrange(50) for _ in range(rng.randint(1, 6))] for _ in range(5)]
+    generated = [[rng.randrange(50) for _ in range(rng.randint(0, 9))] for _ in range(5)]
+    scores = [{"argmax": [[rng.randrange(3) for _ in range(len(p) + len(g))] for p, g in zip(prompts, generated, strict=True)],
+               "margins": [[rng.choice([0.0, float("inf"), rng.random()]) for _ in range(len(p) + len(g))]
+                           for p, g in zip(prompts, generated, strict=True)]} for _ in range(2)]
+    expected = unit_table("teacher_forced", _teacher_forced_dict_rows("a", "b", prompts, generated, *scores), "u", "e")
+    conv = (lambda xs: [np.asarray(x) for x in xs]) if as_arrays else (lambda xs: xs)
+    got = position_table("a", "b", conv(generated), conv(scores[0]["argmax"]), conv(scores[0]["margins"]),
+                         conv(scores[1]["argmax"]), conv(scores[1]["margins"]), [len(p) - 1 for p in prompts])
+    assert unit_table("teacher_forced", got, "u", "e").equals(expected)
+    assert sum(r["flip"] for r in expected.to_pylist()) > 0  # the data has flips to compare
+    with pytest.raises(ValueError, match="predictions for"):
+        position_table("a", "b", generated, [s[:1] for s in scores[0]["argmax"]], scores[0]["margins"],
+                       scores[1]["argmax"], scores[1]["margins"], [len(p) - 1 for p in prompts])

@@ -121,3 +121,110 @@ def test_stale_temporaries_are_listed_and_removed(tmp_path: Path) -> None:
     assert len(store.temporaries()) == 2
     assert store.remove_stale_temporaries(older_than_s=3600) == [f"table=units/sweep=s/{stale.name}"]
     assert not stale.exists() and fresh.exists() and store.done_units("s") == {"u1"}
+
+
+# -- issue #14: the ledger read as one dataset, the unit commit, the attempt markers --------------
+
+def test_ledger_is_one_scan_with_the_same_answers_last_row_wins(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from storage.schemas import UNITS
+
+    store = ResultStore(tmp_path)
+    assert store.ledger("s") == {} and store.done_units("s") == set() and store.ledger_records("s") == {}
+    for i in range(30):
+        store.record_unit("s", _unit(f"u{i:02d}", "ok" if i % 3 else "failed"))
+    # A file holding two rows of units already named by their own files: rows in path order, last wins.
+    part = tmp_path / "table=units/sweep=s"
+    pq.write_table(pa.Table.from_pylist([_unit("u00", "ok"), _unit("u01", "failed")], schema=UNITS), part / "zz.parquet")
+    want = {f"u{i:02d}": "ok" if i % 3 else "failed" for i in range(30)} | {"u00": "ok", "u01": "failed"}
+    assert {u: r["status"] for u, r in store.ledger("s").items()} == want
+    assert store.done_units("s") == {u for u, s in want.items() if s == "ok"}
+    assert set(store.ledger("s")["u02"]) == {"unit_id", "status", "attempts", "error"}
+    assert store.ledger_records("s")["u05"]["rows"] == 3
+
+
+def test_a_damaged_ledger_file_raises_as_reading_it_alone_does(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    store = ResultStore(tmp_path)
+    store.record_unit("s", _unit("u1"))
+    store.record_unit("s", _unit("u2"))
+    bad = tmp_path / "table=units/sweep=s/u2.parquet"
+    bad.write_bytes(bad.read_bytes()[:40])
+    with pytest.raises(Exception) as alone:
+        pq.read_table(bad)
+    for read in (store.done_units, store.ledger, store.ledger_records):
+        with pytest.raises(type(alone.value)):
+            read("s")
+
+
+def test_commit_unit_renames_the_ledger_file_last(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    store = ResultStore(tmp_path)
+    renamed: list[str] = []
+    real = os.replace
+
+    def spy(src: str, dst: str) -> None:
+        renamed.append(dst.split("/table=")[1])
+        real(src, dst)
+
+    monkeypatch.setattr(os, "replace", spy)
+    tables = {"sequences": [{"prompt_index": 0}, {"prompt_index": 1}], "arm_runs": [{"arm": "a"}]}
+    records = store.commit_unit("s", "u1", tables, lambda files: {**_unit("u1"), "files": [f.as_dict() for f in files]})
+    assert renamed[-1] == "units/sweep=s/u1.parquet" and sorted(renamed[:-1]) == ["arm_runs/sweep=s/u1.parquet",
+                                                                                "sequences/sweep=s/u1.parquet"]
+    assert [r.rows for r in records] == [2, 1]
+    assert [f["path"] for f in store.ledger_records("s")["u1"]["files"]] == [r.path for r in records]
+    assert not list(tmp_path.rglob("*.tmp-*"))
+
+
+def test_commit_unit_with_a_failing_result_file_writes_no_ledger_row(tmp_path: Path) -> None:
+    from storage.errors import StorageFault
+
+    (tmp_path / "table=arm_runs").write_text("a file where the partition directory goes")
+    store = ResultStore(tmp_path)
+    with pytest.raises(StorageFault) as info:
+        store.commit_unit("s", "u1", {"sequences": [{"prompt_index": 0}], "arm_runs": [{"arm": "a"}]},
+                          lambda files: _unit("u1"))
+    assert "table=arm_runs" in info.value.path
+    assert store.ledger("s") == {} and not list(tmp_path.rglob("*.tmp-*"))
+
+
+def test_small_files_are_uncompressed_large_ones_zstd_all_with_page_checksums(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from orchestrator.worker import unit_table
+    from storage.store import COMPRESS_FROM_BYTES
+
+    store = ResultStore(tmp_path)
+    small = store.write("sequences", "s", "small", [{"prompt_index": 1}, {"prompt_index": 2}])
+    n = COMPRESS_FROM_BYTES // 4 + 1
+    large = store.write("sequences", "s", "large", unit_table("sequences", pa.table({"prompt_index": pa.array(range(n), pa.int32())}), "u", "e"))
+    meta = {rec.rows: pq.ParquetFile(tmp_path / rec.path).metadata.row_group(0).column(0).compression for rec in (small, large)}
+    assert meta == {2: "UNCOMPRESSED", n: "ZSTD"}
+    assert pq.read_table(tmp_path / large.path, page_checksum_verification=True).num_rows == n
+
+
+def test_attempt_markers_are_empty_files_named_by_what_they_record_and_old_ones_still_count(tmp_path: Path) -> None:
+    import json
+
+    store = ResultStore(tmp_path)
+    assert store.mark_attempt("s", "u", "node-1") == 1
+    (marker,) = (tmp_path / "_state/attempts/sweep=s/u").iterdir()
+    assert marker.suffix == ".attempt" and marker.stat().st_size == 0
+    old = tmp_path / "_state/attempts/sweep=s/u/1-oldhost-7.json"  # a marker written before issue #14
+    old.write_text(json.dumps({"host": "oldhost", "pid": 7, "node_id": None, "started_at": "2025-01-01T00:00:00+00:00"}))
+    (tmp_path / f"_state/attempts/sweep=s/u/.x.attempt.tmp-{'0' * 32}").write_bytes(b"")  # not a marker
+    assert store.attempts("s", "u") == 2 and store.mark_attempt("s", "u") == 3
+    markers = sorted(store.attempt_markers("s"), key=lambda m: m["started_at"])
+    assert markers[0] == {"host": "oldhost", "pid": 7, "node_id": None, "started_at": "2025-01-01T00:00:00+00:00", "unit_id": "u"}
+    import os
+    import socket
+
+    assert {(m["host"], m["pid"], m["node_id"]) for m in markers[1:]} == {(socket.gethostname(), os.getpid(), "node-1"),
+                                                                         (socket.gethostname(), os.getpid(), None)}
+    assert all(datetime.fromisoformat(m["started_at"]).tzinfo is not None for m in markers)

@@ -16,7 +16,9 @@ field           what it is
                 deterministic order, resources (GPU requests) included
 ``describe``    ``describe(params) -> str``: one human line per unit (progress, ``sweep plan``)
 ``run``         ``run(params, ctx) -> {table: rows}``: compute one unit; ``ctx`` is a
-                :class:`UnitContext`, never a results path
+                :class:`UnitContext`, never a results path. Rows of a table are a list of
+                dicts or a ``pyarrow.Table`` (columns: the fast path for many rows); either
+                way without ``unit_id``/``experiment``, which the worker adds
 ``resolve``     ``resolve(exp, resolve_path) -> exp``: make the spec's relative paths absolute
 ==============  ===================================================================================
 
@@ -31,11 +33,16 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, Union
 
 from tasks.kinds.fields import Resources, Strict
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+
 Rows = list[dict[str, Any]]
+#: What ``run`` returns for one table: rows as dicts, or an Arrow table (columns).
+TableRows = Union[Rows, "pa.Table"]  # noqa: UP007 - a string forward reference needs Union
 
 
 class UnitContext(Protocol):
@@ -112,7 +119,7 @@ class Kind:
     spec: type[Strict] | None
     tables: tuple[str, ...]
     describe: Callable[[dict[str, Any]], str]
-    run: Callable[[dict[str, Any], UnitContext | None], dict[str, Rows]]
+    run: Callable[[dict[str, Any], UnitContext | None], Mapping[str, TableRows]]
     expand: Callable[[str, Any], list[Unit]] = _planned_elsewhere
     problems: Callable[[str, Any], list[str]] = _no_problems
     resolve: Callable[[Any, Callable[[str], Path]], Any] = _keep_paths

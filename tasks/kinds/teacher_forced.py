@@ -11,13 +11,20 @@ decoding (its argmax is the token it generated; its margin is from the `generati
 the CPU engine both are identical bit for bit, which tests/test_generate.py checks. Generated
 position ``p`` is predicted after reading the prompt and the first ``p`` generated tokens. A flip is
 a position where the two arms' argmax differ.
+
+The rows (one per generated position, millions in a real sweep) are built as Arrow columns
+(:func:`position_table`), never as one Python dict per position.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
-from tasks.kinds.base import Kind, Rows, UnitContext
+from tasks.kinds.base import Kind, TableRows, UnitContext
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 VERSION = "1"
 
@@ -37,7 +44,66 @@ def reference_decoding(ctx: UnitContext, unit_id: str) -> dict[tuple[int, int], 
     return {(r["prompt_index"], r["position"]): (r["token"], r["margin"]) for r in rows}
 
 
-def _run_vllm(params: dict[str, Any], ctx: UnitContext, generated: dict[int, list[int]]) -> Rows:
+def position_table(ref_arm: str, arm: str, generated: Sequence[Sequence[int]],
+                   ref_argmax: Sequence[Sequence[int]], ref_margin: Sequence[Sequence[float]],
+                   arm_argmax: Sequence[Sequence[int]], arm_margin: Sequence[Sequence[float]],
+                   firsts: Sequence[int] | None = None) -> pa.Table:
+    """The ``teacher_forced`` rows of one unit as an Arrow table: one row per generated position.
+
+    ``generated[i]`` are prompt ``i``'s generated tokens. ``ref_argmax[i]`` (and the other three)
+    are the two arms' predictions over sequence ``i``: position ``firsts[i] + p`` predicts generated
+    token ``p`` (``firsts`` None: position ``p``). Lists as ``ScoreResult`` holds them are the fast
+    path (flattened by slicing, converted once per column). ``flip`` is where the two argmax differ.
+    """
+    import numpy as np
+    import pyarrow as pa
+
+    lengths = [len(g) for g in generated]
+    zeros = [0] * len(lengths)
+    starts = zeros if firsts is None else list(firsts)
+    n = sum(lengths)
+
+    def flat(per_sequence: Sequence[Sequence[Any]], dtype: Any, starts: Sequence[int] = starts) -> Any:
+        if len(per_sequence) != len(lengths):
+            raise ValueError(f"{len(per_sequence)} sequences of predictions for {len(lengths)} prompts")
+        if per_sequence and not isinstance(per_sequence[0], list | tuple):  # arrays or tensors: slice them
+            parts = [np.asarray(seq[start: start + length], dtype=dtype)
+                     for seq, start, length in zip(per_sequence, starts, lengths, strict=True)]
+            out = np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+        else:  # Python lists: one list of the generated positions, converted once
+            values: list[Any] = []
+            for seq, start, length in zip(per_sequence, starts, lengths, strict=True):
+                values.extend(seq[start: start + length])
+            out = np.array(values, dtype=dtype)
+        if len(out) != n:
+            raise ValueError(f"{len(out)} predictions for {n} generated positions")
+        return out
+
+    counts = np.array(lengths, dtype=np.int64)
+    offsets = np.zeros(len(lengths), dtype=np.int64)
+    np.cumsum(counts[:-1], out=offsets[1:])
+    ra, aa = flat(ref_argmax, np.int64), flat(arm_argmax, np.int64)
+    return pa.table({
+        "ref_arm": pa.repeat(pa.scalar(ref_arm, pa.string()), n),
+        "ref_restart": np.zeros(n, dtype=np.int32),
+        "arm": pa.repeat(pa.scalar(arm, pa.string()), n),
+        "prompt_index": np.repeat(np.arange(len(lengths), dtype=np.int32), counts),
+        "position": (np.arange(n, dtype=np.int64) - np.repeat(offsets, counts)).astype(np.int32),
+        "ref_token": flat(generated, np.int64, zeros),
+        "ref_argmax": ra,
+        "ref_margin": flat(ref_margin, np.float64),
+        "arm_argmax": aa,
+        "arm_margin": flat(arm_margin, np.float64),
+        "flip": ra != aa,
+    })
+
+
+def _aligned(per_sequence: Sequence[Sequence[Any]], firsts: Sequence[int], generated: Sequence[Sequence[int]]) -> list[Any]:
+    """Score positions ``first .. first + len(generated)`` of each sequence (the generated positions)."""
+    return [per_sequence[i][f: f + len(g)] for i, (f, g) in enumerate(zip(firsts, generated, strict=True))]
+
+
+def _run_vllm(params: dict[str, Any], ctx: UnitContext, generated: dict[int, list[int]]) -> pa.Table:
     from tasks.models.arms import build_vllm_engine, vllm_prompts
 
     ref = params["reference"]
@@ -47,19 +113,16 @@ def _run_vllm(params: dict[str, Any], ctx: UnitContext, generated: dict[int, lis
     engine = build_vllm_engine(params)
     scores = engine.score(sequences, top_k=2)
     engine.require_evidence()
-    rows = []
-    for i, prompt in enumerate(prompts):
-        first = len(prompt) - 1
-        for p, token in enumerate(generated[i]):
-            ra, rm = decoded[(i, p)]
-            aa = scores.argmax[i][first + p]
-            rows.append({"ref_arm": ref["name"], "ref_restart": 0, "arm": params["arm"]["name"], "prompt_index": i,
-                         "position": p, "ref_token": token, "ref_argmax": ra, "ref_margin": rm, "arm_argmax": aa,
-                         "arm_margin": scores.margins[i][first + p], "flip": ra != aa})
-    return rows
+    gen = [generated[i] for i in range(len(prompts))]
+    firsts = [len(p) - 1 for p in prompts]  # the score position that predicts generated token 0
+    ref_side = [[decoded[(i, p)] for p in range(len(g))] for i, g in enumerate(gen)]
+    # The reference side is its own greedy decoding (aligned to the generated positions already).
+    return position_table(ref["name"], params["arm"]["name"], gen,
+                          [[a for a, _m in r] for r in ref_side], [[m for _a, m in r] for r in ref_side],
+                          _aligned(scores.argmax, firsts, gen), _aligned(scores.margins, firsts, gen))
 
 
-def run(params: dict[str, Any], context: UnitContext | None = None) -> dict[str, Rows]:
+def run(params: dict[str, Any], context: UnitContext | None = None) -> dict[str, TableRows]:
     from tasks.models.arms import build_arm_model
     from tasks.prompts import prompts_from_payload
 
@@ -80,18 +143,10 @@ def run(params: dict[str, Any], context: UnitContext | None = None) -> dict[str,
     sequences = [prompts[i] + generated[i] for i in range(len(prompts))]
     ref_scores = ref_model.score(sequences, top_k=2)
     arm_scores = build_arm_model(params).score(sequences, top_k=2)
-    rows = []
-    for i, prompt in enumerate(prompts):
-        first = len(prompt) - 1  # the score position that predicts generated token 0
-        for p, token in enumerate(generated[i]):
-            j = first + p
-            ra, aa = ref_scores.argmax[i][j], arm_scores.argmax[i][j]
-            rows.append({
-                "ref_arm": ref["name"], "ref_restart": 0, "arm": params["arm"]["name"], "prompt_index": i,
-                "position": p, "ref_token": token, "ref_argmax": ra, "ref_margin": ref_scores.margins[i][j],
-                "arm_argmax": aa, "arm_margin": arm_scores.margins[i][j], "flip": ra != aa,
-            })
-    return {"teacher_forced": rows}
+    gen = [generated[i] for i in range(len(prompts))]
+    firsts = [len(p) - 1 for p in prompts]  # the score position that predicts generated token 0
+    return {"teacher_forced": position_table(ref["name"], params["arm"]["name"], gen, ref_scores.argmax,
+                                             ref_scores.margins, arm_scores.argmax, arm_scores.margins, firsts)}
 
 
 KIND = Kind(name="teacher_forced", version=VERSION, spec=None, tables=("teacher_forced",), describe=describe,

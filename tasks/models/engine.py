@@ -36,6 +36,7 @@ import torch
 
 from .capture import Capture
 from .checkpoint import Checkpoint, _build_float, read_checkpoint, tiny_qwen3_float
+from .invariance import kv_cache
 from .linear import OUT_DTYPES, PROJECTIONS, W8A8Linear, resolve_kernel
 from .predictions import GenerationResult, ScoreResult, predict
 from .quantization import check_scale_mode, quantize_weight, requantize_weight_pow2
@@ -241,7 +242,10 @@ class W8A8Model:
         topk_logits: list[list[list[float]]] = [[] for _ in range(batch)]
         margins: list[list[float]] = [[] for _ in range(batch)]
         with self._session():
-            out = self.hf(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
+            # reductions="fp64": a float64 KV cache appended step by step (tasks.models.invariance).
+            cache = kv_cache(self.config, capacity=int(ids.shape[1]) + max_new_tokens)
+            out = self.hf(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                          past_key_values=cache, logits_to_keep=1)
             for step in range(max_new_tokens):
                 am, tk, tl, mg = predict(out.logits[:, -1, :], top_k)
                 for b in range(batch):

@@ -22,6 +22,18 @@ the engine computes each token's row the same way whatever the batch, padding or
 are transformers' eager masks (the dtype's minimum at masked positions; exp gives exactly 0).
 RMSNorm, rotary embeddings, SiLU and residual adds are elementwise or per-row and stay fp32.
 
+The KV cache of generation (``Fp64KVCache``, made by :func:`kv_cache`).  Decoding step ``t`` attends over every cached
+key and value.  transformers' ``DynamicCache`` keeps them in fp32 with ``num_key_value_heads``
+heads, so each step would repeat the whole cache to ``num_attention_heads`` heads and convert it to
+float64 again, in every layer (O(S) copies per step, 40 % of a generate call).  ``Fp64KVCache``
+stores each layer's keys and values already repeated and in float64, appending only the new
+positions: fp32 -> float64 is exact and repeating copies values, so the tensor
+:func:`fp64_attention` reads is the same one it would build from the fp32 cache -- the same values,
+shape ``[B, H, S, D]``, contiguous layout and dtype -- and every result is the same bit for bit
+(tests/test_models_engine.py checks this over prefill, decode steps, padded batches and a new
+sequence after a finished one).  The cache belongs to one ``generate`` call: a new sequence starts
+a new cache, so nothing from another sequence or layer can be reused.
+
 ``reductions="fp32"`` in :func:`~tasks.models.build_model` keeps transformers' own fp32 eager
 attention and ``lm_head``, to see the amplification for yourself.
 """
@@ -33,7 +45,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["REDUCTIONS", "FP64_ATTENTION", "Fp64Linear", "fp64_attention", "register", "apply"]
+__all__ = ["REDUCTIONS", "FP64_ATTENTION", "Fp64Linear", "fp64_attention", "kv_cache", "register", "apply"]
 
 FP64_ATTENTION = "swapcheck_fp64"
 #: ``reductions=`` choice of build_model -> transformers ``attn_implementation``.
@@ -64,16 +76,116 @@ def fp64_attention(
     """
     if dropout:
         raise ValueError("the W8A8 engine runs inference only (attention dropout must be 0)")
-    n_rep = int(getattr(module, "num_key_value_groups", 1))
     q = query.to(torch.float64)
-    k = _repeat_kv(key, n_rep).to(torch.float64)
-    v = _repeat_kv(value, n_rep).to(torch.float64)
+    if key.dtype == torch.float64 and key.shape[1] == query.shape[1]:
+        k, v = key, value  # from Fp64KVCache: already repeated to every query head and in float64
+    else:
+        n_rep = int(getattr(module, "num_key_value_groups", 1))
+        k = _repeat_kv(key, n_rep).to(torch.float64)
+        v = _repeat_kv(value, n_rep).to(torch.float64)
     scores = torch.matmul(q, k.transpose(2, 3)) * scaling
     if attention_mask is not None:
         scores = scores + attention_mask[:, :, :, : k.shape[-2]].to(torch.float64)
     probs = torch.softmax(scores, dim=-1)
     out = torch.matmul(probs, v).transpose(1, 2).contiguous()
     return out.to(query.dtype), None
+
+
+def kv_cache(config: Any, capacity: int = 0) -> Any:
+    """A fresh ``Fp64KVCache`` (a transformers ``DynamicCache``) for one generation with a model of ``config`` (attention
+    :data:`FP64_ATTENTION`), or None (transformers' default cache) when the model has a layer that is
+    not full attention (a sliding window crops its cache) or attention of another implementation.
+    ``capacity``: the positions the generation will hold (prompt width + new tokens), allocated at
+    the first update; more grow the buffers by doubling."""
+    if getattr(config, "_attn_implementation", None) != FP64_ATTENTION:
+        return None
+    types = getattr(config, "layer_types", None)
+    if types is not None and any(t != "full_attention" for t in types):
+        return None
+    heads, kv_heads = int(config.num_attention_heads), int(config.num_key_value_heads or config.num_attention_heads)
+    if heads % kv_heads:
+        return None
+    return _cache_class()(int(config.num_hidden_layers), heads // kv_heads, capacity)
+
+
+def _cache_class() -> type:
+    """The float64 cache class, defined on first use (``transformers`` is imported lazily)."""
+    global _CACHE_CLASS
+    if _CACHE_CLASS is not None:
+        return _CACHE_CLASS
+    from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+
+    class Fp64KVLayer(DynamicLayer):
+        """One layer's keys and values, repeated to every query head and kept in float64.
+
+        They live in buffers ``[B, H, capacity, D]``, allocated at the first update (the capacity
+        ``generate`` asks for; more positions than that grow them by doubling); ``keys``/``values``
+        are the views ``[:, :, :S]`` of the positions written so far, and each update writes only
+        the new positions.  A view's batch and head strides are the buffer's, its position rows
+        are contiguous as in a fresh tensor.  If anything replaced ``keys``/``values`` (transformers'
+        crop, reorder or batch selection), the buffers are rebuilt from them first."""
+
+        def __init__(self, n_rep: int, capacity: int = 0) -> None:
+            super().__init__()  # type: ignore[no-untyped-call]
+            self.n_rep = n_rep
+            self.capacity = capacity
+            self._kbuf: torch.Tensor | None = None
+            self._vbuf: torch.Tensor | None = None
+
+        def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+            self.dtype, self.device = torch.float64, key_states.device
+            self.keys = torch.tensor([], dtype=torch.float64, device=self.device)
+            self.values = torch.tensor([], dtype=torch.float64, device=self.device)
+            self._kbuf = self._vbuf = None
+            self.is_initialized = True
+
+        def _ours(self) -> bool:
+            # keys/values are still views [:, :, :S] of the buffers (inference tensors have no _base)
+            for view, buf in ((self.keys, self._kbuf), (self.values, self._vbuf)):
+                if (view is None or buf is None or view.dim() != 4 or view.data_ptr() != buf.data_ptr()
+                        or view.stride() != buf.stride() or view.shape[:2] != buf.shape[:2]
+                        or view.shape[-1] != buf.shape[-1] or view.shape[-2] > buf.shape[-2]):
+                    return False
+            return True
+
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+                   **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            b, kv, q, d = key_states.shape
+            heads = kv * self.n_rep
+            old = self.get_seq_length()
+            total = old + q
+            kbuf, vbuf = self._kbuf, self._vbuf
+            if (kbuf is None or vbuf is None or not self._ours() or kbuf.shape[-2] < total
+                    or tuple(kbuf.shape[:2]) != (b, heads) or kbuf.shape[-1] != d):
+                cap = self.capacity if old == 0 and self.capacity >= total else max(2 * total, 64)
+                # zeros, not empty: the pages are touched once here instead of a few at every step
+                kbuf = torch.zeros((b, heads, cap, d), dtype=torch.float64, device=key_states.device)
+                vbuf = torch.zeros((b, heads, cap, d), dtype=torch.float64, device=key_states.device)
+                if old:
+                    assert self.keys is not None and self.values is not None
+                    kbuf[:, :, :old] = self.keys
+                    vbuf[:, :, :old] = self.values
+                self._kbuf, self._vbuf = kbuf, vbuf
+            # Exact: float32 -> float64 and repeating (head h reads key head h // n_rep, as
+            # repeat_kv does) only copy values; one copy_ converts and broadcasts the new positions.
+            kbuf[:, :, old:total].unflatten(1, (kv, self.n_rep)).copy_(key_states.unsqueeze(2))
+            vbuf[:, :, old:total].unflatten(1, (kv, self.n_rep)).copy_(value_states.unsqueeze(2))
+            self.keys, self.values = kbuf[:, :, :total], vbuf[:, :, :total]
+            return self.keys, self.values
+
+    class Fp64KVCache(DynamicCache):
+        """A ``DynamicCache`` of ``Fp64KVLayer`` s, one per decoder layer (module docstring)."""
+
+        def __init__(self, num_layers: int, n_rep: int, capacity: int = 0) -> None:
+            Cache.__init__(self, layers=[Fp64KVLayer(n_rep, capacity) for _ in range(num_layers)])
+
+    _CACHE_CLASS = Fp64KVCache
+    return Fp64KVCache
+
+
+_CACHE_CLASS: type | None = None
 
 
 class Fp64Linear(nn.Linear):

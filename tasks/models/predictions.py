@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,31 @@ def sequence_hash(tokens: list[int]) -> str:
     return hashlib.sha256(json.dumps([int(t) for t in tokens]).encode()).hexdigest()
 
 
+def _top_sorted(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first ``k`` columns of ``torch.sort(x, dim=-1, descending=True, stable=True)``, bit for bit.
+
+    A full stable sort of every row costs far more than the top few: take the k largest values
+    (``topk``: their multiset does not depend on how it breaks ties), keep every column at least
+    as large as the k-th of them -- ties at the threshold included -- and sort only those columns,
+    stably, in ascending column order, which is the order a stable sort of the whole row keeps
+    them in.  More candidates than k in a row (a tie at the threshold), or a non-finite value
+    anywhere, falls back to the full sort.
+    """
+    n = int(x.shape[1])
+    # a finite sum means no NaN or inf (an overflowing sum only sends a finite row to the full sort)
+    if k >= n or not math.isfinite(float(x.sum())):
+        values, ids = torch.sort(x, dim=-1, descending=True, stable=True)
+        return values[:, :k], ids[:, :k]
+    threshold = torch.topk(x, k, dim=-1, sorted=True).values[:, k - 1:k]
+    keep = x >= threshold
+    if not bool((keep.sum(dim=-1) == k).all()):
+        values, ids = torch.sort(x, dim=-1, descending=True, stable=True)
+        return values[:, :k], ids[:, :k]
+    cols = keep.nonzero()[:, 1].reshape(-1, k)  # row-major: ascending columns per row
+    values, order = torch.sort(x.gather(1, cols), dim=-1, descending=True, stable=True)
+    return values, cols.gather(1, order)
+
+
 def predict(logits: torch.Tensor, top_k: int) -> tuple[list[int], list[list[int]], list[list[float]], list[float]]:
     """``(argmax, topk_ids, topk_logits, margins)`` for logits ``[P, V]`` (one entry per row).
 
@@ -34,7 +60,7 @@ def predict(logits: torch.Tensor, top_k: int) -> tuple[list[int], list[list[int]
     vocab = int(logits.shape[1])
     if not 1 <= top_k <= vocab:
         raise ValueError(f"top_k must be between 1 and the vocabulary size {vocab}, got {top_k}")
-    values, ids = torch.sort(logits.to(torch.float32), dim=-1, descending=True, stable=True)
+    values, ids = _top_sorted(logits.to(torch.float32), min(max(top_k, 2), vocab))
     v64 = values[:, :2].to(torch.float64)
     margins = (v64[:, 0] - v64[:, 1]) if vocab >= 2 else torch.full_like(v64[:, 0], float("inf"))
     return (

@@ -50,6 +50,9 @@ __all__ = [
 
 SCALE_MODES = ("real", "pow2")
 _INT8_MIN, _INT8_MAX = -128, 127
+# 127 as an fp32 tensor: ``tensor / absmax`` divides (a Python ``127.0 / absmax`` would multiply by a
+# reciprocal, which rounds differently); made once, not at every call.
+_127 = torch.tensor(127.0, dtype=torch.float32)
 _WEIGHT_MAX = 127
 
 
@@ -99,18 +102,19 @@ def quantize_activations(x: torch.Tensor, scales: str = "real") -> tuple[torch.T
     if x.dim() != 2:
         raise ValueError(f"quantize_activations takes a 2-D [M, K] tensor, got shape {tuple(x.shape)}")
     xf = x.to(torch.float32).contiguous()
-    if not bool(torch.isfinite(xf).all()):
-        raise ValueError("activations contain inf or NaN; per-token int8 quantization needs finite x")
     absmax = xf.abs().amax(dim=1, keepdim=True)  # [M, 1]
+    # amax propagates NaN and inf, so the row maxima are finite exactly when every element is
+    if not bool(torch.isfinite(absmax).all()):
+        raise ValueError("activations contain inf or NaN; per-token int8 quantization needs finite x")
     zero = absmax == 0
     scale = absmax / 127.0  # fp32 division, one rounding
     if scales == "real":
-        inv = torch.tensor(127.0, dtype=torch.float32) / absmax  # inf for a zero row
+        inv = _127 / absmax  # inf for a zero row
         v = xf * inv  # one fp32 rounding per element
     else:
         scale = pow2_up(scale)
         v = xf / torch.where(zero, torch.ones_like(scale), scale)
-    v = torch.where(zero, torch.zeros_like(v), v)  # 0 * inf = NaN -> 0, as cvt.rni.sat does
+    v = v.masked_fill_(zero, 0.0)  # 0 * inf = NaN -> 0, as cvt.rni.sat does
     return _round_sat(v, _INT8_MIN, _INT8_MAX), scale
 
 

@@ -97,7 +97,7 @@ class Arith:
         s = x + y
         bv = s - x
         e = (x - (s - bv)) + (y - bv)
-        e = torch.where(torch.isfinite(s), e, torch.zeros_like(e))
+        e = torch.nan_to_num(e, nan=0.0, posinf=0.0, neginf=0.0)  # s not finite: no remainder
         r = round_to_format(s.numpy(), self.fmt, e.numpy(), self.rounding)
         return torch.from_numpy(np.asarray(r, dtype=np.float64))
 
@@ -413,9 +413,16 @@ def slots16(terms: Terms, ar: Arith) -> torch.Tensor:
     Within a slot: increasing magnitude with alternating signs (smallest positive, smallest
     negative, next positive, ...; when one sign runs out the other continues; +0 counts as
     positive and -0 as negative), sequential from +0.  Then the slot sums sequentially from +0,
-    slot 0 (smallest) first.  Needs all n terms of an output at once: outputs are processed in
-    blocks, each with one sort by magnitude (the slot is monotone in magnitude, so the sort also
-    groups the slots, and each sign's terms appear in increasing magnitude).
+    slot 0 (smallest) first.
+
+    Needs all n terms of an output at once: outputs are processed in blocks.  Each output's terms
+    are sorted once as int32 bit patterns of float32 (every value of these formats is one): the
+    negatives come first in increasing magnitude, then the positives in increasing magnitude, and
+    within each sign the slots are contiguous (the slot is monotone in magnitude), so a batched
+    search finds where each (slot, sign) run starts.  The slot's sum is then the sequential sum of
+    ``pos_0, neg_0, pos_1, neg_1, ...`` with +0 in place of the terms of a sign that has run out:
+    adding +0 to an accumulator that started at +0 changes nothing (it is never -0), so the zeros
+    are exactly "the other sign continues".  One native add per step over the block.
     """
     if terms.exact:
         raise ValueError("slots16 sums values of the format (rounded products)")
@@ -423,56 +430,83 @@ def slots16(terms: Terms, ar: Arith) -> torch.Tensor:
     n = terms.n
     if n == 0:
         return out
-    cols = max(1, (1 << 25) // n)
+    work: dict[str, np.ndarray] = {}
+    blocks = getattr(terms, "output_blocks", None)  # products straight in [outputs, n] layout
+    if blocks is not None:
+        for c0, t in blocks(_SLOTS_ELEMENTS):
+            out[c0 : c0 + t.shape[0]] = _slots16_block(t, ar, work)
+        return out
+    cols = max(1, _SLOTS_ELEMENTS // n)
     for c0 in range(0, terms.size, cols):
         idx = torch.arange(c0, min(terms.size, c0 + cols))
-        t = terms.select(idx).chunk(0, n)  # [n, c]
-        out[idx] = _slots16_block(t.t().contiguous(), ar)
+        out[idx] = _slots16_block(terms.select(idx).chunk(0, n).t(), ar, work)
     return out
 
 
-def _slots16_block(t: torch.Tensor, ar: Arith) -> torch.Tensor:
-    """``t [c, n]``: the slots16 sum of each row."""
+_SLOTS_ELEMENTS = 1 << 22  # terms per block of outputs (sorted keys, windows: ~100 MB)
+_INT32_MIN = -(2**31)
+
+
+def _slot_bounds(fmt: FloatFormat) -> np.ndarray:
+    """int32 bit patterns of the lower magnitude bound of slots 0..15 (slot 0: +0)."""
+    lo = fmt.emin - fmt.mantissa_bits
+    width = -(-(fmt.emax - lo + 1) // 16)
+    b = np.array([0.0] + [2.0 ** (lo + s * width) for s in range(1, 16)], dtype=np.float32)
+    return b.view(np.int32).astype(np.int64)
+
+
+def _slots16_block(t: torch.Tensor, ar: Arith, work: dict[str, np.ndarray]) -> torch.Tensor:
+    """``t [c, n]``: the slots16 sum of each row (``[c]`` in ``ar.dtype``).  ``work`` keeps a
+    buffer between blocks (sorted values, then n zeros to read past a run)."""
     c, n = t.shape
-    x = t.to(torch.float32)  # exact: every value of these formats is a float32 value
-    # |x| as int32 bits sorts like |x| (NaN after inf) and sorts faster than floats; equal keys
-    # are equal magnitudes, whose order within one sign does not matter
-    key, perm = torch.sort(x.abs().view(torch.int32), dim=1)
-    mag = key.view(torch.float32)
-    vals = torch.gather(x, 1, perm)
-    slot = _slot_of_magnitude(mag, ar.fmt)  # non-decreasing along each row
-    neg = torch.signbit(vals).to(torch.int64)
-    counts = torch.zeros(c, 32, dtype=torch.int64).scatter_add_(1, slot * 2 + neg, torch.ones_like(neg))
-    n_pos_s, n_neg_s = counts[:, 0::2], counts[:, 1::2]  # [c, 16]
-    size_s = n_pos_s + n_neg_s
-    first = torch.gather(torch.cumsum(size_s, dim=1) - size_s, 1, slot)  # the slot's first index
-    negs_first = torch.gather(torch.cumsum(n_neg_s, dim=1) - n_neg_s, 1, slot)
-    rank_neg = torch.cumsum(neg, dim=1) - neg - negs_first  # this slot's negatives before it
-    rank_pos = (torch.arange(n) - first) - rank_neg  # this slot's positives before it
-    n_pos, n_neg = torch.gather(n_pos_s, 1, slot), torch.gather(n_neg_s, 1, slot)
-    within = torch.where(
-        neg.bool(),
-        rank_neg + torch.minimum(rank_neg + 1, n_pos),
-        rank_pos + torch.minimum(rank_pos, n_neg),
-    )
-    ordered = torch.empty_like(vals).scatter_(1, first + within, vals)
-    # slots keep their places (the reordering is within each slot)
-    begins = (torch.arange(n) == first).t().contiguous()
-    ends = (torch.arange(n) == first + torch.gather(size_s, 1, slot) - 1).t().contiguous()
-    terms = ordered.t().contiguous().to(ar.dtype)  # [n, c]
-    zero = ar.zeros(c)
-    acc = ar.zeros(c)
+    buf = work.get("vals")
+    if buf is None or buf.shape[0] < c:
+        buf = work["vals"] = np.zeros((c, 2 * n), dtype=np.float32)
+    vals = buf[:c]
+    vals[:, :n] = t.to(torch.float32).numpy()  # exact: these formats' values are float32 values
+    keys = vals[:, :n].view(np.int32)
+    keys.sort(axis=1)  # per row: negatives, then positives, each by increasing magnitude
+    bounds = _slot_bounds(ar.fmt)
+    probe_np = np.concatenate([bounds + _INT32_MIN, [0], bounds]).astype(np.int32)
+    at_np = np.empty((c, 33), dtype=np.int64)
+    for r in range(c):  # one short binary search per row (keys is a strided view of vals)
+        at_np[r] = np.searchsorted(keys[r], probe_np)
+    neg_at = at_np[:, :17]  # run starts of the negatives of slots 0..15, then their end
+    pos_at = np.concatenate([at_np[:, 17:], np.full((c, 1), n)], axis=1)
+    n_neg, n_pos = np.diff(neg_at, axis=1), np.diff(pos_at, axis=1)  # [c, 16]
+    longest = np.maximum(n_neg, n_pos).max(axis=0)
+    rows = np.arange(c)
     across = ar.zeros(c)
-    for i in range(n):
-        acc = ar.add(torch.where(begins[i], zero, acc), terms[i])
-        across = torch.where(ends[i], ar.add(across, acc), across)
+    for s in range(16):
+        steps = int(longest[s])
+        if steps == 0:  # empty in every output of the block: its sum is +0, adding it is a no-op
+            continue
+        windows = np.lib.stride_tricks.sliding_window_view(vals, steps, axis=1)
+        seq = np.empty((c, steps, 2), dtype=np.float32)  # pos_0, neg_0, pos_1, neg_1, ... per row
+        runs = ((pos_at[:, s], n_pos[:, s]), (neg_at[:, s], n_neg[:, s]))
+        for side, (start, count) in enumerate(runs):
+            w = windows[rows, start]  # [c, steps]: the run, then whatever follows it
+            w[np.arange(steps)[None, :] >= count[:, None]] = 0.0  # a sign that has run out: +0 adds
+            seq[:, :, side] = w
+        steps_major = torch.from_numpy(seq.reshape(c, 2 * steps)).t().contiguous()  # [2 steps, c]
+        across = ar.add(across, _seq_rows(steps_major, ar))
     return across
 
 
-def _slot_of_magnitude(mag: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
-    """:func:`slot_of` for magnitudes (float32), by comparison with the 15 slot boundaries."""
-    lo = fmt.emin - fmt.mantissa_bits
-    width = -(-(fmt.emax - lo + 1) // 16)
-    bounds = torch.tensor([2.0 ** (lo + s * width) for s in range(1, 16)], dtype=torch.float64)
-    slot = torch.bucketize(mag.to(torch.float64), bounds, right=True)
-    return torch.where(torch.isnan(mag), torch.full_like(slot, 15), slot)
+def _seq_rows(t: torch.Tensor, ar: Arith) -> torch.Tensor:
+    """``((0 + t[0]) + t[1]) + ...`` per column of ``t [r, c]`` (float32 values of the format)."""
+    r, c = t.shape
+    if ar.native and ar.fp32 and c >= 2:
+        # numpy's reduction over the outer axis of a C-contiguous array adds row after row into the
+        # output, each a float32 IEEE add (pairwise summation is only used along the inner axis,
+        # hence c >= 2: a single column would make the summed axis the inner one)
+        buf = np.empty((r + 1, c), dtype=np.float32)
+        buf[0] = 0.0
+        buf[1:] = t.numpy()
+        with np.errstate(invalid="ignore", over="ignore"):
+            return torch.from_numpy(np.add.reduce(buf, axis=0))
+    v = t.to(ar.dtype)
+    acc = ar.zeros(c)
+    for i in range(r):
+        acc = ar.add(acc, v[i])
+    return acc

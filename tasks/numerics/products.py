@@ -33,8 +33,10 @@ the operation requires (products and sums in the output format, in any order, wi
 
 from __future__ import annotations
 
+import math
 import operator
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from fractions import Fraction
 from typing import Any
 
@@ -44,14 +46,14 @@ import torch
 from . import accumulation as acc_mod
 from .accumulation import AccumulationAlgorithm, to_float64, to_output
 from .errormodel import Bounds, ErrorModel
-from .exactsum import ExactSum, exact_matmul
+from .exactsum import ExactSum, exact_matmul, exact_sum
 from .formats import FORMATS, FloatFormat, get_format
 from .orders import Arith
 from .orders import blocked as _blocked
 from .orders import pairwise as _pairwise
 from .orders import sequential as _sequential
 from .orders import slots16 as _slots16
-from .rounding import NEAREST_EVEN, FormatLike, check_rounding, is_representable
+from .rounding import NEAREST_EVEN, FormatLike, check_rounding, is_representable, round_to_format
 
 __all__ = [
     "MatmulAlgorithm",
@@ -145,11 +147,7 @@ class _ProductTerms:
     def chunk(self, k0: int, k1: int) -> torch.Tensor:
         a, b = self.at[k0:k1], self.b[k0:k1]
         p = a * b if self.pairs else (a.unsqueeze(2) * b.unsqueeze(1)).reshape(k1 - k0, -1)
-        if self.how == "fp32":
-            return p if self.ar.dtype == torch.float32 else p.to(self.ar.dtype)
-        if self.how == "round":
-            return self.ar.round64(p)
-        return p if self.exact else p.to(self.ar.dtype)
+        return self._finish(p)
 
     def add_into(self, acc: torch.Tensor, k: int, out: torch.Tensor) -> None:
         """``out = fl64(acc + term_k)`` for exact terms: the product is exact in float64, so
@@ -171,6 +169,32 @@ class _ProductTerms:
             acc.addcmul_(a, b)
         else:  # fp32 multiply (one rounding), then add (another)
             acc.add_(a * b)
+
+    def _finish(self, p: torch.Tensor) -> torch.Tensor:
+        """Products as computed (float32 IEEE, or exact float64) -> the terms of ``chunk``."""
+        if self.how == "fp32":
+            return p if self.ar.dtype == torch.float32 else p.to(self.ar.dtype)
+        if self.how == "round":
+            return self.ar.round64(p)
+        return p if self.exact else p.to(self.ar.dtype)
+
+    def output_blocks(self, elements: int) -> Iterator[tuple[int, torch.Tensor]]:
+        """``(first output, terms [outputs, n])`` for blocks of about ``elements`` terms: whole rows
+        of the output, products laid out output by output (what a per-output sort wants)."""
+        n = self.n
+        if self.pairs:
+            step = max(1, elements // max(n, 1))
+            for c0 in range(0, self.size, step):
+                a, b = self.at[:, c0 : c0 + step].t(), self.b[:, c0 : c0 + step].t()
+                yield c0, self._finish(a * b)
+            return
+        cols = self.b.shape[1]
+        bt = self.b.t().contiguous()  # [N, K]
+        rows = max(1, elements // max(n * cols, 1))
+        for i0 in range(0, self.at.shape[1], rows):
+            a = self.at[:, i0 : i0 + rows].t().contiguous()  # [r, K]
+            p = (a.unsqueeze(1) * bt.unsqueeze(0)).reshape(-1, n)  # [r * N, K]
+            yield i0 * cols, self._finish(p)
 
     def select(self, index: torch.Tensor) -> _ProductTerms:
         n = self.b.shape[1]
@@ -431,7 +455,90 @@ class _ExactAccumulation(MatmulAlgorithm):
 
     def _run(self, a64: np.ndarray, b64: np.ndarray, fa: FloatFormat,
              fb: FloatFormat) -> np.ndarray:  # fmt: skip
+        if np.all(np.isfinite(a64)) and np.all(np.isfinite(b64)):
+            return _exact_rounded_finite(a64, b64, self.format, self.rounding)
         return _Analysis(a64, b64).rounded(self.format, self.rounding)
+
+
+def _round_once(x: torch.Tensor, fmt: FloatFormat, rounding: str) -> torch.Tensor:
+    """float64 values rounded once to ``fmt`` (float64 tensor of values of fmt)."""
+    if fmt.name == "fp32" and rounding == NEAREST_EVEN:
+        return x.to(torch.float32).to(torch.float64)  # one IEEE rounding
+    return torch.from_numpy(round_to_format(x.numpy(), fmt, rounding=rounding))
+
+
+def _exact_rounded_finite(a64: np.ndarray, b64: np.ndarray, fmt: FloatFormat,
+                          rounding: str) -> np.ndarray:  # fmt: skip
+    """The exact ``A @ B`` of finite values rounded once to ``fmt``, certified per output.
+
+    One float64 BLAS matmul ``D``: every product of two values of at most 24 bits is exact in
+    float64 (and far from its underflow and overflow), so in any order, with or without FMA,
+    ``|D - exact| <= gamma_K * sum_k |a_k b_k| <= gamma_K * ||a_i|| ||b_j||`` (Cauchy-Schwarz),
+    ``gamma_K = K u / (1 - K u)``, u = 2**-53 (taken generously: :func:`_certified`).  Rounding is
+    monotone, so where both ends of ``[D - E, D + E]`` round to the same value (the same bits: a
+    sign of zero counts) that is the rounded exact result.  The outputs left undecided (under 1 %
+    for randn data) are summed again from their exact products, far more accurately
+    (:func:`_split_sum`), and certified the same way; what is still undecided (an exact sum on or
+    next to a midpoint) is summed exactly in digits (:func:`exactsum.exact_sum`).
+    """
+    m, k = a64.shape
+    n = b64.shape[1]
+    a, b = torch.from_numpy(a64), torch.from_numpy(b64)
+    d = torch.matmul(a, b) + 0.0  # an exact zero is +0 (a -0 product sum would stay -0)
+    grow = 1.0 + (k + 8) * 2.0**-52
+    norm_a = torch.sqrt((a * a).sum(dim=1)) * grow  # each square exact; the sum rounds k times
+    norm_b = torch.sqrt((b * b).sum(dim=0)) * grow
+    err = torch.outer(norm_a, norm_b) * ((k + 8) * 2.0**-53 * grow)  # (k + 8) u >= gamma_k
+    flat, bad = _certified(d.reshape(-1), err.reshape(-1), fmt, rounding)
+    if bad.numel():
+        terms = a.index_select(0, bad // n) * b.index_select(1, bad % n).t()  # [bad, K]: exact
+        approx, bound = _split_sum(terms)
+        fixed, still = _certified(approx, bound, fmt, rounding)
+        if still.numel():
+            digits = exact_sum(terms[still].numpy(), axis=1)
+            fixed[still] = torch.from_numpy(digits.round(fmt, rounding))
+        flat[bad] = fixed
+    return flat.reshape(m, n).numpy()
+
+
+def _certified(x: torch.Tensor, err: torch.Tensor, fmt: FloatFormat,
+               rounding: str) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Values known only to lie within ``err`` of ``x``: ``(rounded, undecided)`` where
+    ``rounded`` holds the rounding of every value in ``[x - err, x + err]`` (each end moved one
+    float64 step outwards for the rounding of the subtraction) and ``undecided`` indexes those
+    whose two ends round differently."""
+    inf = torch.tensor(math.inf, dtype=torch.float64)
+    wide = err > 0
+    low = torch.where(wide, torch.nextafter(x - err, -inf), x)
+    high = torch.where(wide, torch.nextafter(x + err, inf), x)
+    out = _round_once(low, fmt, rounding)
+    up = _round_once(high, fmt, rounding)
+    undecided = (out != up) | (torch.signbit(out) != torch.signbit(up))
+    return out, undecided.nonzero().squeeze(1)
+
+
+def _split_sum(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(s, e)``: each row's sum of the float64 values ``p [r, K]`` within ``e`` of the exact one.
+
+    Each row is cut on its own lattice: ``hi = round(p / q) q`` with ``q = 2**(t - W)``, 2**t above
+    the row's largest magnitude and ``K 2**W <= 2**52``, so every ``hi`` is an integer of at most
+    2**W times q and every partial sum of them is exact in any order; ``lo = p - hi`` is exact with
+    ``|lo| <= q / 2``, summed with error at most ``gamma_K sum |lo|``; the final addition rounds once
+    more (``u |s|``), unless every ``lo`` is zero: then ``s`` is the exact sum and ``e = 0``."""
+    r, k = p.shape
+    big = p.abs().amax(dim=1, keepdim=True)
+    _, t = torch.frexp(big)  # big < 2**t
+    width = 52 - math.ceil(math.log2(max(k, 2)))  # k * 2**width <= 2**52
+    q = torch.ldexp(torch.ones_like(big), t.to(torch.float64) - width)
+    hi = torch.round(p / q) * q  # exact: scaling by powers of two, rounding to an integer
+    lo = p - hi  # exact
+    s_hi = hi.sum(dim=1)  # exact (see above)
+    lo_abs = lo.abs().sum(dim=1)
+    s = s_hi + lo.sum(dim=1) + 0.0  # +0 for an exact zero
+    grow = 1.0 + (k + 8) * 2.0**-52
+    e = s.abs() * 2.0**-52 + lo_abs * ((k + 8) * 2.0**-52 * grow) * grow
+    # no low parts (every product on the row's lattice, as for narrow inputs): s is the exact sum
+    return s, torch.where(lo_abs == 0, torch.zeros_like(e), e)
 
 
 class _Slots16(MatmulAlgorithm):

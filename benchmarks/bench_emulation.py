@@ -1,0 +1,155 @@
+"""Speed of the exact emulations of the matmul algorithms (``tasks.numerics.products``) relative to
+``torch.matmul`` in fp32 on the same shape, timed interleaved in the same run (issue #14).
+
+Each row is one algorithm x accumulation format x input dtype x fma.  The candidate is ``alg.run(A, B)``;
+the baseline is ``torch.matmul`` of the same ``A [M, K]`` and ``B [K, N]`` in fp32 (randn data), each
+round timing ``--calls`` matmuls and keeping the fastest, so one matmul's time is not one scheduler
+tick.  The ratio is candidate time over baseline time, judged on the least disturbed round (the
+minimum).  Goals: 10x for fp32 accumulators, 30x for 16-bit (bf16, fp16) accumulators.
+
+    python benchmarks/bench_emulation.py [--m 256] [--k 4096] [--repeat 3] [--quick] [--json PATH]
+
+The ``path`` column says which exact method each row takes (docs/numerics.md, "Speed").
+Torch runs with its default thread count (the baseline uses the same).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+import common  # noqa: E402
+
+
+def _path(alg: Any, inputs: str, fma: bool) -> str:
+    """In words, the exact method the row takes (kept in step with tasks/numerics/orders.py)."""
+    acc = alg.format.name
+    name = alg.name
+    if name == "matmul_exact_accumulation":
+        return "one fp64 BLAS matmul + certified bound; undecided outputs re-summed, then in digits"
+    if name == "matmul_slots16":
+        return "per-output int32 sort, runs interleaved with +0 padding, numpy row-by-row fp32 adds"
+    tree = name == "matmul_pairwise"
+    if acc == "fp32" and inputs != "fp32":
+        return (
+            "exact fp32 products, native fp32 tree"
+            if tree
+            else "exact fp32 products, one addcmul per step"
+        )
+    if acc == "fp32" and not fma:
+        return (
+            "fp32 multiply, native fp32 tree"
+            if tree
+            else "fp32 multiply + native fp32 add per step"
+        )
+    if acc == "fp32":
+        if tree:
+            return "leaf pairs: fp64 sum + fp32 midpoint test; native fp32 tree above"
+        return (
+            "fp64 addcmul, cast to fp32, midpoint bit test per step; flagged redone every 16 steps"
+        )
+    if not fma:
+        return f"products rounded to {acc}, native {acc} " + ("tree" if tree else "add per step")
+    return "fp64 TwoSum + round_to_format (numpy) per addition"
+
+
+def _rows(quick: bool) -> list[tuple[Any, str, bool, float]]:
+    """(algorithm, inputs dtype, fma, goal)."""
+    from tasks.numerics import products as P
+
+    rows: list[tuple[Any, str, bool, float]] = []
+    for fma in (False, True):
+        for alg in (P.matmul_sequential("float32", fma=fma), P.matmul_pairwise("float32", fma=fma),
+                    P.matmul_blocked("float32", 128, fma=fma)):  # fmt: skip
+            rows.append((alg, "fp32", fma, 10.0))
+    for alg in (
+        P.matmul_sequential("float32"),
+        P.matmul_pairwise("float32"),
+        P.matmul_blocked("float32", 128),
+    ):
+        rows.append((alg, "bf16", True, 10.0))
+    rows.append((P.matmul_exact_accumulation("float32"), "fp32", True, 10.0))
+    rows.append((P.matmul_exact_accumulation("float32"), "bf16", True, 10.0))
+    rows.append((P.matmul_slots16("float32"), "fp32", False, 10.0))
+    for fmt, inputs in (("bfloat16", "bf16"), ("float16", "fp16")):
+        for fma in (False, True):
+            algs = [P.matmul_sequential(fmt, fma=fma), P.matmul_pairwise(fmt, fma=fma),
+                    P.matmul_blocked(fmt, 128, fma=fma)]  # fmt: skip
+            if quick:
+                algs = algs[:1]
+            for alg in algs:
+                rows.append((alg, inputs, fma, 30.0))
+    return rows
+
+
+def _label(alg: Any, inputs: str, fma: bool) -> str:
+    name = alg.name.removeprefix("matmul_")
+    if hasattr(alg, "block_size"):
+        name += f"({alg.block_size})"
+    return f"{name} acc={alg.format.name} in={inputs} fma={fma}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    import torch
+
+    ap = common.parser(__doc__.splitlines()[0] if __doc__ else "bench_emulation")
+    ap.add_argument("--m", type=int, default=None, help="M = N (default 256; --quick: 64)")
+    ap.add_argument("--k", type=int, default=None, help="K (default 4096; --quick: 1024)")
+    ap.add_argument(
+        "--repeat", type=int, default=None, help="timed rounds per row (default 3; --quick: 2)"
+    )
+    ap.add_argument(
+        "--calls", type=int, default=10, help="matmuls per baseline round (the fastest counts)"
+    )
+    ap.add_argument("--only", default="", help="run only rows whose label contains this text")
+    args = ap.parse_args(argv)
+    m = args.m or (64 if args.quick else 256)
+    k = args.k or (1024 if args.quick else 4096)
+    repeat = args.repeat or (2 if args.quick else 3)
+    g = torch.Generator().manual_seed(0)
+    a32 = torch.randn(m, k, generator=g)
+    b32 = torch.randn(k, m, generator=g)
+    inputs = {"fp32": (a32, b32), "bf16": (a32.bfloat16(), b32.bfloat16()),
+              "fp16": (a32.half(), b32.half())}  # fmt: skip
+
+    def baseline() -> float:
+        best = float("inf")
+        for _ in range(args.calls):
+            t0 = time.perf_counter()
+            torch.matmul(a32, b32)
+            best = min(best, time.perf_counter() - t0)
+        return best
+
+    cases: list[common.Case] = []
+    print(f"M = N = {m}, K = {k}, torch threads = {torch.get_num_threads()}, rounds = {repeat}")
+    for alg, kind, fma, goal in _rows(args.quick):
+        label = _label(alg, kind, fma)
+        if args.only and args.only not in label:
+            continue
+        a, b = inputs[kind]
+        base_times: list[float] = []
+        fns: dict[str, Callable[[], Any]] = {
+            "candidate": lambda alg=alg, a=a, b=b: alg.run(a, b),
+            "baseline": lambda base_times=base_times: base_times.append(baseline()),
+        }
+        t0 = time.perf_counter()
+        times = common.interleaved(fns, repeat=repeat, warmup=1)
+        path = _path(alg, kind, fma)
+        case = common.Case(stage="emulation", case=label, baseline=f"torch.matmul fp32 ({m}x{k}x{m})",
+                           seconds=times["candidate"], baseline_seconds=base_times[-repeat:], goal=goal,
+                           notes=path, extra={"m": m, "n": m, "k": k, "threads": torch.get_num_threads(),
+                                              "path": path, "load_average": common.load_average()})  # fmt: skip
+        cases.append(case)
+        print(f"  {label:48} {case.ratio_min:9.2f}x (median {case.ratio_median:.2f}x, "
+              f"{min(case.seconds) * 1e3:.1f} ms; row took {time.perf_counter() - t0:.1f} s)  [{path}]",
+              flush=True)  # fmt: skip
+    common.emit(cases, args.json, title=f"bench_emulation: exact emulation vs torch.matmul fp32, "
+                                        f"M = N = {m}, K = {k}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,291 @@
+"""Stage 4 of issue #14: what a sweep costs beyond its units' own work.
+
+On the embedded Ray instance (loopback, ``--num-cpus`` slots, default 2), with a benchmark-only kind
+(``sched_bench``: each unit sleeps ``seconds`` and writes one row; registered through
+``tasks.kinds.register_kind``, found by Ray workers as ``bench_scheduling:KIND``):
+
+(a) ``slow units``: ``--slow`` units (default 40) of ``--seconds`` (default 1.0) through the real launch
+    path (``orchestrator.runner.launch``, Ray already started). Baseline: the ideal parallel time,
+    the sum of the ledger's per-unit ``duration_s`` divided by the number of slots (``lpt`` in the
+    notes: the greedy longest-first makespan of the same durations). Goal: sweep wall <= 1.15x.
+    ``CLI wall`` is the same sweep through ``swapcheck sweep launch`` in a fresh process (Ray start
+    included) against the ideal time of that run's ledger: informative, no goal.
+(b) ``tiny units``: 1,000 and 10,000 units that do nothing (``--quick``: 200) through ``launch``
+    against a bare Ray task loop with the same settings: the same ``ray.remote`` options (num_cpus,
+    num_gpus, max_retries, retry_exceptions, a name per task), the same payloads, the same number of
+    CPUs and the same in-flight window (``orchestrator.runner.WINDOW``), a task that returns at once.
+    Ratio of wall times (= of per-unit costs); goal <= 2x. Informative, with the exponent of the
+    cost from the smaller to the larger size (1.0 = linear): planning (``make_plan``), the
+    skip-check (``ResultStore.done_units``) and a whole relaunch of the finished sweep.
+
+    .venv/bin/python benchmarks/bench_scheduling.py [--quick] [--json out.json] [--dir /tmp/...]
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any, Literal
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+for _p in (str(REPO), str(HERE)):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+import pyarrow as pa  # noqa: E402
+from pydantic import Field  # noqa: E402
+
+from storage.schemas import register_table  # noqa: E402
+from tasks.kinds import Kind, KindError, get_kind, register_kind  # noqa: E402
+from tasks.kinds.base import Unit, UnitContext  # noqa: E402
+from tasks.kinds.fields import Strict  # noqa: E402
+
+TABLE = "sched_bench"
+register_table(TABLE, pa.schema([("unit_id", pa.string()), ("experiment", pa.string()), ("i", pa.int64()),
+                                 ("slept_s", pa.float64())]))
+
+
+class SchedExperiment(Strict):
+    """Units that sleep ``seconds`` each (0: do nothing) and write one row."""
+
+    kind: Literal["sched_bench"]
+    units: int = Field(ge=1)
+    seconds: float = Field(default=0.0, ge=0)
+
+
+def _expand(experiment: str, exp: SchedExperiment) -> list[Unit]:
+    return [KIND.unit(experiment, {"i": i, "seconds": exp.seconds}) for i in range(exp.units)]
+
+
+def _run(params: dict[str, Any], ctx: UnitContext | None = None) -> dict[str, list[dict[str, Any]]]:
+    if params["seconds"]:
+        time.sleep(params["seconds"])
+    return {TABLE: [{"i": params["i"], "slept_s": params["seconds"]}]}
+
+
+KIND = Kind(name="sched_bench", version="1", spec=SchedExperiment, tables=(TABLE,), describe=lambda p: f"sched unit {p['i']}",
+            run=_run, expand=_expand)
+
+
+def register() -> None:
+    """Register the kind in this (driver) process; workers import it by reference."""
+    try:
+        get_kind("sched_bench")
+    except KindError:
+        register_kind(KIND)
+
+
+def _noop(payload: dict[str, Any], results: str, sweep: str, spec_sha256: str) -> dict[str, Any]:
+    """The bare loop's task: the same arguments as ``execute_unit``, returns at once."""
+    return {"unit_id": payload["id"], "status": "ok", "error": None, "rows": 0, "attempts": 1}
+
+
+def spec_text(name: str, units: int, seconds: float) -> str:
+    return textwrap.dedent(f"""
+        question = "What does scheduling cost beyond the units' own work?"
+        name = "{name}"
+
+        [experiments.b]
+        kind = "sched_bench"
+        units = {units}
+        seconds = {seconds}
+        """)
+
+
+def _spec(where: Path, name: str, units: int, seconds: float) -> Any:
+    from orchestrator.spec import load_spec
+
+    path = where / f"{name}.toml"
+    path.write_text(spec_text(name, units, seconds))
+    return load_spec(path)
+
+
+def _ideal(results: Path, sweep: str, slots: int) -> tuple[float, float]:
+    """(sum of the ledger's durations / slots, greedy longest-first makespan) of a finished sweep."""
+    from storage.store import ResultStore
+
+    durations = sorted((float(r["duration_s"]) for r in ResultStore(results).ledger_records(sweep).values()), reverse=True)
+    loads = [0.0] * slots
+    for d in durations:
+        loads[loads.index(min(loads))] += d
+    return sum(durations) / slots, max(loads)
+
+
+def bare_loop(payloads: list[dict[str, Any]], results: str, sweep: str, sha: str, max_retries: int) -> None:
+    """A bare Ray task loop with the runner's settings: the same options, payloads and window."""
+    import ray
+
+    from orchestrator.runner import WINDOW
+
+    remote = ray.remote(_noop)
+    queue = deque(payloads)
+    in_flight: dict[Any, dict[str, Any]] = {}
+    while queue or in_flight:
+        while queue and len(in_flight) < WINDOW:
+            p = queue.popleft()
+            ref = remote.options(num_cpus=1, num_gpus=0, max_retries=max_retries, retry_exceptions=False,
+                                 name=f"{p['kind']}:{p['id']}").remote(p, results, sweep, sha)
+            in_flight[ref] = p
+        ready, rest = ray.wait(list(in_flight), num_returns=1, timeout=1.0)
+        if ready and rest:
+            ready += ray.wait(rest, num_returns=len(rest), timeout=0)[0]
+        for ref, _value in zip(ready, ray.get(ready), strict=True):
+            in_flight.pop(ref)
+
+
+def _exponent(small: float, large: float, n_small: int, n_large: int) -> float:
+    return math.log(large / small) / math.log(n_large / n_small) if small > 0 and large > 0 else float("nan")
+
+
+def main() -> None:
+    from common import Case, emit, machine, parser
+
+    ap = parser(__doc__ or "")
+    ap.add_argument("--dir", type=Path, default=None, help="scratch directory (default: a fresh /tmp/sched_bench-*)")
+    ap.add_argument("--num-cpus", type=int, default=2)
+    ap.add_argument("--slow", type=int, default=None, help="slow units (default 40; --quick 8)")
+    ap.add_argument("--seconds", type=float, default=1.0, help="seconds per slow unit")
+    ap.add_argument("--sizes", type=str, default=None, help="tiny-unit counts, comma separated (default 1000,10000; --quick 200,1000)")
+    ap.add_argument("--no-cli", action="store_true", help="skip the CLI-wall case")
+    args = ap.parse_args()
+    quick = args.quick
+    n_slow = args.slow or (8 if quick else 40)
+    sizes = [int(x) for x in (args.sizes or ("200,1000" if quick else "1000,10000")).split(",")]
+    reps_slow = 1 if quick else 2
+    reps_tiny = {n: (1 if quick or n >= 10_000 else 2) for n in sizes}
+
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # loopback only
+    # Ray workers import the kind by reference (bench_scheduling:KIND) and find it on this path.
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(HERE), str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
+    register()
+    where = args.dir or Path(tempfile.mkdtemp(prefix="sched_bench-", dir="/tmp"))
+    where.mkdir(parents=True, exist_ok=True)
+
+    from orchestrator.cluster import connect, disconnect
+    from orchestrator.plan import make_plan
+    from orchestrator.runner import launch
+    from storage.store import ResultStore
+    from tasks.kinds import kind_ref
+
+    cases: list[Case] = []
+    counter = [0]
+
+    def fresh(tag: str) -> Path:
+        counter[0] += 1
+        return where / f"{tag}-{counter[0]}"
+
+    try:
+        t0 = time.perf_counter()
+        conn = connect(num_cpus=args.num_cpus)
+        ray_start = time.perf_counter() - t0
+        slots = int(conn.num_cpus)
+        print(f"Ray started in {ray_start:.1f} s: {conn.describe()}", flush=True)
+
+        # Warm the workers (imports, torch) so the first measured launch does not pay for them.
+        warm = _spec(where, "warm", 2 * slots, 0.0)
+        launch(warm, fresh("warm"))
+
+        # (a) slow units through launch().
+        slow_spec = _spec(where, "slow", n_slow, args.seconds)
+        walls, ideals, lpts = [], [], []
+        for _ in range(reps_slow):
+            results = fresh("slow")
+            t0 = time.perf_counter()
+            summary = launch(slow_spec, results)
+            walls.append(time.perf_counter() - t0)
+            assert summary.n_ok == n_slow, summary
+            ideal, lpt = _ideal(results, "slow", slots)
+            ideals.append(ideal)
+            lpts.append(lpt)
+            print(f"  slow: wall {walls[-1]:.2f} s, ideal {ideal:.2f} s, lpt {lpt:.2f} s", flush=True)
+        cases.append(Case("scheduling", f"{n_slow} units of {args.seconds:g} s, sweep wall", "ideal: sum(ledger duration_s) / slots",
+                          walls, ideals, goal=1.15, notes=f"{slots} slots; vs LPT makespan {min(w / m for w, m in zip(walls, lpts, strict=True)):.3f}x",
+                          extra={"lpt_seconds": lpts}))
+
+        if not args.no_cli:
+            results = fresh("cli")
+            code = (f"import sys; sys.path[:0] = [{str(HERE)!r}, {str(REPO)!r}]; import bench_scheduling as b; "
+                    "b.register(); from orchestrator.cli.main import app; app()")
+            env = {**os.environ, "RAY_ADDRESS": ""}
+            t0 = time.perf_counter()
+            done = subprocess.run([sys.executable, "-c", code, "sweep", "launch", str(where / "slow.toml"), "--results",
+                                   str(results), "--no-progress", "--num-cpus", str(args.num_cpus)],
+                                  cwd=REPO, env=env, capture_output=True, text=True)
+            wall = time.perf_counter() - t0
+            if done.returncode != 0:
+                raise RuntimeError(done.stdout[-2000:] + done.stderr[-3000:])
+            ideal, lpt = _ideal(results, "slow", slots)
+            print(f"  CLI: wall {wall:.2f} s, ideal {ideal:.2f} s", flush=True)
+            cases.append(Case("scheduling", f"{n_slow} units of {args.seconds:g} s, CLI wall (Ray start included)",
+                              "ideal: sum(ledger duration_s) / slots", [wall], [ideal], goal=None,
+                              notes="informative: a fresh process, Ray started and stopped"))
+
+        # (b) tiny units: launch() against a bare Ray loop; planning, skip-check and relaunch.
+        scale: dict[int, dict[str, float]] = {}
+        for n in sizes:
+            spec = _spec(where, f"tiny{n}", n, 0.0)
+            plan_times = []
+            for _ in range(3):  # the least disturbed of three
+                t0 = time.perf_counter()
+                plan = make_plan(spec)
+                plan_times.append(time.perf_counter() - t0)
+            plan_s = min(plan_times)
+            payloads = [{**u.to_payload(), "description": u.describe(), "kind_ref": kind_ref(u.kind)} for u in plan.units]
+            ours, bare = [], []
+            results = where / "none"
+            for _ in range(reps_tiny[n]):
+                results = fresh(f"tiny{n}")
+                t0 = time.perf_counter()
+                summary = launch(spec, results)
+                ours.append(time.perf_counter() - t0)
+                assert summary.n_ok == n, summary
+                t0 = time.perf_counter()
+                bare_loop(payloads, str(fresh("bare")), plan.sweep, spec.sha256, spec.sweep.max_retries)
+                bare.append(time.perf_counter() - t0)
+                print(f"  tiny {n}: launch {ours[-1] / n * 1e3:.2f} ms/unit, bare loop {bare[-1] / n * 1e3:.2f} ms/unit", flush=True)
+            skip_times = []
+            for _ in range(2):
+                t0 = time.perf_counter()
+                done_n = len(ResultStore(results).done_units(plan.sweep))
+                skip_times.append(time.perf_counter() - t0)
+                assert done_n == n
+            skip_s = min(skip_times)
+            t0 = time.perf_counter()
+            again = launch(spec, results)
+            relaunch_s = time.perf_counter() - t0
+            assert again.n_skipped == n
+            scale[n] = {"plan": plan_s, "skip": skip_s, "relaunch": relaunch_s}
+            print(f"  tiny {n}: plan {plan_s:.3f} s, done_units {skip_s:.3f} s, relaunch {relaunch_s:.3f} s", flush=True)
+            cases.append(Case("scheduling", f"{n:,} tiny units, per unit", "bare Ray task loop, same settings", ours, bare,
+                              goal=2.0, notes=f"best {min(ours) / n * 1e3:.2f} vs {min(bare) / n * 1e3:.2f} ms/unit",
+                              extra={"units": n, "plan_s": plan_s, "done_units_s": skip_s, "relaunch_s": relaunch_s}))
+        if len(sizes) >= 2:
+            a, b = sizes[0], sizes[-1]
+            exps = {k: _exponent(scale[a][k], scale[b][k], a, b) for k in ("plan", "skip", "relaunch")}
+            print(f"scaling {a:,} -> {b:,} units (exponent, 1.0 = linear): "
+                  + ", ".join(f"{k} {v:.2f} ({scale[a][k]:.3f} s -> {scale[b][k]:.3f} s)" for k, v in exps.items()))
+            for c in cases:
+                c.extra["exponents"] = exps
+        m = machine()
+        print(f"machine: {m['cpu']}, {m['cores']} cores, Ray {m['versions'].get('ray')}")
+        emit(cases, args.json, title="scheduling overhead (candidate / baseline)")
+    finally:
+        disconnect()
+        if args.dir is None:
+            shutil.rmtree(where, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    # Run as the module ``bench_scheduling`` (not ``__main__``), so Ray workers can import the kind.
+    import bench_scheduling
+
+    bench_scheduling.main()
