@@ -17,7 +17,7 @@ prompts of 16 tokens, 64 new tokens, tiny-qwen3). Cases, each timed interleaved 
   ``execute_unit`` in a fresh ``python`` process: the unit's own work beyond the floor, without the
   Ray worker (it imports ``ray`` for the node id, which a Ray worker has imported already).
 
-Each timed process starts after an untimed 2 s pause (``settled``): when a ``max_calls=1`` worker
+Each timed process starts after an untimed 2 s pause (``interleaved(..., pause_s=SETTLE_S)``): when a ``max_calls=1`` worker
 exits Ray starts an idle replacement in the background, and on 2 cores that start would otherwise
 land on whichever process runs next (the floor, in alternation).
 * Baseline of both, ``floor``: a fresh ``python`` process that imports torch and transformers, builds
@@ -43,7 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -55,20 +55,6 @@ from common import REPO, Case, emit, interleaved, parser  # noqa: E402
 
 SETTLE_S = 2.0  # untimed pause before each timed process: a Ray worker started in the background settles
 
-
-def settled(fns: dict[str, Callable[[], None]], repeat: int, warmup: int) -> dict[str, list[float]]:
-    """``common.interleaved`` with an untimed pause before each call: after a ``max_calls=1`` worker
-    exits, Ray starts an idle replacement in the background (python + ``import ray``), and without the
-    pause that start would land on whichever process runs next, on a 2-core machine."""
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for round_ in range(warmup + repeat):
-        for name, fn in fns.items():
-            time.sleep(SETTLE_S)
-            t0 = time.perf_counter()
-            fn()
-            if round_ >= warmup:
-                times[name].append(time.perf_counter() - t0)
-    return times
 
 FLOOR = r"""
 import json, sys
@@ -277,7 +263,7 @@ def main() -> None:
     cases: list[Case] = []
     if not args.quick:
         # Without Ray running: the unit's own work beyond the floor, no Ray worker starting alongside.
-        t = settled({"fresh": fresh_unit, "floor": floor}, repeat=2, warmup=0)
+        t = interleaved({"fresh": fresh_unit, "floor": floor}, repeat=2, warmup=0, pause_s=SETTLE_S)
         cases.append(Case("cold_restart", "cold generate unit, fresh process (no Ray)",
                           "fresh python: import torch+transformers, build, generate", t["fresh"], t["floor"],
                           goal=None, notes="informative: execute_unit without the Ray worker"))
@@ -311,7 +297,7 @@ def main() -> None:
 
     try:
         warmup = 0 if args.quick else 1
-        t = settled({"ray": ray_unit, "floor": floor}, repeat=repeat, warmup=warmup)
+        t = interleaved({"ray": ray_unit, "floor": floor}, repeat=repeat, warmup=warmup, pause_s=SETTLE_S)
         if any(h != unit_seqs[0] for h in unit_seqs + floor_hashes):
             raise AssertionError("the floor did not generate the unit's tokens")
         ray_phases = ray_phases[warmup:]

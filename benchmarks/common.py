@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Case", "interleaved", "ratios", "emit", "parser", "machine", "peak_rss_of", "load_average"]
+__all__ = ["Case", "interleaved", "emit", "parser", "machine", "peak_rss_of", "load_average"]
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -90,24 +90,19 @@ class Case:
         return d
 
 
-def interleaved(fns: dict[str, Callable[[], Any]], repeat: int, warmup: int = 1) -> dict[str, list[float]]:
-    """Run each function ``warmup`` times, then ``repeat`` rounds of each in turn; the seconds per round."""
-    for _ in range(warmup):
-        for fn in fns.values():
-            fn()
+def interleaved(fns: dict[str, Callable[[], Any]], repeat: int, warmup: int = 1,
+                pause_s: float = 0.0) -> dict[str, list[float]]:
+    """Run each function ``warmup`` times, then ``repeat`` rounds of each in turn; the seconds per round.
+    ``pause_s``: an untimed pause before every call (to let background work of the previous call settle)."""
     times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeat):
+    for round_ in range(warmup + repeat):
         for name, fn in fns.items():
+            time.sleep(pause_s)
             t0 = time.perf_counter()
             fn()
-            times[name].append(time.perf_counter() - t0)
+            if round_ >= warmup:
+                times[name].append(time.perf_counter() - t0)
     return times
-
-
-def ratios(candidate: Sequence[float], baseline: Sequence[float]) -> tuple[float, float]:
-    """(minimum, median) of the paired ratios candidate / baseline."""
-    r = [c / b for c, b in zip(candidate, baseline, strict=False) if b > 0]
-    return min(r), statistics.median(r)
 
 
 def peak_rss_of(cmd: Sequence[str], **kwargs: Any) -> tuple[float, int, subprocess.CompletedProcess[str]]:

@@ -31,8 +31,7 @@ from typing import Any, TypeVar
 import pyarrow as pa
 
 from storage.errors import StorageFault
-from storage.schemas import TABLES
-from storage.store import FileRecord, ResultStore, hostname, open_store, utcnow
+from storage.store import FileRecord, ResultStore, hostname, open_store, to_table, utcnow
 from tasks.kinds import canonical_json, get_kind
 
 T = TypeVar("T")
@@ -110,35 +109,9 @@ def _store(results: str) -> ResultStore:
 
 
 def unit_table(table: str, rows: pa.Table | list[dict[str, Any]], unit_id: str, experiment: str) -> pa.Table:
-    """A kind's rows for ``table`` (an Arrow table or dicts, without ``unit_id``/``experiment``) as
-    the declared schema, the constant columns added as Arrow columns.
-
-    Raises ``ValueError`` for columns the table does not declare and ``pyarrow`` errors (``ArrowInvalid``,
-    ``ArrowTypeError``: subclasses of ``ValueError``/``TypeError``) for values that do not fit.
-    """
-    schema = TABLES[table]
-    if isinstance(rows, pa.Table):
-        n = rows.num_rows
-    else:
-        n = len(rows)
-        names = {k for r in rows for k in r}
-        extra = names - set(schema.names)
-        if extra:
-            raise ValueError(f"rows for table {table!r} have undeclared columns {sorted(extra)}")
-        rows = pa.Table.from_pylist(rows, schema=pa.schema([f for f in schema if f.name in names]))
-    extra = set(rows.column_names) - set(schema.names)
-    if extra:
-        raise ValueError(f"rows for table {table!r} have undeclared columns {sorted(extra)}")
-    constant = {"unit_id": unit_id, "experiment": experiment}
-    columns = []
-    for f in schema:
-        if f.name in rows.column_names:
-            columns.append(rows.column(f.name).cast(f.type))
-        elif f.name in constant:
-            columns.append(pa.repeat(pa.scalar(constant[f.name], f.type), n))
-        else:
-            columns.append(pa.nulls(n, f.type))
-    return pa.Table.from_arrays(columns, schema=schema)
+    """A kind's rows for ``table`` (without ``unit_id``/``experiment``) as its declared schema, the
+    constant columns added as Arrow columns (:func:`storage.store.to_table`)."""
+    return to_table(table, rows, {"unit_id": unit_id, "experiment": experiment})
 
 
 def ledger_row(payload: dict[str, Any], spec_sha256: str, *, status: str, attempts: int, started: datetime,

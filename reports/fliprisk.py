@@ -170,9 +170,9 @@ def _from_arrow(t: Any) -> FlipData:
     mismatch = _numpy(pc.not_equal(t.column("ref_token"), t.column("ref_argmax")), bool, False)
     pair_ids = _numpy(t.column("pair_id"), np.int64, 0)
     n_pairs = int(pair_ids.max()) + 1 if pair_ids.size else 0
-    first = np.unique(pair_ids, return_index=True)[1] if pair_ids.size else np.zeros(0, np.int64)
+    ids, first = np.unique(pair_ids, return_index=True)
     keys = t.select(["sweep", "ref_arm", "arm"]).take(pa.array(first, pa.int64())).to_pylist()
-    pairs = dict(zip(np.unique(pair_ids).tolist(), keys, strict=True))
+    pairs = dict(zip(ids.tolist(), keys, strict=True))
     per_pair_dropped = np.bincount(pair_ids[~ok], minlength=n_pairs)
     per_pair_mismatch = np.bincount(pair_ids[mismatch], minlength=n_pairs)
     sequence = _numpy(t.column("sequence_id"), np.int64, 0)
@@ -309,7 +309,8 @@ def bootstrap_auc(margin: np.ndarray, flip: np.ndarray, sequence: np.ndarray | N
     chunk = max(1, min(resamples, _CHUNK_ELEMENTS // max(n, 1)))  # the draws' chunking fixes the numbers
     aucs: list[np.ndarray] = []
     pending: list[np.ndarray] = []  # sequence counts drawn, not yet evaluated (evaluated in larger batches)
-    batch = max(1, _CHUNK_ELEMENTS // 4 // max(n_seq if unit == "sequence" else 1, stats[0].shape[0] if stats else 1))
+    # resamples evaluated together: the (resamples x buckets) products stay within a quarter chunk
+    batch = max(1, _CHUNK_ELEMENTS // 4 // max(n_seq, stats[0].shape[0])) if stats is not None else 1
     done = 0
     while done < resamples:
         b = min(chunk, resamples - done)
@@ -648,14 +649,14 @@ def flip_report(cat: Catalog, sweep: str | None = None, ref_arm: str | None = No
     """
     keys = [k for k in cat.named("teacher_forced_pairs", sweep=sweep)
             if (ref_arm is None or k["ref_arm"] == ref_arm) and (arm is None or k["arm"] == arm)]
-    if all(k["sweep"] is not None and k["ref_arm"] is not None and k["arm"] is not None for k in keys):
-        # One pair at a time: memory is bounded by the largest pair, never by the whole table.
-        pairs = []
-        for k in keys:
-            one = load(cat, sweep=k["sweep"], ref_arm=k["ref_arm"], arm=k["arm"])
-            pairs += [{**key, **analyze(one.for_pair(pid), **options)} for pid, key in enumerate(one.pairs)]
-    else:  # a NULL key cannot be selected alone: read the selection whole
-        data = load(cat, sweep=sweep, ref_arm=ref_arm, arm=arm)
-        pairs = [{**key, **analyze(data.for_pair(pid), **options)} for pid, key in enumerate(data.pairs)]
+    # One pair at a time: memory is bounded by the largest pair, never by the whole table. A NULL key
+    # cannot be selected alone: then the selection is read whole.
+    selections = [{"sweep": k["sweep"], "ref_arm": k["ref_arm"], "arm": k["arm"]} for k in keys]
+    if not all(None not in sel.values() for sel in selections):
+        selections = [{"sweep": sweep, "ref_arm": ref_arm, "arm": arm}]
+    pairs = []
+    for sel in selections:
+        data = load(cat, **sel)
+        pairs += [{**key, **analyze(data.for_pair(pid), **options)} for pid, key in enumerate(data.pairs)]
     notes = [] if pairs else ["no teacher-forced positions for this selection"]
     return {"filters": {"sweep": sweep, "ref_arm": ref_arm, "arm": arm}, "pairs": pairs, "notes": notes}

@@ -46,11 +46,8 @@ def _rate_line(p: dict[str, Any]) -> str:
 
 
 def _units(ci: dict[str, Any]) -> str:
-    """What the bootstrap resampled: ``sequences``, or groups of them for a pair with many."""
-    if ci.get("groups"):
-        return (f"{ci['groups']} seeded random groups of whole sequences ({ci['sequences']:,} sequences; "
-                "a group is the resampled unit)")
-    return f"{ci['unit']}s"
+    """What the bootstrap resampled, with its count where known: ``2,400 sequences`` or ``positions``."""
+    return f"{ci['sequences']:,} sequences" if ci.get("sequences") else f"{ci['unit']}s"
 
 
 def _auc_line(p: dict[str, Any]) -> str:

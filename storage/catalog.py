@@ -526,16 +526,28 @@ def read_only_query(results: str | Path, sql: str) -> pa.Table:
         return cat.query(sql)
 
 
+#: ``-- include: <fragment>``: a line of a named query replaced by ``storage/queries/<fragment>.sql``
+#: (CTEs that several queries share; a fragment's name starts with ``_`` and it is no query of its own).
+_INCLUDE = re.compile(r"^-- include: (_[a-z0-9_]+)$", re.MULTILINE)
+
+
 def named_query(name: str) -> str:
-    """The SQL text of ``storage/queries/<name>.sql``."""
+    """The SQL text of ``storage/queries/<name>.sql``, its ``-- include:`` lines replaced by the fragments."""
     try:
-        return resources.files("storage.queries").joinpath(f"{name}.sql").read_text(encoding="utf-8")
+        sql = resources.files("storage.queries").joinpath(f"{name}.sql").read_text(encoding="utf-8")
     except FileNotFoundError:
         raise QueryError(f"no named query {name!r}; available: {', '.join(query_names())}") from None
+    return _INCLUDE.sub(lambda m: _fragment(m.group(1)).rstrip("\n"), sql)
+
+
+def _fragment(name: str) -> str:
+    return resources.files("storage.queries").joinpath(f"{name}.sql").read_text(encoding="utf-8")
 
 
 def query_names() -> list[str]:
-    return sorted(p.name[:-4] for p in resources.files("storage.queries").iterdir() if p.name.endswith(".sql"))
+    """The named queries (fragments, ``_*.sql``, are not queries)."""
+    return sorted(p.name[:-4] for p in resources.files("storage.queries").iterdir()
+                  if p.name.endswith(".sql") and not p.name.startswith("_"))
 
 
 def run_named(results: str | Path, name: str, **params: Any) -> pa.Table:

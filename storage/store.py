@@ -98,18 +98,39 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-def to_table(table: str, rows: pa.Table | Iterable[Mapping[str, Any]]) -> pa.Table:
-    """Rows (dicts) or an Arrow table, cast to the declared schema of ``table``."""
+def to_table(table: str, rows: pa.Table | Iterable[Mapping[str, Any]],
+             constants: Mapping[str, Any] | None = None) -> pa.Table:
+    """Rows (dicts) or an Arrow table as the declared schema of ``table``: each column cast to its
+    declared type, a declared column the rows lack filled from ``constants`` (the same value in every
+    row, built as an Arrow column) or with nulls.
+
+    Raises ``ValueError`` for columns the table does not declare, and pyarrow's errors
+    (``ArrowInvalid``/``ArrowTypeError``: subclasses of ``ValueError``/``TypeError``) for values that
+    do not fit.
+    """
     schema = TABLES[table]
     if isinstance(rows, pa.Table):
         if rows.schema.equals(schema):
             return rows
-        return rows.select(schema.names).cast(schema)
-    rows = list(rows)
-    extra = {k for r in rows for k in r} - set(schema.names)
+    else:
+        rows = list(rows)
+        names = {k for r in rows for k in r}
+        _check_declared(table, names, schema)
+        rows = pa.Table.from_pylist(rows, schema=pa.schema([f for f in schema if f.name in names]))
+    _check_declared(table, set(rows.column_names), schema)
+    constants = constants or {}
+    n = rows.num_rows
+    columns = [rows.column(f.name).cast(f.type) if f.name in rows.column_names
+               else pa.repeat(pa.scalar(constants[f.name], f.type), n) if f.name in constants
+               else pa.nulls(n, f.type)
+               for f in schema]
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _check_declared(table: str, names: set[str], schema: pa.Schema) -> None:
+    extra = names - set(schema.names)
     if extra:
         raise ValueError(f"rows for table {table!r} have undeclared columns {sorted(extra)}")
-    return pa.Table.from_pylist(rows, schema=schema)
 
 
 def is_uri(results: str | Path) -> bool:
@@ -226,11 +247,7 @@ class ResultStore:
             return None
         parent, name = path.rsplit("/", 1)
         tmp = f"{parent}/.{name}.tmp-{uuid.uuid4().hex}"
-        try:
-            fh = open(tmp, "wb")  # noqa: SIM115 - closed below
-        except FileNotFoundError:  # the directory does not exist yet (the usual case needs no mkdir)
-            self.fs.create_dir(parent, recursive=True)
-            fh = open(tmp, "wb")  # noqa: SIM115 - closed below
+        fh = self._create(tmp, "wb")
         try:
             with fh:
                 fh.write(memoryview(data))
@@ -241,6 +258,15 @@ class ResultStore:
                 os.unlink(tmp)
             raise
         return tmp
+
+    def _create(self, path: str, mode: str) -> Any:
+        """A new local file opened with ``mode``, its directory made if it does not exist yet (the
+        usual case, a directory that exists, needs no mkdir call)."""
+        try:
+            return open(path, mode)  # noqa: SIM115 - the caller closes it
+        except FileNotFoundError:
+            self.fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+            return open(path, mode)  # noqa: SIM115 - the caller closes it
 
     def _publish(self, path: str, data: bytes | pa.Buffer, tmp: str | None) -> None:
         """Make a staged file visible whole: rename the temporary (local) or the one put (object store)."""
@@ -354,11 +380,7 @@ class ResultStore:
         folder = self._attempts(sweep, unit_id)
         path = f"{folder}/{_marker_name(time.time_ns(), hostname(), os.getpid(), node_id)}"
         if self.local:
-            try:
-                open(path, "xb").close()  # noqa: SIM115 - an empty file
-            except FileNotFoundError:
-                self.fs.create_dir(folder, recursive=True)
-                open(path, "xb").close()  # noqa: SIM115 - an empty file
+            self._create(path, "xb").close()  # an empty file
         else:
             self._publish(path, b"", None)
         return self.attempts(sweep, unit_id)

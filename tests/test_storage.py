@@ -51,6 +51,16 @@ def test_empty_results_have_typed_empty_views(tmp_path: Path) -> None:
     assert {"kdepth_summary", "unit_status"} <= set(query_names())
 
 
+def test_shared_ctes_are_one_fragment_included_where_named_and_no_query_of_their_own() -> None:
+    from storage.catalog import named_query
+
+    fragment = "_generation_pairs"
+    assert fragment not in query_names()
+    for name in ("first_divergence", "position_agreement"):
+        sql = named_query(name)
+        assert "\n-- include:" not in sql and sql.count("cmp AS (") == 1 and "$sweep" in sql
+
+
 @pytest.mark.parametrize(
     "sql",
     [

@@ -25,12 +25,12 @@ RMSNorm, rotary embeddings, SiLU and residual adds are elementwise or per-row an
 The KV cache of generation (``Fp64KVCache``, made by :func:`kv_cache`).  Decoding step ``t`` attends over every cached
 key and value.  transformers' ``DynamicCache`` keeps them in fp32 with ``num_key_value_heads``
 heads, so each step would repeat the whole cache to ``num_attention_heads`` heads and convert it to
-float64 again, in every layer (O(S) copies per step, 40 % of a generate call).  ``Fp64KVCache``
+float64 again, in every layer (O(S) copies per step).  ``Fp64KVCache``
 stores each layer's keys and values already repeated and in float64, appending only the new
 positions: fp32 -> float64 is exact and repeating copies values, so the tensor
 :func:`fp64_attention` reads is the same one it would build from the fp32 cache -- the same values,
 shape ``[B, H, S, D]``, contiguous layout and dtype -- and every result is the same bit for bit
-(tests/test_models_engine.py checks this over prefill, decode steps, padded batches and a new
+(tests/test_models_kvcache.py checks this over prefill, decode steps, padded batches and a new
 sequence after a finished one).  The cache belongs to one ``generate`` call: a new sequence starts
 a new cache, so nothing from another sequence or layer can be reused.
 
@@ -40,6 +40,7 @@ attention and ``lm_head``, to see the amplification for yourself.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -108,11 +109,9 @@ def kv_cache(config: Any, capacity: int = 0) -> Any:
     return _cache_class()(int(config.num_hidden_layers), heads // kv_heads, capacity)
 
 
+@functools.cache
 def _cache_class() -> type:
     """The float64 cache class, defined on first use (``transformers`` is imported lazily)."""
-    global _CACHE_CLASS
-    if _CACHE_CLASS is not None:
-        return _CACHE_CLASS
     from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
     class Fp64KVLayer(DynamicLayer):
@@ -181,11 +180,7 @@ def _cache_class() -> type:
         def __init__(self, num_layers: int, n_rep: int, capacity: int = 0) -> None:
             Cache.__init__(self, layers=[Fp64KVLayer(n_rep, capacity) for _ in range(num_layers)])
 
-    _CACHE_CLASS = Fp64KVCache
     return Fp64KVCache
-
-
-_CACHE_CLASS: type | None = None
 
 
 class Fp64Linear(nn.Linear):

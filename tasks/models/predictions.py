@@ -35,16 +35,17 @@ def _top_sorted(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     them in.  More candidates than k in a row (a tie at the threshold), or a non-finite value
     anywhere, falls back to the full sort.
     """
-    n = int(x.shape[1])
-    # a finite sum means no NaN or inf (an overflowing sum only sends a finite row to the full sort)
-    if k >= n or not math.isfinite(float(x.sum())):
+    def full_sort() -> tuple[torch.Tensor, torch.Tensor]:
         values, ids = torch.sort(x, dim=-1, descending=True, stable=True)
         return values[:, :k], ids[:, :k]
+
+    # a finite sum means no NaN or inf (an overflowing sum only sends a finite row to the full sort)
+    if k >= int(x.shape[1]) or not math.isfinite(float(x.sum())):
+        return full_sort()
     threshold = torch.topk(x, k, dim=-1, sorted=True).values[:, k - 1:k]
     keep = x >= threshold
     if not bool((keep.sum(dim=-1) == k).all()):
-        values, ids = torch.sort(x, dim=-1, descending=True, stable=True)
-        return values[:, :k], ids[:, :k]
+        return full_sort()
     cols = keep.nonzero()[:, 1].reshape(-1, k)  # row-major: ascending columns per row
     values, order = torch.sort(x.gather(1, cols), dim=-1, descending=True, stable=True)
     return values, cols.gather(1, order)
