@@ -253,8 +253,15 @@ def _launch_row(results: Path) -> dict[str, Any]:
     return row
 
 
+def _server_logs(head: Head) -> str:
+    """The tails of the head's Ray Client server logs (the proxy and each per-client server), so a
+    failed join says why the server did not start rather than only that it did not."""
+    logs = sorted((head.base / "ray").glob("session_latest/logs/ray_client_server*"))
+    return "".join(f"\n--- {p.name}\n{p.read_text(errors='replace')[-1500:]}" for p in logs)
+
+
 def _check_joined(out: subprocess.CompletedProcess[str], head: Head, tmp_path: Path) -> str:
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:] + _server_logs(head)
     match = JOINED.search(out.stderr)
     assert match and int(match.group(1)) == head.gcs, out.stderr[-2000:]
     # The line comes before anything runs.
