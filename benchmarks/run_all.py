@@ -42,7 +42,14 @@ def main() -> int:
     ap.add_argument("--only", action="append", default=[], help="run only stages whose name contains this")
     ap.add_argument("--out", type=Path, default=HERE / "results.json", help="where the collected results go")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds one script may take")
+    ap.add_argument("--show", type=Path, default=None, metavar="RESULTS_JSON",
+                    help="run nothing: print the summary of an earlier run's results file")
+    ap.add_argument("--markdown", action="store_true", help="with --show: the summary as a Markdown table")
     args = ap.parse_args()
+    if args.show is not None:
+        shown = json.loads(args.show.read_text())
+        (_markdown if args.markdown else _summary)(shown)
+        return 0
     run: dict[str, object] = {"started_at": datetime.now(UTC).isoformat(timespec="seconds"), "quick": args.quick,
                               "machine": common.machine(), "stages": []}
     failed = []
@@ -93,6 +100,24 @@ def _summary(run: dict[str, object]) -> None:
               f"  {goal:>10}  {met:3}  {c['baseline']}")
     judged = [c for _, c in rows if c["met"] is not None]
     print(f"\n{sum(1 for c in judged if c['met'])} of {len(judged)} goals met")
+
+
+def _markdown(run: dict[str, object]) -> None:
+    """The summary as the Markdown table of docs/performance.md, with the machine and its load."""
+    m = run["machine"]  # type: ignore[index]
+    print(f"Run of {run['started_at']} ({'--quick' if run['quick'] else 'default sizes'}, {run['seconds']} s): "  # type: ignore[index]
+          f"{m['cpu']}, {m['cores']} cores, load average before {', '.join(map(str, m['load_average']))}.\n")
+    print("| stage | case | best | median | goal | met | baseline (same run) | load before |")
+    print("|---|---|---|---|---|---|---|---|")
+    for s in run["stages"]:  # type: ignore[attr-defined]
+        load = ", ".join(f"{x:.1f}" for x in s["load_before"])
+        for c in s["cases"]:
+            goal = "-" if c["goal"] is None else f"{c['direction']} {c['goal']:g}{c['unit']}"
+            met = {True: "yes", False: "**no**", None: "-"}[c["met"]]
+            print(f"| {s['stage']} | {c['case']} | {c['ratio_best']:.2f}{c['unit']} | {c['ratio_median']:.2f}{c['unit']} "
+                  f"| {goal} | {met} | {c['baseline']} | {load} |")
+    judged = [c for s in run["stages"] for c in s["cases"] if c["met"] is not None]  # type: ignore[attr-defined]
+    print(f"\n{sum(1 for c in judged if c['met'])} of {len(judged)} goals met.")
 
 
 if __name__ == "__main__":
