@@ -31,8 +31,11 @@ and its ledger file with their ``fsync`` calls running concurrently (the file sy
 one journal commit) and still renames the ledger file last; an attempt marker is an empty file whose
 name carries what it records, created in one step, so it has no bytes that could be half-written and
 needs no fsync. Small tables are written without compression (zstd's set-up per column costs more
-than it saves below ``COMPRESS_FROM_BYTES``); every file keeps its page checksums. The ledger of a
-sweep is read as one dataset (one scan over its files, columns projected).
+than it saves below ``COMPRESS_FROM_BYTES``); every file keeps its page checksums. Floating-point
+columns are written without a dictionary (margins and logits rarely repeat: a dictionary there only
+costs a hash of every value before Parquet falls back to plain pages; without it 3M ``teacher_forced``
+rows serialize in about 0.53 s instead of 0.64 s and take 2% less space). The ledger of a sweep is
+read as one dataset (one scan over its files, columns projected).
 """
 
 from __future__ import annotations
@@ -142,9 +145,26 @@ def _parquet_bytes(table: pa.Table) -> pa.Buffer:
     """The Parquet file of ``table`` in memory (no copy into a Python ``bytes``)."""
     buf = pa.BufferOutputStream()
     compression = "zstd" if table.nbytes >= COMPRESS_FROM_BYTES else "none"
-    pq.write_table(table, buf, compression=compression, write_page_checksum=True)  # page CRCs: readers verify them
+    pq.write_table(table, buf, compression=compression, write_page_checksum=True,  # page CRCs: readers verify them
+                   use_dictionary=list(_dictionary_columns(table.schema)))
     data: pa.Buffer = buf.getvalue()
     return data
+
+
+@functools.lru_cache(maxsize=256)
+def _dictionary_columns(schema: pa.Schema) -> tuple[str, ...]:
+    """The Parquet leaf columns of ``schema`` (``name``, ``name.list.element``, ``name.field``) that
+    are dictionary-encoded: every one but the floating-point ones (module docstring)."""
+    def leaves(name: str, t: pa.DataType) -> Iterable[tuple[str, pa.DataType]]:
+        if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+            yield from leaves(f"{name}.list.element", t.value_type)
+        elif pa.types.is_struct(t):
+            for f in t:
+                yield from leaves(f"{name}.{f.name}", f.type)
+        else:
+            yield name, t
+
+    return tuple(path for f in schema for path, t in leaves(f.name, f.type) if not pa.types.is_floating(t))
 
 
 def _sha256(data: bytes | pa.Buffer) -> str:

@@ -130,7 +130,7 @@ ARM_SCRIPT = textwrap.dedent("""
         replays.append(bool(torch.equal(got.view(torch.int16), c.output.view(torch.int16))))
     sc = eng.score(gen.sequences(), top_k=3)
     json.dump({"evidence": ev, "tokens": gen.tokens, "margins": gen.margins, "layers": sorted({c.name for c in cap.layers}),
-               "replays": replays, "score_argmax": sc.argmax, "identity": eng.identity()}, open(out, "w"), default=str)
+               "replays": replays, "score_argmax": [a.tolist() for a in sc.argmax], "identity": eng.identity()}, open(out, "w"), default=str)
 """)
 
 

@@ -110,18 +110,21 @@ def test_score_teacher_forced_matches_decoding_bit_for_bit(model):
     seqs = g.sequences()
     s = model.score(seqs, top_k=5)
     for b, seq in enumerate(seqs):
-        assert len(s.argmax[b]) == len(seq) and s.targets[b] == seq[1:] + [-1]
-        assert all(len(ids) == 5 and ids[0] == a for ids, a in zip(s.topk_ids[b], s.argmax[b], strict=True))
+        # One array per sequence and field (int64 ids, float64 values); .tolist() gives Python values.
+        assert s.argmax[b].shape == (len(seq),) and s.topk_ids[b].shape == s.topk_logits[b].shape == (len(seq), 5)
+        assert s.targets[b].tolist() == seq[1:] + [-1]
+        assert (s.topk_ids[b][:, 0] == s.argmax[b]).all()
         n = len(PROMPTS[b])
         # One unpadded pass over the whole sequence computes, position by position, what KV-cache
         # decoding of the padded batch computed: same tokens, same logits, bit for bit (fp64
         # attention and lm_head; tasks/models/invariance.py).
-        assert s.argmax[b][n - 1 : n - 1 + 16] == g.tokens[b]
-        assert s.topk_logits[b][n - 1 : n - 1 + 16] == g.topk_logits[b]
-        assert s.margins[b][n - 1 : n - 1 + 16] == g.margins[b]
+        assert s.argmax[b][n - 1 : n - 1 + 16].tolist() == g.tokens[b]
+        assert s.topk_logits[b][n - 1 : n - 1 + 16].tolist() == g.topk_logits[b]
+        assert s.margins[b][n - 1 : n - 1 + 16].tolist() == g.margins[b]
         assert s.target_logits[b][n - 1] == g.topk_logits[b][0][0]
     assert s.rows()[0]["target"] == seqs[0][1]
-    assert model.score(seqs, top_k=5).margins == s.margins
+    again = model.score(seqs, top_k=5).margins
+    assert all(x.tobytes() == y.tobytes() for x, y in zip(again, s.margins, strict=True))
 
 
 def test_left_padding_masks_the_pad(model):

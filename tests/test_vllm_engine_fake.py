@@ -223,9 +223,12 @@ def test_engine_scores_with_raw_logits_like_the_cpu_engine(monkeypatch, gpu_torc
     by_logprobs = eng.score(seqs, top_k=2, values="logprobs")
     model = eng.module
     want = ve.score_from_logits(seqs, [model.compute_logits(model.hidden(seqs[0]))], 2)
-    assert by_logits.topk_ids == want.topk_ids and by_logits.margins == want.margins
-    assert by_logits.argmax == by_logprobs.argmax
-    assert by_logits.argmax[0][2:6] == gen.tokens[0]  # teacher forcing reproduces greedy decoding
+    def lists(arrays):
+        return [a.tolist() for a in arrays]
+
+    assert lists(by_logits.topk_ids) == lists(want.topk_ids) and lists(by_logits.margins) == lists(want.margins)
+    assert lists(by_logits.argmax) == lists(by_logprobs.argmax)
+    assert by_logits.argmax[0][2:6].tolist() == gen.tokens[0]  # teacher forcing reproduces greedy decoding
     assert by_logprobs.info["values"] == "logprobs" and by_logits.info["values"] == "raw_logits"
 
 

@@ -391,12 +391,12 @@ def test_score_rows_from_prompt_logprobs_and_from_logits_agree():
     a = score_from_prompt_logprobs(seqs, outs, top_k)
     b = score_from_logits(seqs, logits, top_k)
     for f in ("argmax", "topk_ids", "topk_logits", "margins", "targets"):
-        assert getattr(a, f) == getattr(b, f), f
+        assert [x.tolist() for x in getattr(a, f)] == [y.tolist() for y in getattr(b, f)], f
     for x, y in zip(a.target_logits, b.target_logits, strict=True):
-        assert x[:-1] == y[:-1] and math.isnan(x[-1]) and math.isnan(y[-1])
-    assert a.targets[0] == [11, 42, 0, 7, -1] and a.target_logits[0][0] == float(logits[0][0, 11])
+        assert x[:-1].tolist() == y[:-1].tolist() and math.isnan(x[-1]) and math.isnan(y[-1])
+    assert a.targets[0].tolist() == [11, 42, 0, 7, -1] and a.target_logits[0][0] == float(logits[0][0, 11])
     am, tk, _, mg = predict(logits[0], top_k)  # the CPU engine's ranking, row for row
-    assert b.argmax[0] == am and b.topk_ids[0] == tk and b.margins[0] == mg
+    assert b.argmax[0].tolist() == am and b.topk_ids[0].tolist() == tk and b.margins[0].tolist() == mg
     assert a.info["values"] == "logprobs" and b.info["values"] == "raw_logits"
     assert len(a.rows()) == 7
 

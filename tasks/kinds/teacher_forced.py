@@ -12,21 +12,29 @@ the CPU engine both are identical bit for bit, which tests/test_generate.py chec
 position ``p`` is predicted after reading the prompt and the first ``p`` generated tokens. A flip is
 a position where the two arms' argmax differ.
 
-The rows (one per generated position, millions in a real sweep) are built as Arrow columns
-(:func:`position_table`), never as one Python dict per position.
+The rows (one per generated position, millions in a real sweep) are built as Arrow columns from
+the engines' score arrays (:func:`scores_table`, :func:`position_table`: numpy slices and one
+concatenation per column), never as one Python object per position.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from tasks.kinds.base import Kind, TableRows, UnitContext
 
 if TYPE_CHECKING:
+    import numpy as np
     import pyarrow as pa
 
+    from tasks.models.predictions import ScoreResult
+
 VERSION = "1"
+
+#: One entry per sequence: a numpy array (as ``ScoreResult`` holds scores), a list or a tuple.
+PerSequence = Sequence[Any]
 
 
 def describe(p: dict[str, Any]) -> str:
@@ -44,58 +52,84 @@ def reference_decoding(ctx: UnitContext, unit_id: str) -> dict[tuple[int, int], 
     return {(r["prompt_index"], r["position"]): (r["token"], r["margin"]) for r in rows}
 
 
-def position_table(ref_arm: str, arm: str, generated: Sequence[Sequence[int]],
-                   ref_argmax: Sequence[Sequence[int]], ref_margin: Sequence[Sequence[float]],
-                   arm_argmax: Sequence[Sequence[int]], arm_margin: Sequence[Sequence[float]],
-                   firsts: Sequence[int] | None = None) -> pa.Table:
+def _flat(what: str, per_sequence: Sequence[Any], dtype: Any, starts: Sequence[int], lengths: Sequence[int],
+          n: int) -> np.ndarray:
+    """One array of ``per_sequence[i][starts[i]: starts[i] + lengths[i]]`` over every sequence ``i``
+    (numpy arrays: views and one concatenation; Python lists: one conversion of all their values)."""
+    if len(per_sequence) != len(lengths):
+        raise ValueError(f"{len(per_sequence)} sequences of {what} for {len(lengths)} prompts")
+    parts = [seq[start: start + length] for seq, start, length in zip(per_sequence, starts, lengths, strict=True)]
+    return _concat(what, parts, dtype, n)
+
+
+def _concat(what: str, parts: Sequence[Any], dtype: Any, n: int) -> np.ndarray:
+    import numpy as np
+
+    got = sum(map(len, parts))
+    if got != n:  # a slice is never longer than asked: a shortfall anywhere shows in the total
+        raise ValueError(f"{got} {what} for {n} generated positions")
+    if not parts:
+        return np.zeros(0, dtype=dtype)
+    if all(isinstance(p, np.ndarray) for p in parts):
+        return np.concatenate(parts).astype(dtype, copy=False)
+    if all(isinstance(p, list | tuple) for p in parts):
+        return np.fromiter(itertools.chain.from_iterable(parts), dtype=dtype, count=n)
+    return np.concatenate([np.asarray(p, dtype=dtype) for p in parts])  # tensors, mixed
+
+
+def position_table(ref_arm: str, arm: str, generated: PerSequence, ref_argmax: PerSequence, ref_margin: PerSequence,
+                   arm_argmax: PerSequence, arm_margin: PerSequence, firsts: Sequence[int] | None = None) -> pa.Table:
     """The ``teacher_forced`` rows of one unit as an Arrow table: one row per generated position.
 
     ``generated[i]`` are prompt ``i``'s generated tokens. ``ref_argmax[i]`` (and the other three)
     are the two arms' predictions over sequence ``i``: position ``firsts[i] + p`` predicts generated
-    token ``p`` (``firsts`` None: position ``p``). Lists as ``ScoreResult`` holds them are the fast
-    path (flattened by slicing, converted once per column). ``flip`` is where the two argmax differ.
+    token ``p`` (``firsts`` None: position ``p``). Each argument is one numpy array per sequence (as
+    :class:`tasks.models.ScoreResult` holds them: the fast path) or one list; every column is built
+    with vectorized numpy operations, none per row. ``flip`` is where the two argmax differ.
     """
     import numpy as np
     import pyarrow as pa
 
     lengths = [len(g) for g in generated]
-    zeros = [0] * len(lengths)
-    starts = zeros if firsts is None else list(firsts)
-    n = sum(lengths)
-
-    def flat(per_sequence: Sequence[Sequence[Any]], dtype: Any, starts: Sequence[int] = starts) -> Any:
-        if len(per_sequence) != len(lengths):
-            raise ValueError(f"{len(per_sequence)} sequences of predictions for {len(lengths)} prompts")
-        if per_sequence and not isinstance(per_sequence[0], list | tuple):  # arrays or tensors: slice them
-            parts = [np.asarray(seq[start: start + length], dtype=dtype)
-                     for seq, start, length in zip(per_sequence, starts, lengths, strict=True)]
-            out = np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
-        else:  # Python lists: one list of the generated positions, converted once
-            values: list[Any] = []
-            for seq, start, length in zip(per_sequence, starts, lengths, strict=True):
-                values.extend(seq[start: start + length])
-            out = np.array(values, dtype=dtype)
-        if len(out) != n:
-            raise ValueError(f"{len(out)} predictions for {n} generated positions")
-        return out
-
+    starts = [0] * len(lengths) if firsts is None else firsts
     counts = np.array(lengths, dtype=np.int64)
-    offsets = np.zeros(len(lengths), dtype=np.int64)
+    n = int(counts.sum())
+    index = np.int32 if n < 2**31 else np.int64  # row numbers (position = row - the sequence's first row)
+    offsets = np.zeros(len(lengths), dtype=index)
     np.cumsum(counts[:-1], out=offsets[1:])
-    ra, aa = flat(ref_argmax, np.int64), flat(arm_argmax, np.int64)
+    position = np.arange(n, dtype=index)
+    np.subtract(position, np.repeat(offsets, counts), out=position)
+    ra = _flat("ref_argmax predictions", ref_argmax, np.int64, starts, lengths, n)
+    aa = _flat("arm_argmax predictions", arm_argmax, np.int64, starts, lengths, n)
     return pa.table({
         "ref_arm": pa.repeat(pa.scalar(ref_arm, pa.string()), n),
         "ref_restart": np.zeros(n, dtype=np.int32),
         "arm": pa.repeat(pa.scalar(arm, pa.string()), n),
         "prompt_index": np.repeat(np.arange(len(lengths), dtype=np.int32), counts),
-        "position": (np.arange(n, dtype=np.int64) - np.repeat(offsets, counts)).astype(np.int32),
-        "ref_token": flat(generated, np.int64, zeros),
+        "position": position.astype(np.int32, copy=False),
+        "ref_token": _concat("generated tokens", generated, np.int64, n),
         "ref_argmax": ra,
-        "ref_margin": flat(ref_margin, np.float64),
+        "ref_margin": _flat("ref_margin predictions", ref_margin, np.float64, starts, lengths, n),
         "arm_argmax": aa,
-        "arm_margin": flat(arm_margin, np.float64),
+        "arm_margin": _flat("arm_margin predictions", arm_margin, np.float64, starts, lengths, n),
         "flip": ra != aa,
     })
+
+
+def scores_table(ref_arm: str, arm: str, ref: ScoreResult, other: ScoreResult, firsts: Sequence[int],
+                 lengths: Sequence[int]) -> pa.Table:
+    """:func:`position_table` from both arms' teacher-forced scores of the same sequences (prompt
+    ``i`` + its ``lengths[i]`` generated tokens; ``firsts[i]`` the position predicting generated token
+    0). The reference token of a position is the token that follows it (``ref.targets``), which is
+    the generated token itself, so no token leaves the score arrays.
+    """
+    if len(ref.targets) != len(lengths):
+        raise ValueError(f"{len(ref.targets)} scored sequences for {len(lengths)} prompts")
+    short = [i for i, (t, f, k) in enumerate(zip(ref.targets, firsts, lengths, strict=True)) if f + k >= len(t)]
+    if short:  # the last generated token follows position f + k - 1: the sequence has f + k + 1 tokens
+        raise ValueError(f"sequences {short[:5]} are shorter than their prompt and generated tokens")
+    tokens = [t[f: f + k] for t, f, k in zip(ref.targets, firsts, lengths, strict=True)]
+    return position_table(ref_arm, arm, tokens, ref.argmax, ref.margins, other.argmax, other.margins, firsts)
 
 
 def _aligned(per_sequence: Sequence[Sequence[Any]], firsts: Sequence[int], generated: Sequence[Sequence[int]]) -> list[Any]:
@@ -143,10 +177,9 @@ def run(params: dict[str, Any], context: UnitContext | None = None) -> dict[str,
     sequences = [prompts[i] + generated[i] for i in range(len(prompts))]
     ref_scores = ref_model.score(sequences, top_k=2)
     arm_scores = build_arm_model(params).score(sequences, top_k=2)
-    gen = [generated[i] for i in range(len(prompts))]
+    lengths = [len(generated[i]) for i in range(len(prompts))]
     firsts = [len(p) - 1 for p in prompts]  # the score position that predicts generated token 0
-    return {"teacher_forced": position_table(ref["name"], params["arm"]["name"], gen, ref_scores.argmax,
-                                             ref_scores.margins, arm_scores.argmax, arm_scores.margins, firsts)}
+    return {"teacher_forced": scores_table(ref["name"], params["arm"]["name"], ref_scores, arm_scores, firsts, lengths)}
 
 
 KIND = Kind(name="teacher_forced", version=VERSION, spec=None, tables=("teacher_forced",), describe=describe,

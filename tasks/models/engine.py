@@ -32,13 +32,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from .capture import Capture
 from .checkpoint import Checkpoint, _build_float, read_checkpoint, tiny_qwen3_float
 from .invariance import kv_cache
 from .linear import OUT_DTYPES, PROJECTIONS, W8A8Linear, resolve_kernel
-from .predictions import GenerationResult, ScoreResult, predict
+from .predictions import GenerationResult, ScoreResult, predict, predict_arrays, target_values
 from .quantization import check_scale_mode, quantize_weight, requantize_weight_pow2
 
 __all__ = ["build_model", "W8A8Model", "TINY_MODEL"]
@@ -269,22 +270,14 @@ class W8A8Model:
         """Teacher-forced scores: one unpadded forward pass per sequence, every position scored
         (:class:`~tasks.models.ScoreResult`)."""
         sequences = self._check(sequences, "sequences")
-        res = ScoreResult(sequences, [], [], [], [], [], [],
-                          info={"kernel": self.kernel.name, "scales": self.scales})
+        res = ScoreResult(sequences, info={"kernel": self.kernel.name, "scales": self.scales})
         with self._session():
             for seq in sequences:
                 ids = torch.tensor([seq], dtype=torch.long)
                 logits = self.hf(input_ids=ids, use_cache=False).logits[0].to(torch.float32)
-                am, tk, tl, mg = predict(logits, top_k)
-                targets = seq[1:] + [-1]
-                res.argmax.append(am)
-                res.topk_ids.append(tk)
-                res.topk_logits.append(tl)
-                res.margins.append(mg)
-                res.targets.append(targets)
-                res.target_logits.append([
-                    float(logits[i, t]) if t >= 0 else float("nan") for i, t in enumerate(targets)
-                ])
+                am, tk, tl, mg = predict_arrays(logits, top_k)
+                targets = np.append(ids[0, 1:].numpy(), -1)  # the next token; -1 after the last
+                res.append(am, tk, tl, mg, targets, target_values(logits, targets))
         return res
 
     @contextmanager

@@ -3,8 +3,12 @@
 Both results hold, per sequence and position, the top-k token ids in order (largest logit first;
 equal logits by lower token id first, so ``topk_ids[..][0]`` is ``argmax``, the first maximal id),
 their fp32 logits, and the top-1/top-2 margin ``float64(l1) - float64(l2)`` (exact for fp32 logits of
-similar magnitude; 0.0 at an exact tie).  ``rows()`` flattens them to one dict per position, the
-shape the ``generate`` and ``teacher_forced`` tasks write.
+similar magnitude; 0.0 at an exact tie).  ``rows()`` flattens them to one dict per position.
+
+:class:`GenerationResult` holds Python lists (it is built one decoding step at a time);
+:class:`ScoreResult` holds one numpy array per sequence and field (int64 ids, float64 values: the
+fp32 logits widened exactly, so every value equals the Python float it used to be), so the
+``teacher_forced`` rows are built column by column without a Python object per position.
 """
 
 from __future__ import annotations
@@ -15,9 +19,15 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
-__all__ = ["GenerationResult", "ScoreResult", "predict", "sequence_hash"]
+__all__ = ["FloatArray", "GenerationResult", "IntArray", "ScoreResult", "predict", "predict_arrays", "sequence_hash",
+           "target_values"]
+
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
 
 
 def sequence_hash(tokens: list[int]) -> str:
@@ -51,11 +61,9 @@ def _top_sorted(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return values, cols.gather(1, order)
 
 
-def predict(logits: torch.Tensor, top_k: int) -> tuple[list[int], list[list[int]], list[list[float]], list[float]]:
-    """``(argmax, topk_ids, topk_logits, margins)`` for logits ``[P, V]`` (one entry per row).
-
-    Sorted with a stable descending sort, so ties keep the lower token id first (module docstring).
-    """
+def _predict(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`predict` as tensors: argmax ``[P]`` and top-k ids ``[P, k]`` (int64), top-k logits
+    ``[P, k]`` (fp32), margins ``[P]`` (fp64)."""
     if logits.dim() != 2:
         raise ValueError(f"predict takes [P, V] logits, got shape {tuple(logits.shape)}")
     vocab = int(logits.shape[1])
@@ -64,12 +72,39 @@ def predict(logits: torch.Tensor, top_k: int) -> tuple[list[int], list[list[int]
     values, ids = _top_sorted(logits.to(torch.float32), min(max(top_k, 2), vocab))
     v64 = values[:, :2].to(torch.float64)
     margins = (v64[:, 0] - v64[:, 1]) if vocab >= 2 else torch.full_like(v64[:, 0], float("inf"))
-    return (
-        ids[:, 0].tolist(),
-        ids[:, :top_k].tolist(),
-        values[:, :top_k].tolist(),
-        margins.tolist(),
-    )
+    return ids[:, 0], ids[:, :top_k], values[:, :top_k], margins
+
+
+def predict(logits: torch.Tensor, top_k: int) -> tuple[list[int], list[list[int]], list[list[float]], list[float]]:
+    """``(argmax, topk_ids, topk_logits, margins)`` for logits ``[P, V]`` (one entry per row).
+
+    Sorted with a stable descending sort, so ties keep the lower token id first (module docstring).
+    """
+    am, ids, values, margins = _predict(logits, top_k)
+    return am.tolist(), ids.tolist(), values.tolist(), margins.tolist()
+
+
+def _numpy(t: torch.Tensor, dtype: torch.dtype) -> Any:
+    """``t`` as a contiguous numpy array on the host (``dtype``; shares memory with ``t`` where it can)."""
+    return t.detach().to(device="cpu", dtype=dtype).contiguous().numpy()
+
+
+def predict_arrays(logits: torch.Tensor, top_k: int) -> tuple[IntArray, IntArray, FloatArray, FloatArray]:
+    """:func:`predict` as numpy arrays, the same values bit for bit: ``argmax [P]`` and
+    ``topk_ids [P, k]`` (int64), ``topk_logits [P, k]`` (the fp32 logits as float64, exactly) and
+    ``margins [P]`` (float64)."""
+    am, ids, values, margins = _predict(logits, top_k)
+    return (_numpy(am, torch.int64), _numpy(ids, torch.int64), _numpy(values, torch.float64),
+            _numpy(margins, torch.float64))
+
+
+def target_values(logits: torch.Tensor, targets: IntArray) -> FloatArray:
+    """``logits[i, targets[i]]`` of ``[P, V]`` logits as float64 (the fp32 value exactly), NaN where
+    ``targets[i] < 0`` (the last position of a sequence has no next token)."""
+    index = torch.from_numpy(np.maximum(targets, 0)).to(device=logits.device, dtype=torch.long)
+    out: FloatArray = _numpy(logits.gather(1, index.unsqueeze(1)).squeeze(1), torch.float64)
+    out[targets < 0] = np.nan
+    return out
 
 
 @dataclass
@@ -118,33 +153,54 @@ class ScoreResult:
     """Teacher-forced scores: one forward pass per sequence, every position scored.
 
     Position ``i`` of sequence ``s`` is the prediction after reading ``sequences[s][: i + 1]``:
-    ``argmax[s][i]``, ``topk_ids``/``topk_logits`` ``[s][i][k]``, ``margins[s][i]``;
+    ``argmax[s][i]``, ``topk_ids``/``topk_logits`` ``[s][i, k]``, ``margins[s][i]``;
     ``targets[s][i]`` is the token that follows (``sequences[s][i + 1]``, -1 at the last
     position) and ``target_logits[s][i]`` its logit (NaN at the last position).
+
+    Each field but ``sequences`` is one numpy array per sequence (:meth:`append`): int64 for ids,
+    float64 for logits and margins (fp32 logits widened exactly). ``.tolist()`` of an array gives
+    the Python values the lists of earlier versions held, bit for bit.
     """
 
     sequences: list[list[int]]
-    argmax: list[list[int]]
-    topk_ids: list[list[list[int]]]
-    topk_logits: list[list[list[float]]]
-    margins: list[list[float]]
-    targets: list[list[int]]
-    target_logits: list[list[float]]
+    argmax: list[IntArray] = field(default_factory=list)
+    topk_ids: list[IntArray] = field(default_factory=list)
+    topk_logits: list[FloatArray] = field(default_factory=list)
+    margins: list[FloatArray] = field(default_factory=list)
+    targets: list[IntArray] = field(default_factory=list)
+    target_logits: list[FloatArray] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
 
+    def append(self, argmax: Any, topk_ids: Any, topk_logits: Any, margins: Any, targets: Any,
+               target_logits: Any) -> None:
+        """Add the next sequence's scores (array-likes of its ``L`` positions; ``topk_*`` ``[L, k]``),
+        stored as int64 / float64 arrays (no copy of arrays that already have that dtype)."""
+        n = len(argmax)
+        ids = np.asarray(topk_ids, dtype=np.int64)
+        self.argmax.append(np.asarray(argmax, dtype=np.int64))
+        self.topk_ids.append(ids.reshape(n, -1) if n else ids.reshape(0, 0))
+        logits = np.asarray(topk_logits, dtype=np.float64)
+        self.topk_logits.append(logits.reshape(n, -1) if n else logits.reshape(0, 0))
+        self.margins.append(np.asarray(margins, dtype=np.float64))
+        self.targets.append(np.asarray(targets, dtype=np.int64))
+        self.target_logits.append(np.asarray(target_logits, dtype=np.float64))
+
     def rows(self) -> list[dict[str, Any]]:
-        """One dict per (sequence, position)."""
+        """One dict per (sequence, position), of Python values."""
         out = []
         for s, am in enumerate(self.argmax):
-            for i, a in enumerate(am):
+            targets, target_logits = self.targets[s].tolist(), self.target_logits[s].tolist()
+            topk_ids, topk_logits = self.topk_ids[s].tolist(), self.topk_logits[s].tolist()
+            margins = self.margins[s].tolist()
+            for i, a in enumerate(am.tolist()):
                 out.append({
                     "sequence": s,
                     "position": i,
                     "argmax": a,
-                    "target": self.targets[s][i],
-                    "target_logit": self.target_logits[s][i],
-                    "topk_ids": self.topk_ids[s][i],
-                    "topk_logits": self.topk_logits[s][i],
-                    "margin": self.margins[s][i],
+                    "target": targets[i],
+                    "target_logit": target_logits[i],
+                    "topk_ids": topk_ids[i],
+                    "topk_logits": topk_logits[i],
+                    "margin": margins[i],
                 })
         return out

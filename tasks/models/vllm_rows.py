@@ -18,7 +18,9 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .predictions import GenerationResult, ScoreResult, predict
+import numpy as np
+
+from .predictions import GenerationResult, ScoreResult, predict_arrays, target_values
 
 if TYPE_CHECKING:
     import torch
@@ -136,7 +138,7 @@ def score_from_prompt_logprobs(
     """
     if len(outputs) != len(sequences):
         raise VllmEngineError(f"{len(outputs)} outputs for {len(sequences)} sequences")
-    res = ScoreResult([list(s) for s in sequences], [], [], [], [], [], [],
+    res = ScoreResult([list(s) for s in sequences],
                       info={"engine": "vllm", "values": "logprobs", "last_position_values": last_values})
     for s, (seq, ro) in enumerate(zip(sequences, outputs, strict=True)):
         pl = ro.prompt_logprobs
@@ -173,12 +175,7 @@ def score_from_prompt_logprobs(
         mg.append(m)
         tg.append(-1)
         tv.append(float("nan"))
-        res.argmax.append(am)
-        res.topk_ids.append(tk)
-        res.topk_logits.append(tl)
-        res.margins.append(mg)
-        res.targets.append(tg)
-        res.target_logits.append(tv)
+        res.append(am, tk, tl, mg, tg, tv)
     return res
 
 
@@ -264,22 +261,14 @@ def score_from_logits(
 
     if len(logits) != len(sequences):
         raise VllmEngineError(f"{len(logits)} logits tensors for {len(sequences)} sequences")
-    res = ScoreResult([list(s) for s in sequences], [], [], [], [], [], [],
-                      info={"engine": "vllm", "values": "raw_logits"})
+    res = ScoreResult([list(s) for s in sequences], info={"engine": "vllm", "values": "raw_logits"})
     for seq, lg in zip(sequences, logits, strict=True):
         if int(lg.shape[0]) != len(seq):
             raise VllmEngineError(f"logits have {int(lg.shape[0])} rows for a {len(seq)}-token sequence")
         lg32 = lg.to(torch.float32)
-        am, tk, tl, mg = predict(lg32, top_k)
-        targets = [int(t) for t in seq[1:]] + [-1]
-        idx = torch.tensor([max(t, 0) for t in targets], device=lg32.device)
-        tvals = lg32.gather(1, idx.unsqueeze(1)).squeeze(1).tolist()
-        res.argmax.append(am)
-        res.topk_ids.append(tk)
-        res.topk_logits.append(tl)
-        res.margins.append(mg)
-        res.targets.append(targets)
-        res.target_logits.append([float(v) if t >= 0 else float("nan") for v, t in zip(tvals, targets, strict=True)])
+        am, tk, tl, mg = predict_arrays(lg32, top_k)
+        targets = np.array([int(t) for t in seq[1:]] + [-1], dtype=np.int64)
+        res.append(am, tk, tl, mg, targets, target_values(lg32, targets))
     return res
 
 

@@ -44,6 +44,7 @@ import numpy as np
 import torch
 
 from . import accumulation as acc_mod
+from . import compiled
 from .accumulation import AccumulationAlgorithm, to_float64, to_output
 from .errormodel import Bounds, ErrorModel
 from .exactsum import ExactSum, exact_matmul, exact_sum
@@ -384,6 +385,9 @@ class MatmulAlgorithm(_Bounded):
 
     def run(self, a: Any, b: Any) -> Any:
         """``A @ B`` as this implementation computes it (exactly emulated)."""
+        fast = self._run_compiled(a, b)
+        if fast is not None:
+            return fast
         a64, b64, fa, fb, as_torch = _operands(a, b, self.format)
         m, n = a64.shape[0], b64.shape[1]
         out = self._run(a64, b64, fa, fb)
@@ -398,9 +402,37 @@ class MatmulAlgorithm(_Bounded):
              fb: FloatFormat) -> torch.Tensor | np.ndarray:  # fmt: skip
         """The ``M * N`` outputs (flat) for float64 operands of formats ``fa`` and ``fb``."""
 
+    def _run_compiled(self, a: Any, b: Any) -> Any:
+        """The output through a compiled kernel (:mod:`.compiled`), or None where there is none."""
+        return None
+
+
+def _operands32(a: Any, b: Any, default: FloatFormat) -> tuple[np.ndarray, np.ndarray, FloatFormat,
+                                                                 FloatFormat, bool]:  # fmt: skip
+    """The operands as C-contiguous float32 arrays (exact), their formats and whether either was
+    a torch tensor: straight from fp32-or-narrower tensors and arrays, else through _operands."""
+    x, y = compiled.operands32(a), compiled.operands32(b)
+    if x is not None and y is not None and x[0].shape[1] == y[0].shape[0]:
+        as_torch = isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor)
+        return x[0], y[0], x[1], y[1], as_torch
+    a64, b64, fa, fb, as_torch = _operands(a, b, default)  # validates (raises) as run() does
+    return a64.astype(np.float32), b64.astype(np.float32), fa, fb, as_torch  # exact: <= fp32
+
 
 class _Ordered(MatmulAlgorithm):
-    """The products (exact or rounded, per fma and the data) summed by an order of :mod:`.orders`."""
+    """The products (exact or rounded, per fma and the data) summed by an order of :mod:`.orders`;
+    compiled (:func:`.compiled.run_ordered`) where numba is available."""
+
+    order_name = ""
+    block = 0
+
+    def _run_compiled(self, a: Any, b: Any) -> Any:
+        if not compiled.available():
+            return None
+        a32, b32, fa, fb, as_torch = _operands32(a, b, self.format)
+        out = compiled.run_ordered(self.order_name, self.block, self.format, self.rounding,
+                                   self.fma, a32, b32, fa, fb)  # fmt: skip
+        return None if out is None else compiled.to_output(out, self.format, as_torch)
 
     def _run(self, a64: np.ndarray, b64: np.ndarray, fa: FloatFormat,
              fb: FloatFormat) -> torch.Tensor:  # fmt: skip
@@ -413,6 +445,7 @@ class _Ordered(MatmulAlgorithm):
 
 class _Sequential(_Ordered):
     name = "matmul_sequential"
+    order_name = "sequential"
 
     def _sum(self, terms: Any) -> torch.Tensor:
         return _sequential(terms, self.arith)
@@ -420,6 +453,7 @@ class _Sequential(_Ordered):
 
 class _Pairwise(_Ordered):
     name = "matmul_pairwise"
+    order_name = "pairwise"
 
     def _sum(self, terms: Any) -> torch.Tensor:
         return _pairwise(terms, self.arith)
@@ -427,11 +461,13 @@ class _Pairwise(_Ordered):
 
 class _Blocked(_Ordered):
     name = "matmul_blocked"
+    order_name = "blocked"
 
     def __init__(self, fmt: FormatLike, block_size: int, *, fma: bool, rounding: str) -> None:
         order = acc_mod.blocked(fmt, block_size, rounding=rounding)
         super().__init__(fmt, order, fma=fma, rounding=rounding)
         self.block_size = block_size
+        self.block = block_size
 
     def _extra(self) -> str:
         return f", {self.block_size}"
