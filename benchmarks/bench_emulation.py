@@ -37,7 +37,7 @@ def _path(alg: Any, a: Any, b: Any) -> str:
     acc = alg.format.name
     name = alg.name
     if name == "matmul_exact_accumulation":
-        return "torch: one fp64 BLAS matmul + certified bound; undecided outputs re-summed, then in digits"
+        return "one fp64 BLAS matmul + certified bound; undecided outputs re-summed, then in digits"
     if name == "matmul_slots16":
         return "torch: per-output int32 sort, runs interleaved with +0 padding, numpy row-by-row fp32 adds"
     x, y = compiled.operands32(a), compiled.operands32(b)

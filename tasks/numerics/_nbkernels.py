@@ -16,10 +16,15 @@ products are exact in fp32 (always for fp32 accumulators: see below):
   added with one rounding.  The first level of a pairwise tree with fma adds two exact products
   (up to 48 bits each) with one rounding: their float64 sum, rounded to odd with its TwoSum
   remainder, then one cast to fp32 (correct because 53 >= 24 + 2).
-* bf16 / fp16 (products exact in fp32, checked by the caller): a sum of two values of the format is
-  added in fp32 and rounded once more to the format (innocuous: 24 >= 2p + 2, as torch does); a sum
-  with an exact product is rounded to odd in fp32 (TwoSum), then to the format (24 >= p + 2).
-  Rounding to the format is bit manipulation on the fp32 pattern (:func:`_rnd16`).
+* bf16 / fp16 (products exact in fp32, checked by the caller), one loop per format and fma (no
+  branch inside it): a sum of two values of the format is added in fp32 and rounded once more to
+  the format (innocuous: 24 >= 2p + 2, as torch does).  bf16 rounding is the integer
+  round-to-nearest-even of the fp32 bit pattern (:func:`_bf16`); fp16 rounding is one hardware
+  conversion to half and back (:func:`_fp16`: F16C ``vcvtps2ph``, or the bit method
+  :func:`_rnd_fp16_soft` where the target has none).  A sum with an exact product (fma) is taken
+  as fl32(x + y) and its TwoSum remainder: fp16 rounds it to odd (24 >= 11 + 2) before the
+  conversion (:func:`_sum_fp16`); bf16 lets the remainder break the one tie that can misround, a
+  sum on a bf16 midpoint (:func:`_sum_bf16`).
 
 float64 kernels (``*_gen``): any format, either round-to-nearest mode, any inputs: float64 values,
 TwoSum remainders and :func:`_round` (the method of :func:`.rounding.round_to_format`).  Every value
@@ -30,6 +35,7 @@ float64's normal range), so float64 products and TwoSum remainders are exact.
 from __future__ import annotations
 
 import math
+import platform
 from typing import Any
 
 import numpy as np
@@ -74,38 +80,126 @@ def _i2f(n: Any) -> Any:
     return np.int64(n).view(np.float64)
 
 
+def _hw_f16() -> bool:
+    """Does the compilation target convert float32 to half in hardware (x86 F16C, any AArch64)?
+    A fixed numba target (``NUMBA_CPU_NAME``, portable caches) is judged by its feature list."""
+    from numba.core import config
+
+    machine = platform.machine().lower()
+    if machine in ("aarch64", "arm64"):
+        return True
+    if machine not in ("x86_64", "amd64"):
+        return False
+    if getattr(config, "CPU_NAME", None):
+        feats = str(getattr(config, "CPU_FEATURES", None) or "")
+    else:
+        import llvmlite.binding as llvm
+
+        feats = llvm.get_host_cpu_features().flatten()
+    return "+f16c" in feats.split(",")
+
+
+HW_F16 = _hw_f16()
+
+
 @njit(cache=True)
-def _rnd16(x: np.float32, kind: int) -> np.float32:
-    """An fp32 value rounded to nearest even in bf16 (kind 1) or fp16 (kind 2); kind 0: x.
-    Overflow gives +-inf, NaN stays NaN, a negative value rounding to zero gives -0."""
-    if kind == 0:
-        return x
+def _rnd_fp16_soft(x: np.float32) -> np.float32:
+    """An fp32 value rounded to nearest even in fp16 by bit manipulation: 13 bits dropped in fp16's
+    normal range, a fixed quantum 2**-24 below it; overflow gives +-inf, NaN stays NaN, -0 kept."""
     u = np.float32(x).view(np.uint32)
-    if kind == 1:  # bf16: fp32's exponent range, so one integer rounding covers subnormals too
-        r = (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
-        y = np.uint32(r).view(np.float32)
-    else:  # fp16: 13 bits dropped in its normal range, a fixed quantum 2**-24 below it
-        r = (u + np.uint32(0xFFF) + ((u >> np.uint32(13)) & np.uint32(1))) & np.uint32(0xFFFFE000)
-        y = np.uint32(r).view(np.float32)
-        if (u & np.uint32(0x7FFFFFFF)) < np.uint32(_F16_MIN_NORMAL_BITS):
-            y = np.float32(math.copysign((x + _F16_SUB) - _F16_SUB, x))
-        if abs(y) > _F16_MAX:
-            y = np.float32(math.copysign(_INF32, x))
+    r = (u + np.uint32(0xFFF) + ((u >> np.uint32(13)) & np.uint32(1))) & np.uint32(0xFFFFE000)
+    y = np.uint32(r).view(np.float32)
+    if (u & np.uint32(0x7FFFFFFF)) < np.uint32(_F16_MIN_NORMAL_BITS):
+        y = np.float32(math.copysign((x + _F16_SUB) - _F16_SUB, x))
+    if abs(y) > _F16_MAX:
+        y = np.float32(math.copysign(_INF32, x))
     if x != x:
         y = x
     return y
 
 
+def _fp16_typer(typingctx: object, x: object) -> tuple[object, object]:
+    """An fp32 value rounded to nearest even in fp16, as fp32: ``fptrunc`` to half then ``fpext``
+    (one hardware conversion, ``vcvtps2ph``/``vcvtph2ps`` with F16C: IEEE rounding, subnormals,
+    overflow to inf, NaN kept) where :data:`HW_F16`, else :func:`_rnd_fp16_soft`."""
+    sig = types.float32(types.float32)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        if not HW_F16:
+            return context.compile_internal(builder, _rnd_fp16_soft.py_func, signature, args)
+        h = builder.fptrunc(args[0], ir.HalfType())
+        return builder.fpext(h, ir.FloatType())
+
+    return sig, codegen
+
+
+_fp16: Any = intrinsic(_fp16_typer)
+
+
+def _h2f_typer(typingctx: object, x: object) -> tuple[object, object]:
+    """The fp16 value of a uint16 bit pattern as float32 (``bitcast`` to half, ``fpext``: exact;
+    ``vcvtph2ps`` with F16C).  Used only where :data:`HW_F16`."""
+    sig = types.float32(types.uint16)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+
+    return sig, codegen
+
+
+_h2f: Any = intrinsic(_h2f_typer)
+
+
 @njit(cache=True)
-def _odd32(x: np.float32, y: np.float32) -> np.float32:
-    """``x + y`` (float32) rounded to odd: fl32(x + y), its last bit made odd if inexact."""
+def widen_fp16(src: np.ndarray, out: np.ndarray) -> None:
+    """``out[i]`` = the fp16 value with bit pattern ``src[i]`` (uint16) as float32 (exact; NaN
+    payloads kept); 1-D arrays.  Only where :data:`HW_F16`."""
+    for i in range(src.shape[0]):
+        out[i] = _h2f(src[i])
+
+
+@njit(cache=True)
+def _bf16(x: np.float32) -> np.float32:
+    """An fp32 value rounded to nearest even in bf16 (fp32's exponent range, so one integer
+    rounding of the bit pattern covers subnormals and overflow to inf).  A NaN whose low 16 bits
+    are zero is kept as it is (no carry reaches its exponent); the bf16 kernels see no other NaN:
+    every NaN they make is an input's, quieted, or the default NaN, and the caller replaces NaN
+    operands of wider formats (fp16) by the default NaN (:func:`.compiled.run_ordered`)."""
+    u = np.float32(x).view(np.uint32)
+    r = (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
+    return np.uint32(r).view(np.float32)
+
+
+@njit(cache=True)
+def _sum_bf16(x: np.float32, y: np.float32) -> np.float32:
+    """``x + y`` (any float32 operands) rounded once to bf16.  fl32(x + y) = s and its TwoSum
+    remainder e: s misrounds only when it is a bf16 midpoint (low 16 bits 0x8000) and e != 0; then
+    the tie goes the way of e (up in magnitude when e has s's sign), else to even.  A non-finite s
+    (e NaN) is rounded as it is (NaN: as in :func:`_bf16`)."""
     s = x + y
     bv = s - x
-    e = (x - (s - bv)) + (y - bv)  # TwoSum; NaN when s is not finite
-    bits = np.float32(s).view(np.int32)
-    fix = np.int32(((e > 0) | (e < 0)) & ((bits & np.int32(1)) == 0))
-    step = np.int32(1) if (e > 0) == (s > 0) else np.int32(-1)
-    return np.int32(bits + fix * step).view(np.float32)
+    e = (x - (s - bv)) + (y - bv)
+    u = np.float32(s).view(np.uint32)
+    same = ((np.float32(e).view(np.uint32) ^ u) >> np.uint32(31)) ^ np.uint32(1)
+    t = same if (e > 0) | (e < 0) else (u >> np.uint32(16)) & np.uint32(1)
+    r = (u + np.uint32(0x7FFF) + t) & np.uint32(0xFFFF0000)
+    return np.uint32(r).view(np.float32)
+
+
+@njit(cache=True)
+def _sum_fp16(x: np.float32, y: np.float32) -> np.float32:
+    """``x + y`` (any float32 operands) rounded once to fp16: fl32(x + y) rounded to odd with its
+    TwoSum remainder (24 >= 11 + 2 bits, and fp16's subnormal quantum 2**-24 is far above fp32's),
+    then one conversion (:func:`_fp16`).  Round to odd without a parity test: with e != 0 the
+    pattern moves one step toward zero when e's sign is not s's, then its last bit is set."""
+    s = x + y
+    bv = s - x
+    e = (x - (s - bv)) + (y - bv)
+    u = np.float32(s).view(np.uint32)
+    opp = (np.float32(e).view(np.uint32) ^ u) >> np.uint32(31)
+    ro = ((u - opp) | np.uint32(1)) if (e > 0) | (e < 0) else u
+    out: np.float32 = _fp16(np.uint32(ro).view(np.float32))
+    return out
 
 
 @njit(cache=True)
@@ -130,20 +224,35 @@ def _step_row(acc: np.ndarray, brow: np.ndarray, aik: np.float32, fma: bool, kin
     elif kind == 0:
         for j in range(w):
             acc[j] = acc[j] + aik * brow[j]
+    elif kind == 1 and fma:
+        for j in range(w):
+            acc[j] = _sum_bf16(acc[j], aik * brow[j])
+    elif kind == 1:
+        for j in range(w):
+            acc[j] = _bf16(acc[j] + _bf16(aik * brow[j]))
     elif fma:
         for j in range(w):
-            acc[j] = _rnd16(_odd32(acc[j], aik * brow[j]), kind)
+            acc[j] = _sum_fp16(acc[j], aik * brow[j])
     else:
         for j in range(w):
-            acc[j] = _rnd16(acc[j] + _rnd16(aik * brow[j], kind), kind)
+            acc[j] = _fp16(acc[j] + _fp16(aik * brow[j]))
 
 
 @njit(cache=True, inline="always")
 def _add_rows(acc: np.ndarray, x: np.ndarray, kind: int) -> None:
     """``acc = round(acc + x)`` elementwise for values of the format (float32, 2-D)."""
-    for r in range(acc.shape[0]):
-        for j in range(acc.shape[1]):
-            acc[r, j] = _rnd16(acc[r, j] + x[r, j], kind)
+    if kind == 0:
+        for r in range(acc.shape[0]):
+            for j in range(acc.shape[1]):
+                acc[r, j] = acc[r, j] + x[r, j]
+    elif kind == 1:
+        for r in range(acc.shape[0]):
+            for j in range(acc.shape[1]):
+                acc[r, j] = _bf16(acc[r, j] + x[r, j])
+    else:
+        for r in range(acc.shape[0]):
+            for j in range(acc.shape[1]):
+                acc[r, j] = _fp16(acc[r, j] + x[r, j])
 
 
 @njit(parallel=True, cache=True)
@@ -187,12 +296,18 @@ def _leaf_pairs(dst: np.ndarray, b0: np.ndarray, b1: np.ndarray, a0: np.float32,
     elif kind == 0:
         for j in range(w):
             dst[j] = a0 * b0[j] + a1 * b1[j]
+    elif kind == 1 and fma:
+        for j in range(w):
+            dst[j] = _sum_bf16(a0 * b0[j], a1 * b1[j])
+    elif kind == 1:
+        for j in range(w):
+            dst[j] = _bf16(_bf16(a0 * b0[j]) + _bf16(a1 * b1[j]))
     elif fma:
         for j in range(w):
-            dst[j] = _rnd16(_odd32(a0 * b0[j], a1 * b1[j]), kind)
+            dst[j] = _sum_fp16(a0 * b0[j], a1 * b1[j])
     else:
         for j in range(w):
-            dst[j] = _rnd16(_rnd16(a0 * b0[j], kind) + _rnd16(a1 * b1[j], kind), kind)
+            dst[j] = _fp16(_fp16(a0 * b0[j]) + _fp16(a1 * b1[j]))
 
 
 @njit(parallel=True, cache=True)
@@ -403,12 +518,17 @@ def pairwise_gen(a: np.ndarray, b: np.ndarray, out: np.ndarray, levels: int, fma
 
 @njit(cache=True)
 def abs_range(x: np.ndarray) -> tuple[float, float]:
-    """Smallest and largest magnitude among the finite nonzero values (inf and 0 if none)."""
-    lo = math.inf
-    hi = 0.0
-    for v in x:
-        m = abs(np.float64(v))
-        if m > 0 and m < math.inf:
-            lo = min(lo, m)
-            hi = max(hi, m)
-    return lo, hi
+    """Smallest and largest magnitude among the finite nonzero values of a float32 array (inf and
+    0 if none): an unsigned min and max over the magnitudes' bit patterns (monotonic in the value,
+    vectorized)."""
+    u = x.view(np.uint32)
+    lo = np.uint32(0xFFFFFFFF)
+    hi = np.uint32(0)
+    for i in range(u.shape[0]):
+        m = u[i] & np.uint32(0x7FFFFFFF)
+        ok = (m - np.uint32(1)) < np.uint32(0x7F7FFFFF)  # 0 < m < inf's pattern (unsigned wrap)
+        lo = min(lo, m if ok else np.uint32(0xFFFFFFFF))
+        hi = max(hi, m if ok else np.uint32(0))
+    if hi == 0:
+        return math.inf, 0.0
+    return float(np.uint32(lo).view(np.float32)), float(np.uint32(hi).view(np.float32))

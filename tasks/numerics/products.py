@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 import operator
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from fractions import Fraction
@@ -489,11 +490,131 @@ class _ExactAccumulation(MatmulAlgorithm):
     def __repr__(self) -> str:
         return f"{self.name}({self.format.name!r}, rounding={self.rounding!r})"
 
+    def _run_compiled(self, a: Any, b: Any) -> Any:
+        """Finite operands of fp32 or narrower formats through :func:`_exact_compiled` (the same
+        method, its passes compiled); None (the torch path runs) where it does not apply."""
+        if not compiled.available() or _nbexact() is None:
+            return None
+        a32, b32, _, _, as_torch = _operands32(a, b, self.format)
+        out = _exact_compiled(a32, b32, self.format, self.rounding)
+        return None if out is None else compiled.to_output(out, self.format, as_torch)
+
     def _run(self, a64: np.ndarray, b64: np.ndarray, fa: FloatFormat,
              fb: FloatFormat) -> np.ndarray:  # fmt: skip
         if np.all(np.isfinite(a64)) and np.all(np.isfinite(b64)):
             return _exact_rounded_finite(a64, b64, self.format, self.rounding)
         return _Analysis(a64, b64).rounded(self.format, self.rounding)
+
+
+_NB_EXACT: dict[str, Any] = {}
+_SCRATCH = threading.local()
+_SCRATCH_MAX = 2**26  # bytes of float64 work arrays kept between calls, per thread
+
+
+def _scratch(name: str, shape: tuple[int, ...]) -> np.ndarray:
+    """A float64 work array of ``shape`` (contents undefined), kept between calls of the same
+    thread when small enough: fresh pages of a new array fault in one by one, and at these sizes
+    that cost (about 4 us a page here) rivals the arithmetic."""
+    size = 8 * math.prod(shape)
+    if size > _SCRATCH_MAX:
+        return np.empty(shape)
+    kept: dict[str, np.ndarray] = _SCRATCH.__dict__.setdefault("arrays", {})
+    arr = kept.get(name)
+    if arr is None or arr.size < size // 8:
+        arr = kept[name] = np.empty(size // 8)
+    return arr[: size // 8].reshape(shape)
+
+
+def _nbexact() -> Any:
+    """The kernels of :mod:`._nbexact` (imported on first use: it loads numba), or None."""
+    if "mod" not in _NB_EXACT:
+        mod: Any
+        try:
+            from . import _nbexact as mod
+        except ImportError:
+            mod = None
+        _NB_EXACT["mod"] = mod
+    return _NB_EXACT["mod"]
+
+
+def _exact_compiled(a32: np.ndarray, b32: np.ndarray, fmt: FloatFormat,
+                    rounding: str) -> np.ndarray | None:  # fmt: skip
+    """:func:`_exact_rounded_finite` with its passes compiled (:mod:`._nbexact`, whose docstring
+    proves the bounds): a float32 ``[M, N]`` array of values of ``fmt``, or None where an operand
+    holds inf or NaN.  ``a32 [M, K]``, ``b32 [K, N]``: C-contiguous float32 arrays of values of
+    formats of at most 24 bits.
+
+    1. One pass over each operand: the float64 copies (B transposed), the finiteness check, an
+       upper bound on each row's (column's) 2-norm and its lattice exponent.
+    2. One float64 BLAS matmul ``D = A @ B``.
+    3. One pass over the outputs: the bound (0 where every partial sum of the output lies on its
+       lattice below 2**53 units: ``D`` is then exact), both interval ends rounded, compared.
+    4. The undecided outputs summed again with TwoSum (a certified double-double) and decided the
+       same way; those still undecided (sums on or next to a midpoint) summed exactly in digits.
+    """
+    nbx = _nbexact()
+    m, k = a32.shape
+    n = b32.shape[1]
+    if m == 0 or n == 0 or k == 0:
+        return np.zeros((m, n), dtype=np.float32)  # empty sums: +0
+    a64, b64 = _scratch("a64", (m, k)), _scratch("b64", (k, n))
+    stats_a = np.empty(m), np.empty(m, np.int32), np.empty(m, np.int32), np.empty(m, np.int32)
+    stats_b = np.empty(n), np.empty(n, np.int32), np.empty(n, np.int32), np.empty(n, np.int32)
+    nbx.prep_rows(a32, a32.view(np.int32), a64, *stats_a)
+    nbx.prep_cols(b32, b32.view(np.int32), b64, *stats_b)
+    if (stats_a[3] == 255).any() or (stats_b[3] == 255).any():
+        return None  # an inf or NaN: the torch path's special-value analysis
+    grow = 1.0 + (k + 8) * 2.0**-52
+    (na, la), (nb, lb) = _norm_lattice(*stats_a[:3], grow), _norm_lattice(*stats_b[:3], grow)
+    blocks = _k_blocks(k)
+    kb = k // blocks
+    a3 = torch.from_numpy(a64).view(m, blocks, kb).transpose(0, 1)  # [P, M, kb], no copy
+    d = _scratch("d", (blocks, m, n))
+    torch.bmm(a3, torch.from_numpy(b64).view(blocks, kb, n), out=torch.from_numpy(d))  # [P, M, N]
+    spec = (fmt.name == "fp32" and rounding == NEAREST_EVEN, fmt.mantissa_bits, fmt.emin,
+            fmt.max_finite, fmt.has_inf, rounding != NEAREST_EVEN)  # fmt: skip
+    out = np.empty((m, n), dtype=np.float32)
+    undecided = np.empty((m, n), dtype=np.bool_)
+    nbx.certify(d, na, la, nb, lb, (kb + 8) * 2.0**-53 * grow, (blocks + 8) * 2.0**-53 * grow,
+                out, undecided, *spec)  # fmt: skip
+    rows, cols = np.nonzero(undecided)
+    if rows.size:
+        order = np.argsort(cols, kind="stable")
+        rows, cols = rows[order], cols[order]
+        ucols, starts = np.unique(cols, return_index=True)
+        starts = np.append(starts, cols.size)
+        vals = np.empty(rows.size, dtype=np.float32)
+        ok = np.empty(rows.size, dtype=np.bool_)
+        nbx.resum(a64, b32, rows, ucols, starts, (k + 16) * 2.0**-53 * grow, vals, ok, *spec)
+        still = np.flatnonzero(~ok)
+        if still.size:
+            terms = a64[rows[still]] * b64[:, cols[still]].T  # [s, K]: exact products
+            vals[still] = exact_sum(terms, axis=1).round(fmt, rounding).astype(np.float32)
+        out[rows, cols] = vals
+    return out
+
+
+_BLOCK_K = 256  # BLAS products of about this many terms: the bound grows with it
+
+
+def _k_blocks(k: int) -> int:
+    """How many equal blocks of K the BLAS call sums separately: a power of two dividing K, at
+    most 16 and leaving blocks of at least ``_BLOCK_K`` terms (1 for small or odd K)."""
+    most = max(1, min(16, k & -k, k // _BLOCK_K))
+    return 1 << (most.bit_length() - 1)
+
+
+def _norm_lattice(sumsq: np.ndarray, minexp: np.ndarray, ormant: np.ndarray,
+                  grow: float) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """From the statistics of :func:`._nbexact.prep_rows`: an upper bound on each 2-norm
+    (``sqrt(sumsq) * grow``, :mod:`._nbexact` 1) and each lattice exponent: every element is a
+    multiple of ``2**(max(minexp, 1) - 150 + tz)``, tz the trailing zeros of the OR of the
+    mantissa fields (23 if 0).  (An element with exponent field ``e >= minexp`` is its 24-bit
+    significand, whose lowest set bit is at or above tz, times ``2**(max(e, 1) - 150)``.)"""
+    low = ormant & -ormant  # lowest set bit of the OR (0 if none)
+    tz = np.where(low == 0, 23, np.frexp(low.astype(np.float64))[1] - 1)
+    lat = np.maximum(minexp, 1).astype(np.int64) - 150 + tz
+    return np.sqrt(sumsq) * grow, lat
 
 
 def _round_once(x: torch.Tensor, fmt: FloatFormat, rounding: str) -> torch.Tensor:
