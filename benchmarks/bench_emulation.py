@@ -37,7 +37,10 @@ def _path(alg: Any, a: Any, b: Any) -> str:
     acc = alg.format.name
     name = alg.name
     if name == "matmul_exact_accumulation":
-        return "one fp64 BLAS matmul + certified bound; undecided outputs re-summed, then in digits"
+        if compiled.available():
+            return ("numba: fp64 BLAS over 16 K-blocks + certified bound per output; undecided outputs "
+                    "re-summed by compiled TwoSum, then in digits")
+        return "torch: one fp64 BLAS matmul + certified bound; undecided outputs re-summed, then in digits"
     if name == "matmul_slots16":
         return "torch: per-output int32 sort, runs interleaved with +0 padding, numpy row-by-row fp32 adds"
     x, y = compiled.operands32(a), compiled.operands32(b)
@@ -52,7 +55,7 @@ def _path(alg: Any, a: Any, b: Any) -> str:
         return f"numba f32 kernel: {how}"
     if which == "f32":
         how = "fp32 TwoSum rounded to odd" if alg.fma else f"products and fp32 sums rounded to {acc}"
-        return f"numba f32 kernel: {how}, bit rounding to {acc}"
+        return f"numba f32 kernel: {how}, rounded to {acc} (fp16: hardware conversion where the CPU has one)"
     if which == "gen":
         return "numba fp64 kernel: TwoSum + bit rounding to the format per addition"
     return "torch engines (numba not available)"

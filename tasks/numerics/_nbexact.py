@@ -59,22 +59,13 @@ The bounds, each an upper bound whatever the order of the floating-point operati
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 from numba import njit, prange
 
+from ._nbkernels import _f2i, _i2f  # float64 <-> int64 bit patterns
+
 _MAGIC = 6755399441055744.0  # 1.5 * 2**52: (r + M) - M is r rounded to an integer, ties to even
-
-
-@njit(cache=True)
-def _f2i(x: Any) -> Any:
-    return np.float64(x).view(np.int64)
-
-
-@njit(cache=True)
-def _i2f(n: Any) -> Any:
-    return np.int64(n).view(np.float64)
 
 
 @njit(cache=True, parallel=True, fastmath={"reassoc"})
