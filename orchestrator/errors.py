@@ -51,6 +51,7 @@ __all__ = [
 _TASK_INPUT_ERRORS = (
     ("tasks.kernels.errors", "KernelError"),
     ("tasks.checks.subject", "CheckInputError"),
+    ("tasks.attention.registry", "AttentionError"),
 )
 
 

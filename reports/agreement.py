@@ -1,6 +1,7 @@
 """Bitwise agreement of generated sequences: each arm with itself across cold restarts, and arm pairs.
 
 One definition per fact: ``self_reproducibility`` (k/N prompts identical across restarts),
+``distinct_completions`` (distinct sequences the N cold restarts of an arm produce per prompt),
 ``cross_arm`` (k/N prompts whose restart-0 sequences are identical across two arms),
 ``first_divergence`` and ``position_agreement`` (storage/queries/*.sql). ``report conformance``, ``report
 all`` and the nightly metrics read the same rows.
@@ -11,14 +12,17 @@ from __future__ import annotations
 from statistics import median
 from typing import TYPE_CHECKING, Any
 
+from reports.noise_floor import distinct_table
+
 if TYPE_CHECKING:
     from storage.catalog import Catalog
 
-__all__ = ["TABLE_KEYS", "agreement", "cross_table", "divergence_table", "positions_table", "self_table"]
+__all__ = ["TABLE_KEYS", "agreement", "cross_table", "distinct_table", "divergence_table", "positions_table",
+           "self_cell", "self_table"]
 
 #: ``--table`` name -> the key of the agreement report holding its rows.
 TABLE_KEYS = {"self": "self_reproducibility", "cross": "cross_arm", "divergence": "first_divergence",
-              "positions": "position_agreement"}
+              "positions": "position_agreement", "distinct": "distinct_completions"}
 
 
 def agreement(cat: Catalog, sweep: str | None) -> dict[str, Any]:
@@ -39,7 +43,16 @@ def agreement(cat: Catalog, sweep: str | None) -> dict[str, Any]:
         c["first_divergence"] = {"min": min(at), "median": median(at), "max": max(at)} if at else None
         c["first_divergences"] = divs
     return {"sweep": sweep, "self_reproducibility": self_rows, "cross_arm": cross, "position_agreement": positions,
-            "first_divergence": first}
+            "first_divergence": first, "distinct_completions": cat.named("distinct_completions", sweep=sweep)}
+
+
+def self_cell(identical: int | None, total: int, restarts: int | None) -> str:
+    """Self-reproducibility as people read it: ``k/N`` prompts identical across the cold restarts, or
+    that it was not measured when an arm ran once per prompt (``self_reproducibility.identical`` is
+    NULL below 2 restarts: there is nothing to compare)."""
+    if identical is None:
+        return "not measured (one run per prompt)"
+    return f"{identical}/{total}"
 
 
 def processes(r: dict[str, Any]) -> str:
@@ -58,8 +71,7 @@ def fmt_margin(v: float | None) -> str:
 def self_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{"sweep": r["sweep"], "arm": r["arm"], "scales": r["scales"] or "",
              "kernel": r["configured_kernel"] or "",
-             "identical": (f"{r['identical']}/{r['total']}" if r["identical"] is not None
-                           else f"- ({r['restarts']} restart)"),
+             "identical": self_cell(r["identical"], r["total"], r["restarts"]),
              "restarts": r["restarts"],
              "processes": processes(r),
              "evidence": "" if r["evidence_ok"] is None else ("ok" if r["evidence_ok"] else "NO"),
@@ -107,8 +119,11 @@ def summary_tables(cat: Catalog, sweep: str | None) -> list[tuple[str, list[dict
     if not self_rows:
         return []
     cross = cat.named("cross_arm", sweep=sweep)
+    distinct = distinct_table(cat.named("distinct_completions", sweep=sweep))
     return [("Self-reproducibility across cold restarts",
-             [{"arm": r["arm"], "identical": f"{r['identical']}/{r['total']}", "restarts": r.get("restarts")}
+             [{"arm": r["arm"], "identical": self_cell(r["identical"], r["total"], r.get("restarts")),
+               "restarts": r.get("restarts")}
               for r in self_rows]),
             ("Cross-arm agreement (restart 0)",
-             [{"pair": f"{r['arm_a']} vs {r['arm_b']}", "identical": f"{r['identical']}/{r['total']}"} for r in cross])]
+             [{"pair": f"{r['arm_a']} vs {r['arm_b']}", "identical": f"{r['identical']}/{r['total']}"} for r in cross]),
+            ("Distinct completions in N cold restarts, per arm", distinct)]

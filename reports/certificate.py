@@ -25,7 +25,9 @@ import json
 from itertools import combinations
 from typing import TYPE_CHECKING, Any
 
-from reports import fliprisk, kdepth, replay
+from reports import attention as attention_swap
+from reports import fliprisk, kdepth, noise_floor, quantizer_swap, replay
+from reports.agreement import self_cell
 
 if TYPE_CHECKING:
     from storage.catalog import Catalog
@@ -47,6 +49,8 @@ NOT_RUN = "not run"
 LEVEL = 0.95
 #: A K-trend bound beyond this slope counts as unbounded (K^10 is no physical trend).
 SLOPE_LIMIT = 10.0
+#: The check cells of each GEMM kernel (check_verdicts' tables): the worst verdict of each, "not run" when absent.
+CHECKS = ("exact_match", "bounds", "fuzz")
 #: How the answer names a scale mode.
 SCALE_NAMES = {"pow2": "power-of-two scales", "real": "real scales"}
 
@@ -340,11 +344,14 @@ def _sweep_certificates(cat: Catalog, sweep: str) -> list[dict[str, Any]]:
                                         keys=("impl_a", "scale_mode", "k"))}
     rp_rows = [r for r in replay.by_type(cat, sweep) if r["comparison"] == "pair"]
     arms = {r["arm"]: r for r in cat.named("certificate_arms", sweep=sweep)}
+    qarms = quantizer_swap.arm_quantizers(cat, sweep)
     cross = [c for c in cat.named("cross_arm", sweep=sweep) if c["same_scales"] and c["kernel_a"] and c["kernel_b"]
-             and c["kernel_a"] != c["kernel_b"]]
+             and c["kernel_a"] != c["kernel_b"] and c.get("attention_a") == c.get("attention_b")
+             and quantizer_swap.same_quantizer(c, qarms)]
     self_rows = {r["arm"]: r for r in cat.named("self_reproducibility", sweep=sweep)}
     tf_pairs = {(r["ref_arm"], r["arm"]) for r in cat.named("teacher_forced_pairs", sweep=sweep)}
     checks_rows = check_verdicts(cat, sweep)
+    floor = noise_floor.noise_floor(cat, sweep)
     prov, versions = _provenance(cat, sweep)
 
     dtype: dict[str, str] = {}
@@ -372,7 +379,7 @@ def _sweep_certificates(cat: Catalog, sweep: str) -> list[dict[str, Any]]:
         modes = sorted({r["scale_mode"] for r in kd} | {r["scale_mode"] for r in rp} | {c["scales_a"] or "" for c in xs})
         checks = {k: {c: worst_verdict([r["verdict"] for r in checks_rows if r["kernel"] == k and r["check"] == c])
                       if any(r["kernel"] == k and r["check"] == c for r in checks_rows) else NOT_RUN
-                      for c in ("exact_match", "bounds")} for k in (a, b)}
+                      for c in CHECKS} for k in (a, b)}
         sections: list[dict[str, Any]] = []
         for m in modes:
             sec: dict[str, Any] = {"scale_mode": m,
@@ -391,11 +398,110 @@ def _sweep_certificates(cat: Catalog, sweep: str) -> list[dict[str, Any]]:
             "max_spacing_beyond_reference_error": None if not beyond or None in beyond else max(beyond),
             "scale_modes": sections,
             "checks_a": checks[a], "checks_b": checks[b],
+            "noise_floor": noise_floor.certificate_section(floor, sweep, (a, b)),
             "provenance": {**prov, "kernel_versions_a": versions.get(a, []), "kernel_versions_b": versions.get(b, []),
                            "weights_sha256": sorted({w for c in xs for arm in (c["arm_a"], c["arm_b"])
                                                      for w in (arms.get(arm) or {}).get("weights_sha256") or []})},
         }
         cert["answer"] = answer(cert)
+        certs.append(cert)
+    certs.extend(_attention_certificates(cat, sweep, qarms, self_rows, tf_pairs, arms, prov, versions, floor))
+    certs.extend(_quantizer_certificates(cat, sweep, qarms, checks_rows, self_rows, tf_pairs, arms, prov, versions, floor))
+    return certs
+
+
+def _attention_certificates(cat: Catalog, sweep: str, qarms: dict[str, str | None], self_rows: dict[str, dict[str, Any]],
+                            tf_pairs: set[tuple[str, str]], arms: dict[str, dict[str, Any]],
+                            prov: dict[str, Any], versions: dict[str, list[str]], floor: Any) -> list[dict[str, Any]]:
+    """One certificate per attention pair (reports/attention.py): the sections of a GEMM pair's, the
+    kernel names the attention registry's; kdepth is not run, replay is the per-layer q/k/v replay."""
+    rp = attention_swap.replay_rows(cat, sweep)
+    cross = attention_swap.arm_pairs(cat.named("cross_arm", sweep=sweep), qarms)
+    certs = []
+    for key, (a, b) in sorted(attention_swap.pair_order(rp, cross).items()):
+        xs = [c for c in cross if _unordered(c["kernel_a"], c["kernel_b"]) == key]
+        checks, algorithms = attention_swap.bound_checks(rp, (a, b))
+        sections: list[dict[str, Any]] = []
+        # The replay captured the model under real scales; end-to-end pairs bring their arms' scales.
+        for m in sorted({c["scales_a"] or "" for c in xs} or {"real"}):
+            sec: dict[str, Any] = {"scale_mode": m, "kdepth": {"status": NOT_RUN},
+                                   "replay": attention_swap.replay_section(rp, key) if m == "real" else {"status": NOT_RUN},
+                                   "end_to_end": end_to_end_section(cat, sweep, [c for c in xs if (c["scales_a"] or "") == m],
+                                                                    self_rows, tf_pairs, arms)}
+            sections.append({**sec, "verdict": section_verdict(sec, checks)})
+        replayed = [s["replay"] for s in sections if s["replay"]["status"] == "run"]
+        gemm = sorted({c["gemm_kernel"] for c in xs})
+        cert: dict[str, Any] = {
+            "sweep": sweep, "swap": "attention", "kernel_a": a, "kernel_b": b,
+            "dtype": "/".join(replayed[0]["dtypes"]) if replayed else None,
+            "verdict": _overall(sections), "answer": "",
+            "max_spacing": max((x["max_spacing"] for x in replayed), default=None),
+            "max_spacing_beyond_reference_error": attention_swap.beyond_reference(rp, key),
+            "scale_modes": sections, "checks_a": checks[a], "checks_b": checks[b], "algorithms": algorithms,
+            "attention_replay": attention_swap.per_dtype(rp, key),
+            # The floor beside an attention swap: the model's with either attention kernel (and the arms' GEMM kernel).
+            "noise_floor": noise_floor.certificate_section(floor, sweep, (a, b), swap="attention", gemm=gemm),
+            "provenance": {**prov, "kernel_versions_a": versions.get(a, []), "kernel_versions_b": versions.get(b, []),
+                           "gemm_kernels": gemm,
+                           "weights_sha256": sorted({w for c in xs for arm in (c["arm_a"], c["arm_b"])
+                                                     for w in (arms.get(arm) or {}).get("weights_sha256") or []})},
+        }
+        cert["answer"] = answer(cert) + attention_swap.answer_detail(replayed[0] if replayed else None,
+                                                                     cert["attention_replay"])
+        certs.append(cert)
+    return certs
+
+
+def _quantizer_certificates(cat: Catalog, sweep: str, qarms: dict[str, str | None], checks_rows: list[dict[str, Any]],
+                            self_rows: dict[str, dict[str, Any]], tf_pairs: set[tuple[str, str]],
+                            arms: dict[str, dict[str, Any]], prov: dict[str, Any], versions: dict[str, list[str]],
+                            floor: Any) -> list[dict[str, Any]]:
+    """One certificate per quantizer pair and fixed GEMM kernel (reports/quantizer_swap.py): the sections
+    of a GEMM pair's, the names the quantizers'; kdepth is not run, replay is the ``quantize`` kind's
+    downstream comparison through the fixed GEMM kernel. Only the GEMM kernel's failed checks
+    (INCORRECT, ERROR) enter the verdict: a passed bounds check says nothing about a quantizer."""
+    qrows = quantizer_swap.quantize_rows(cat, sweep)
+    cross = quantizer_swap.arm_pairs(cat.named("cross_arm", sweep=sweep), qarms)
+    qversions: dict[str, list[str]] = {}
+    for r in cat.named("quantizer_arms", sweep=sweep):
+        if r["quantizer"] and r["quantizer_version"]:
+            qversions.setdefault(quantizer_swap.identity(r["quantizer"], r["quantizer_params"]), []).append(r["quantizer_version"])
+    certs = []
+    for (key, gemm), (a, b) in sorted(quantizer_swap.pair_keys(qrows, cross).items()):
+        xs = [c for c in cross if _unordered(c["kernel_a"], c["kernel_b"]) == key and c["gemm_kernel"] == gemm]
+        gemm_checks = {c: worst_verdict([r["verdict"] for r in checks_rows if r["kernel"] == gemm and r["check"] == c])
+                       if any(r["kernel"] == gemm and r["check"] == c for r in checks_rows) else NOT_RUN
+                       for c in CHECKS}
+        failed = {gemm: {c: v for c, v in gemm_checks.items() if v in ("INCORRECT", "ERROR")}}
+        replay_sec = quantizer_swap.replay_section(qrows, key, gemm)
+        sections: list[dict[str, Any]] = []
+        # The quantize kind runs the engine under real scales; end-to-end pairs bring their arms' scales.
+        for m in sorted({c["scales_a"] or "" for c in xs} or {"real"}):
+            sec: dict[str, Any] = {"scale_mode": m, "kdepth": {"status": NOT_RUN},
+                                   "replay": replay_sec if m == "real" else {"status": NOT_RUN},
+                                   "end_to_end": end_to_end_section(cat, sweep, [c for c in xs if (c["scales_a"] or "") == m],
+                                                                    self_rows, tf_pairs, arms)}
+            sections.append({**sec, "verdict": section_verdict(sec, failed)})
+        replayed = [s["replay"] for s in sections if s["replay"]["status"] == "run"]
+        summary = quantizer_swap.quantize_summary(qrows, key, gemm)
+        not_run = {c: NOT_RUN for c in CHECKS}
+        cert: dict[str, Any] = {
+            "sweep": sweep, "swap": "quantizer", "kernel_a": a, "kernel_b": b, "gemm_kernel": gemm,
+            "fixed": quantizer_swap.fixed_phrase(gemm, summary),
+            "dtype": "/".join(sorted({x["q_dtype"] for x in summary})) or "int8",
+            "verdict": _overall(sections), "answer": "",
+            "max_spacing": max((x["max_spacing"] for x in replayed), default=None),
+            "max_spacing_beyond_reference_error": None,
+            "scale_modes": sections, "checks_a": not_run, "checks_b": not_run, "gemm_checks": gemm_checks,
+            "quantize": summary,
+            # A quantizer has no floor of its own: the floor of the fixed GEMM kernel, named as such.
+            "noise_floor": noise_floor.certificate_section(floor, sweep, (a, b), swap="quantizer", gemm=[gemm]),
+            "provenance": {**prov, "kernel_versions_a": qversions.get(a, []), "kernel_versions_b": qversions.get(b, []),
+                           "gemm_kernels": [gemm], "gemm_kernel_versions": versions.get(gemm, []),
+                           "weights_sha256": sorted({w for c in xs for arm in (c["arm_a"], c["arm_b"])
+                                                     for w in (arms.get(arm) or {}).get("weights_sha256") or []})},
+        }
+        cert["answer"] = quantizer_swap.answer(cert)
         certs.append(cert)
     return certs
 
@@ -477,12 +583,13 @@ def evidence_rows(cert: dict[str, Any]) -> list[dict[str, Any]]:
         row["sequences identical"] = "; ".join(
             f"{p['arm_a']}~{p['arm_b']} {p['identical']}/{p['total']}" for p in pairs) or NOT_RUN
         row["self-reproducible"] = "; ".join(
-            f"{arm} {sr['identical']}/{sr['total']}" for p in pairs
+            f"{arm} {self_cell(sr['identical'], sr['total'], sr['restarts'])}" for p in pairs
             for arm, sr in ((p["arm_a"], p["self_reproducibility_a"]), (p["arm_b"], p["self_reproducibility_b"]))
-            if sr is not None and sr["identical"] is not None) or NOT_RUN
+            if sr is not None) or NOT_RUN
         row["flips [95% exact]"] = "; ".join(
             f"{f['ref_arm']}->{f['arm']} {f['flips']}/{f['positions']} = {_num(f['flip_rate'])} "
             f"{_interval(f['flip_rate_ci_low'], f['flip_rate_ci_high'])}" for p in pairs for f in p["flips"]) or NOT_RUN
+        row.update(noise_floor.evidence_cells(cert.get("noise_floor"), s["scale_mode"], pairs))
         rows.append(row)
     return rows
 
@@ -490,7 +597,10 @@ def evidence_rows(cert: dict[str, Any]) -> list[dict[str, Any]]:
 def detail_lines(cert: dict[str, Any]) -> list[str]:
     """The checks and provenance of a certificate, one line each."""
     prov = cert["provenance"]
-    lines = [f"checks of {k}: " + ", ".join(f"{c} {v}" for c, v in cert[key].items())
+    fixed = [cert["fixed"] if quantizer_swap.no_downstream(cert.get("quantize", [])) else  # no GEMM: its checks say nothing
+             f"{cert['fixed']}; checks of {cert['gemm_kernel']}: "
+             + ", ".join(f"{c} {v}" for c, v in cert["gemm_checks"].items())] if cert.get("swap") == "quantizer" else []
+    lines = fixed + [f"checks of {k}: " + ", ".join(f"{c} {v}" for c, v in cert[key].items())
              for k, key in ((cert["kernel_a"], "checks_a"), (cert["kernel_b"], "checks_b"))]
     lines.append(f"kernel versions: {cert['kernel_a']} {', '.join(prov['kernel_versions_a']) or '?'}; "
                  f"{cert['kernel_b']} {', '.join(prov['kernel_versions_b']) or '?'}")

@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from reports import agreement, conformance, predictions
+from reports import agreement, conformance, noise_floor, predictions
 from reports.figures import all_figures
 
 if TYPE_CHECKING:
@@ -151,6 +151,22 @@ def document(cat: Catalog, sweep: str | None = None, *, draw: bool = True) -> di
     if agree:
         sections.append(section("agreement", "End-to-end agreement",
                                 "Greedy sequences compared across cold restarts and across arms.", agree))
+    floor = [_table(t["title"], t["rows"]) for t in noise_floor.document_tables(cat, sweep)]
+    if floor:
+        sections.append(section("noise-floor", "Batch invariance and the noise floor",
+                                "What the same kernel changes by batch shape alone: each kernel's probe row in batches "
+                                "of M rows vs the row alone, and the model's prompts in padded batches and decoded vs "
+                                "scored alone (distinct completions per arm: End-to-end agreement).", floor))
+    from reports import quantize as quantize_report
+
+    qpairs = quantize_report.by_pair(cat, sweep)
+    if qpairs:
+        sections.append(section("quantizer-swaps", "Quantizer swaps",
+                                "Two activation quantizers on the same activations, the GEMM kernel fixed: how "
+                                "often the quantized values and scales differ, and what the GEMM makes of it.",
+                                [_table(quantize_report.DOCUMENT_TITLE,
+                                        _not_run(quantize_report.document_table(qpairs)),
+                                        quantize_report.document_note(qpairs))]))
     preds = predictions.score_sweeps(cat, sweep)
     if preds:
         sections.append(section("predictions", "Pre-registered predictions",

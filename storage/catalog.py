@@ -24,11 +24,13 @@ that have no ledger at all (trees written without the worker), are read whole, m
 
 **Read-only by construction.** The views scan pyarrow datasets bound to explicit file lists (no
 globbing, so ``[``, ``*``, ``?`` in ``--results`` are plain characters), registered with the
-connection before it is locked: DuckDB itself never opens a file. The connection is opened with no
-temporary directory, then ``enable_external_access = false`` with no allowed directory (COPY,
-EXPORT, ATTACH, INSTALL/LOAD, ``read_*``/``glob`` and every other file system route fail with a
-Permission Error, on every path) and ``lock_configuration = true`` (no SET/PRAGMA/RESET can undo
-it). On top of that, user SQL passes an allow-list taken from DuckDB's own parse
+connection before it is locked: DuckDB itself never opens a result file. The connection's one
+directory is a private spill directory (fresh, mode 0700, under ``$SWAPCHECK_SPILL_DIR`` or the
+system's temporary directory, removed on close), so that a query larger than memory spills instead
+of failing; then ``enable_external_access = false`` (COPY, EXPORT, ATTACH, INSTALL/LOAD,
+``read_*``/``glob`` and every other file system route fail with a Permission Error on every path
+but that spill directory, which DuckDB keeps reachable for itself) and ``lock_configuration =
+true`` (no SET/PRAGMA/RESET can undo it). On top of that, user SQL passes an allow-list taken from DuckDB's own parse
 (``duckdb.extract_statements``): SELECT (DESCRIBE, SHOW and SUMMARIZE parse as SELECT) and EXPLAIN
 of a SELECT, never EXPLAIN ANALYZE (which runs its statement).
 """
@@ -348,12 +350,54 @@ def _bind_units(con: duckdb.DuckDBPyConnection, store: ResultStore, bound: _Boun
     )
 
 
-def _open(store: ResultStore, bound: _Bound) -> duckdb.DuckDBPyConnection:
-    """An in-memory connection that cannot touch a file, with one view per table over ``bound``."""
-    con = duckdb.connect(":memory:", config={"temp_directory": ""})  # no spilling to disk either
+#: The parent of each connection's private spill directory (default: the system's temporary directory).
+SPILL_DIR_ENV = "SWAPCHECK_SPILL_DIR"
+#: DuckDB's memory limit for a catalog's connection (e.g. ``8GB``); default :func:`default_memory_limit`.
+MEMORY_LIMIT_ENV = "SWAPCHECK_DUCKDB_MEMORY"
+
+
+def default_memory_limit() -> str:
+    """Half the machine's physical memory. DuckDB's own default (80%) leaves too little for what it
+    does not count: the views scan pyarrow datasets, whose batches live outside DuckDB's buffer
+    manager, so ``report all`` over 100M rows at 80% was killed by the kernel's OOM killer (24 GiB
+    machine); with half, DuckDB spills (:func:`_spill_dir`) instead."""
+    import os
+
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return ""
+    return f"{max(256, total // 2 // 2**20)}MB"
+
+
+def _spill_dir() -> str:
+    """A fresh private (0700) directory for DuckDB to spill to, removed when the process exits
+    (and by :meth:`Catalog.close`). Without one, a query larger than memory (the agreement grid at
+    100M rows) fails with DuckDB's Out of Memory error instead of spilling."""
+    import atexit
+    import os
+    import shutil
+    import tempfile
+
+    path = tempfile.mkdtemp(prefix="swapcheck-spill-", dir=os.environ.get(SPILL_DIR_ENV) or None)
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
+
+def _open(store: ResultStore, bound: _Bound, spill: str | None = None) -> duckdb.DuckDBPyConnection:
+    """An in-memory connection that cannot touch a file outside its private spill directory
+    ``spill`` (none: no spilling), with one view per table over ``bound``."""
+    import os
+
+    config: dict[str, str | bool | int | float | list[str]] = {"temp_directory": spill or ""}
+    limit = os.environ.get(MEMORY_LIMIT_ENV) or default_memory_limit()
+    if limit:
+        config["memory_limit"] = limit
+    con = duckdb.connect(":memory:", config=config)
     Catalog.connections_opened += 1
     try:
-        con.execute("SET max_temp_directory_size = '0B'")
+        if not spill:
+            con.execute("SET max_temp_directory_size = '0B'")
         con.execute("SET enable_external_access = false")  # no allowed directory: no file, any path
         _bind_units(con, store, bound)
         for table in TABLES:
@@ -444,9 +488,11 @@ class Catalog:
         self.results = str(results)
         self.store = open_store(results)
         self._con: duckdb.DuckDBPyConnection | None = None
+        self._spill: str | None = None
         bound = _Binder(self.store, self.results).bind()
         self.warnings: list[str] = bound.warnings
-        con = _open(self.store, bound)
+        self._spill = _spill_dir()
+        con = _open(self.store, bound, self._spill)
         try:
             lock_down(con)
         except BaseException:
@@ -505,6 +551,11 @@ class Catalog:
         if self._con is not None:
             self._con.close()
             self._con = None
+        if self._spill is not None:
+            import shutil
+
+            shutil.rmtree(self._spill, ignore_errors=True)
+            self._spill = None
 
     def __enter__(self) -> Catalog:
         return self

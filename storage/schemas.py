@@ -142,6 +142,7 @@ ARM_RUNS = pa.schema(
         ("kernel_calls_json", pa.string()),
         ("evidence_ok", pa.bool_()),
         ("weights_sha256", pa.string()),
+        ("attention", pa.string()),
     ]
 )
 
@@ -208,6 +209,172 @@ def _check_schema(extra: list[tuple[str, pa.DataType]]) -> pa.Schema:
 
 EXACT_MATCH = _check_schema([])
 BOUNDS = _check_schema([("accumulate", pa.string())])
+
+#: ``fuzz``: one row per fuzz trial of one kernel (tasks.kinds.fuzz; docs/schema.md). A failing trial
+#: carries its shrunk shape, the failing element and the artifact that replays it.
+FUZZ = pa.schema(
+    [
+        ("unit_id", pa.string()),
+        ("experiment", pa.string()),
+        ("kernel", pa.string()),
+        ("kernel_version", pa.string()),
+        ("kind", pa.string()),
+        ("operands", pa.string()),
+        ("dtype", pa.string()),
+        ("algorithm", pa.string()),
+        ("seed", pa.int64()),
+        ("budget_s", pa.float64()),
+        ("trial", pa.int64()),
+        ("m", pa.int64()),
+        ("k", pa.int64()),
+        ("n", pa.int64()),
+        ("recipe", pa.string()),
+        ("scales", pa.string()),
+        ("exact_match_verdict", pa.string()),
+        ("bounds_verdict", pa.string()),
+        ("verdict", pa.string()),
+        ("seconds", pa.float64()),
+        ("failed_check", pa.string()),
+        ("shrunk_m", pa.int64()),
+        ("shrunk_k", pa.int64()),
+        ("shrunk_n", pa.int64()),
+        ("shrink_runs", pa.int64()),
+        ("first_row", pa.int64()),
+        ("first_col", pa.int64()),
+        ("first_expected", pa.float64()),
+        ("first_observed", pa.float64()),
+        ("error", pa.string()),
+        ("artifact", pa.string()),
+    ]
+)
+
+#: ``batch_invariance`` kernel level: one row per (kernel, seed, M, probe position); docs/schema.md.
+BATCH_INVARIANCE = pa.schema(
+    [
+        ("unit_id", pa.string()),
+        ("experiment", pa.string()),
+        ("kernel", pa.string()),
+        ("kernel_name", pa.string()),
+        ("kernel_version", pa.string()),
+        ("device", pa.string()),
+        ("dtype", pa.string()),
+        ("out_dtype", pa.string()),
+        ("scale_mode", pa.string()),
+        ("k", pa.int32()),
+        ("n", pa.int32()),
+        ("seed", pa.int64()),
+        ("tolerance_spacings", pa.int64()),
+        ("m", pa.int32()),
+        ("position", pa.string()),
+        ("row_index", pa.int32()),
+        *_COMPARE,
+        ("bitwise_equal", pa.bool_()),
+        ("seconds", pa.float64()),
+        ("seconds_reference", pa.float64()),
+    ]
+)
+
+#: ``batch_invariance`` model level: one row per (reductions, batch, comparison, prompt, position).
+BATCH_INVARIANCE_MODEL = pa.schema(
+    [
+        ("unit_id", pa.string()),
+        ("experiment", pa.string()),
+        ("model", pa.string()),
+        ("kernel", pa.string()),
+        # the attention kernel of the experiment's `attention` (NULL: the one `reductions` picks)
+        ("attention", pa.string()),
+        ("scales", pa.string()),
+        ("reductions", pa.string()),
+        ("comparison", pa.string()),
+        ("batch", pa.int32()),
+        ("prompt_index", pa.int32()),
+        ("slot", pa.int32()),
+        ("padding", pa.int32()),
+        ("width", pa.int32()),
+        ("position", pa.int32()),
+        ("ref_argmax", pa.int64()),
+        ("argmax", pa.int64()),
+        ("argmax_equal", pa.bool_()),
+        ("logits_equal", pa.bool_()),
+        ("vocab", pa.int64()),
+        ("differing", pa.int64()),
+        ("nonfinite_mismatch", pa.int64()),
+        ("max_spacing", pa.int64()),
+        ("max_spacing_significant", pa.int64()),
+        ("argmax_spacing", pa.int64()),
+        ("ref_margin", pa.float64()),
+        ("margin", pa.float64()),
+    ]
+)
+
+#: ``batch_invariance`` kernel level, attention kernels: one row per (kernel, seed, B, probe position).
+BATCH_INVARIANCE_ATTENTION = pa.schema(
+    [
+        ("unit_id", pa.string()),
+        ("experiment", pa.string()),
+        ("kernel", pa.string()),
+        ("kernel_version", pa.string()),
+        ("device", pa.string()),
+        ("dtype", pa.string()),
+        ("heads", pa.int32()),
+        ("seq_len", pa.int32()),
+        ("head_dim", pa.int32()),
+        ("causal", pa.bool_()),
+        ("seed", pa.int64()),
+        ("tolerance_spacings", pa.int64()),
+        ("batch", pa.int32()),
+        ("position", pa.string()),
+        ("row_index", pa.int32()),
+        *_COMPARE,
+        ("lse_differing", pa.int64()),
+        ("lse_max_spacing", pa.int64()),
+        ("bitwise_equal", pa.bool_()),
+        ("seconds", pa.float64()),
+        ("seconds_reference", pa.float64()),
+    ]
+)
+
+#: The ``quantize`` kind: one row per (layer call, reference quantizer, candidate quantizer)
+#: (docs/schema.md, docs/quantizers.md). ``out_*`` are NULL for FP8 pairs (no FP8 GEMM downstream).
+QUANTIZE = pa.schema(
+    [
+        ("unit_id", pa.string()),
+        ("experiment", pa.string()),
+        ("model", pa.string()),
+        ("activation_dtype", pa.string()),
+        ("layer", pa.string()),
+        ("layer_index", pa.int32()),
+        ("layer_type", pa.string()),
+        ("m", pa.int64()),
+        ("k", pa.int64()),
+        ("n", pa.int64()),
+        ("reference", pa.string()),
+        ("reference_quantizer", pa.string()),
+        ("candidate", pa.string()),
+        ("candidate_quantizer", pa.string()),
+        ("reference_params", pa.string()),
+        ("candidate_params", pa.string()),
+        ("gemm_kernel", pa.string()),
+        ("q_dtype", pa.string()),
+        ("elements", pa.int64()),
+        ("q_differing", pa.int64()),
+        ("q_frac_differing", pa.float64()),
+        ("q_max_abs_diff", pa.float64()),
+        ("q_max_spacing", pa.int64()),
+        ("tokens", pa.int64()),
+        ("scales_differing", pa.int64()),
+        ("scale_format", pa.string()),
+        ("scale_max_spacing", pa.int64()),
+        ("scale_max_rel_diff", pa.float64()),
+        ("out_elements", pa.int64()),
+        ("out_differing", pa.int64()),
+        ("out_frac_differing", pa.float64()),
+        ("out_max_spacing", pa.int64()),
+        ("out_max_spacing_significant", pa.int64()),
+        ("out_max_abs_error", pa.float64()),
+        ("out_bitwise_equal", pa.bool_()),
+    ]
+)
 
 PREREGISTRATIONS = pa.schema(
     [
@@ -281,6 +448,38 @@ LAUNCHES = pa.schema(
     ]
 )
 
+ATTENTION_REPLAY = pa.schema(
+    [
+        ("unit_id", pa.string()),
+        ("experiment", pa.string()),
+        ("model", pa.string()),
+        ("layer", pa.string()),
+        ("layer_index", pa.int32()),
+        ("dtype", pa.string()),
+        ("comparison", pa.string()),
+        ("impl_a", pa.string()),
+        ("impl_b", pa.string()),
+        ("batch", pa.int32()),
+        ("heads", pa.int32()),
+        ("kv_heads", pa.int32()),
+        ("q_len", pa.int32()),
+        ("kv_len", pa.int32()),
+        ("head_dim", pa.int32()),
+        ("masked", pa.bool_()),
+        *_COMPARE,
+        ("bitwise_equal", pa.bool_()),
+        ("lse_elements", pa.int64()),
+        ("lse_differing", pa.int64()),
+        ("lse_max_spacing", pa.int64()),
+        ("lse_max_abs_error", pa.float64()),
+        ("seconds_a", pa.float64()),
+        ("seconds_b", pa.float64()),
+        ("algorithm", pa.string()),
+        ("outside_bound", pa.int64()),
+        ("lse_outside_bound", pa.int64()),
+    ]
+)
+
 TABLES: dict[str, pa.Schema] = {
     "kdepth": KDEPTH,
     "replay": REPLAY,
@@ -289,9 +488,15 @@ TABLES: dict[str, pa.Schema] = {
     "generations": GENERATIONS,
     "sequences": SEQUENCES,
     "arm_runs": ARM_RUNS,
+    "attention_replay": ATTENTION_REPLAY,
     "teacher_forced": TEACHER_FORCED,
     "exact_match": EXACT_MATCH,
     "bounds": BOUNDS,
+    "fuzz": FUZZ,
+    "batch_invariance": BATCH_INVARIANCE,
+    "batch_invariance_model": BATCH_INVARIANCE_MODEL,
+    "batch_invariance_attention": BATCH_INVARIANCE_ATTENTION,
+    "quantize": QUANTIZE,
     "units": UNITS,
     "sweeps": SWEEPS,
     "launches": LAUNCHES,

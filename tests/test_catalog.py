@@ -186,11 +186,31 @@ def test_the_connection_itself_cannot_touch_files(results: Path, tmp_path: Path,
         settings = dict(cat.con.execute(
             "SELECT name, value FROM duckdb_settings() WHERE name IN "
             "('enable_external_access', 'lock_configuration', 'temp_directory', 'allowed_directories')").fetchall())
-        assert settings == {"enable_external_access": "false", "lock_configuration": "true", "temp_directory": "",
-                            "allowed_directories": "[]"}
+        spill = Path(settings.pop("temp_directory"))  # the one directory: private, fresh, outside the results
+        assert spill.is_dir() and spill.stat().st_mode & 0o777 == 0o700 and list(spill.iterdir()) == []
+        assert not spill.is_relative_to(results) and not spill.is_relative_to(tmp_path)
+        assert settings == {"enable_external_access": "false", "lock_configuration": "true",
+                            "allowed_directories": f"[{spill}/]"}  # DuckDB keeps its spill directory reachable
         with pytest.raises(duckdb.Error, match="locked"):
             cat.con.execute("SET enable_external_access = true")
+    assert not spill.exists()  # removed on close
     assert sorted(str(p) for p in tmp_path.rglob("*")) == before
+
+
+def test_a_query_larger_than_memory_spills_to_the_private_directory(results: Path, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """At 100M per-position rows the agreement grid needs more than this machine's memory: without a
+    spill directory DuckDB failed with Out of Memory; with one the query completes."""
+    from storage.catalog import MEMORY_LIMIT_ENV, SPILL_DIR_ENV
+
+    monkeypatch.setenv(MEMORY_LIMIT_ENV, "40MB")
+    monkeypatch.setenv(SPILL_DIR_ENV, str(tmp_path))
+    sql = "SELECT count(*) AS n, sum(x) AS s FROM (SELECT i % 3000000 AS k, max(i) AS x FROM range(6000000) t(i) GROUP BY k)"
+    with Catalog(results) as cat:
+        spill = Path(cat.con.sql("SELECT current_setting('temp_directory')").fetchall()[0][0])
+        assert spill.parent == tmp_path
+        assert cat.query(sql).to_pylist() == [{"n": 3000000, "s": sum(range(3000000, 6000000))}]
+    assert not spill.exists()
 
 
 @pytest.mark.parametrize("sql", ["EXPLAIN ANALYZE SELECT 1", "EXPLAIN (ANALYZE) SELECT 1", "explain -- c\n analyse SELECT 1",

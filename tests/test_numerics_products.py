@@ -319,6 +319,8 @@ def test_cli_demo_prints_the_seed_examples() -> None:
         "sequential: [[256.0]]",
         "pairwise: [[300.0]]",
         "pairwise: 4.77e-07 * sum over k of |A[i,k] * B[k,j]| + 1.34e-43",
+        "plain: 1.37e-05",  # the seed prints 1.31e-05: docs/numerics.md, "Attention", says why
+        "flash: 0.00544",  # the seed prints 0.00545: docs/numerics.md, "The seed's example"
     ]
 
 

@@ -2,6 +2,7 @@
 
 Thin over :mod:`tasks.checks`; runs in this process (no Ray).  Exit code 0 when the verdict passes,
 1 when it does not, 2 for bad input (unknown kernel, import failure, wrong signature, bad option).
+``check fuzz`` and ``check replay`` live in :mod:`orchestrator.cli.check_fuzz` and join this group.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from typing import Any
 
 import typer
 
+from orchestrator.cli import check_attention, check_fuzz
 from orchestrator.cli.check_options import (
     DEFAULT_TRIALS,
     DeviceOpt,
@@ -150,3 +152,8 @@ def all_(
         ]
 
     run_checks(go, fmt)
+
+
+app.command("fuzz")(check_fuzz.fuzz)
+app.command("replay")(check_fuzz.replay)
+app.command("attention")(check_attention.attention)

@@ -33,3 +33,62 @@ def list_(
             for r in rows:
                 r["available"] = r["available"] == "yes"
         emit_rows(rows, fmt, title="kernels")
+
+
+@app.command("attention")
+def attention(
+    fmt: FormatOpt = TableFormat.table,
+    all_: bool = typer.Option(True, "--all/--available", help="Show unavailable attention kernels too (with the reason)."),
+    long: bool = typer.Option(False, "--long", "-l", help="Add each kernel's description (always in JSON)."),
+) -> None:
+    """Show each attention kernel (docs/attention.md): name, device, availability and why not, how its
+    logsumexp comes about, and the vLLM backend it selects.
+
+    Example: swapcheck kernels attention --available
+    """
+    with user_errors():
+        from tasks.attention import list_attention
+
+        rows = [
+            {"name": k["name"], "device": k["device"], "available": "yes" if k["available"] else "no",
+             "reason": k.get("reason") or "", "logsumexp": k.get("logsumexp") or "",
+             "vllm backend": k.get("engine_backend") or "",
+             **({"description": k.get("description", "")} if long or fmt is TableFormat.json else {})}
+            for k in list_attention()
+            if all_ or k["available"]
+        ]
+        if fmt is TableFormat.json:
+            for r in rows:
+                r["available"] = r["available"] == "yes"
+        emit_rows(rows, fmt, title="attention kernels")
+
+
+@app.command("quantizers")
+def quantizers(
+    fmt: FormatOpt = TableFormat.table,
+    all_: bool = typer.Option(True, "--all/--available", help="Show quantizers that cannot be built with their defaults too (with the reason)."),
+    long: bool = typer.Option(False, "--long", "-l", help="Add each quantizer's summary, parameters and version (always in JSON)."),
+) -> None:
+    """Show each activation quantizer (docs/quantizers.md): name, output dtype, its exact formula,
+    whether it can be built with its defaults and, when not, why (a static entry needs `static_scale`).
+
+    Example: swapcheck kernels quantizers --format json
+    """
+    with user_errors():
+        from tasks.quantizers import list_quantizers
+
+        rows = [
+            {"name": q["name"], "output": q["out_dtype"] or "", "available": "yes" if q["ok"] else "no",
+             "reason": q["reason"] or "", "formula": q["formula"] or "",
+             **({"summary": q["summary"], "params": q["params"], "version": q["version"]}
+                if long or fmt is TableFormat.json else {})}
+            for q in list_quantizers()
+            if all_ or q["ok"]
+        ]
+        if fmt is TableFormat.json:
+            for r in rows:
+                r["available"] = r["available"] == "yes"
+        elif long:
+            for r in rows:
+                r["params"] = ", ".join(f"{k}={v}" for k, v in sorted(r["params"].items()))
+        emit_rows(rows, fmt, title="activation quantizers")

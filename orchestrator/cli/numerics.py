@@ -13,7 +13,7 @@ app = typer.Typer(
 
 
 class DemoFormat(str, Enum):
-    """``numerics demo --format``: the four lines, or one JSON object."""
+    """``numerics demo --format``: the six lines, or one JSON object."""
 
     text = "text"
     json = "json"
@@ -22,35 +22,28 @@ class DemoFormat(str, Enum):
 @app.command("demo")
 def demo(
     k: int = typer.Option(64, "--k", min=1, help="Number of products for the error model."),
-    fmt: DemoFormat = typer.Option(DemoFormat.text, "--format", help="text (four lines) or json (one object)."),
+    fmt: DemoFormat = typer.Option(DemoFormat.text, "--format", help="text (six lines) or json (one object)."),
 ) -> None:
-    """Add 300 bfloat16 ones three ways, then print a pairwise fp32 error model.
+    """Add 300 bfloat16 ones three ways, print a pairwise fp32 error model, then the seed's
+    attention tolerances.
 
     The reference rounds the exact sum once (300).  Added one at a time in bfloat16 the sum sticks
     at 256, where bfloat16 values are 2 apart and adding 1 rounds back down; added as a balanced
     tree every partial sum fits and the answer is exact.  The error model of a pairwise fp32 sum of
     K rounded products is gamma_n * sum |A B| + N * eta (docs/numerics.md derives n = 8, N = 191 for
-    K = 64).
+    K = 64).  Last, the largest output tolerance of two attention algorithms on the seed's q, k, v
+    of shape (1, 2, 64, 16): plain (the definition's bounds) and flash (online softmax in blocks of
+    16 keys, bfloat16 weights), to 3 significant digits.
 
     Example: swapcheck numerics demo --k 4096 --format json
     """
-    import ml_dtypes
-    import numpy as np
+    from tasks.numerics.demo import demo_lines
 
-    from tasks.numerics import products
-
-    ones = np.ones((1, 300), dtype=ml_dtypes.bfloat16)
-    column = ones.reshape(300, 1)
-    lines = [
-        ("reference", products.matmul(ones, column).rounded.tolist()),
-        ("sequential", products.matmul_sequential("bfloat16", fma=False).run(ones, column).tolist()),
-        ("pairwise", products.matmul_pairwise("bfloat16", fma=False).run(ones, column).tolist()),
-        ("error_model", str(products.matmul_pairwise("float32", fma=False).error_model(k))),
-    ]
+    lines = demo_lines(k)
     if fmt is DemoFormat.json:
         from orchestrator.cli.report_options import write_json
 
-        write_json({"k": k, **dict(lines)})
+        write_json({"k": k, **{key: value for key, _, value in lines}})
         return
-    for name, value in lines:
-        typer.echo(f"{'pairwise' if name == 'error_model' else name}: {value}")
+    for key, label, value in lines:
+        typer.echo(f"{label}: {value:.3g}" if key.startswith("attention_") else f"{label}: {value}")

@@ -9,7 +9,15 @@ from __future__ import annotations
 
 import typer
 
-from orchestrator.cli import report_agreement, report_certificate, report_documents, report_flips
+from orchestrator.cli import (
+    report_agreement,
+    report_certificate,
+    report_documents,
+    report_flips,
+    report_fuzz,
+    report_noise,
+    report_quantize,
+)
 from orchestrator.cli.common import (
     DEFAULT_RESULTS,
     FormatOpt,
@@ -109,6 +117,9 @@ def replay(
 app.command("predictions")(report_documents.predictions)
 app.command("agreement")(report_agreement.agreement)
 app.command("flips")(report_flips.flips)
+app.command("quantize")(report_quantize.quantize)
 app.command("all")(report_documents.all_)
 app.command("conformance")(report_documents.conformance)
 app.command("certificate")(report_certificate.certificate)
+app.command("noise-floor")(report_noise.noise_floor)
+app.command("fuzz")(report_fuzz.fuzz)

@@ -44,6 +44,7 @@ class AgreementTable(str, Enum):
     cross = "cross"
     divergence = "divergence"
     positions = "positions"
+    distinct = "distinct"
 
 
 #: ``-o/--output FILE``: where a command that writes a report writes it (default: standard output).

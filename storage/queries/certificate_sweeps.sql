@@ -1,4 +1,5 @@
--- The sweeps that have results a certificate reads (kdepth, replay, sequences, exact_match, bounds),
+-- The sweeps that have results a certificate reads (kdepth, replay, sequences, exact_match, bounds,
+-- attention_replay),
 -- whether or not they have a spec record: `report certificate` gives each its own certificates.
 -- Parameters: $sweep (NULL for every sweep).
 SELECT DISTINCT sweep FROM (
@@ -7,6 +8,7 @@ SELECT DISTINCT sweep FROM (
     UNION ALL SELECT sweep FROM sequences
     UNION ALL SELECT sweep FROM exact_match
     UNION ALL SELECT sweep FROM bounds
+    UNION ALL SELECT sweep FROM attention_replay
 )
 WHERE $sweep IS NULL OR sweep = $sweep
 ORDER BY sweep

@@ -3,6 +3,7 @@
 -- total counts every prompt either arm generated; a prompt missing from one arm, or generated from a
 -- different prompt (prompt_mismatch), is not identical. Scales and kernels come from arm_runs;
 -- same_scales marks pairs compared under the same scale mode (real vs real, pow2 vs pow2).
+-- attention_a/attention_b: each arm's attention kernel (NULL in results written before arms had one).
 -- Parameters: $sweep (NULL for every sweep).
 WITH s AS (
     SELECT sweep, arm, prompt_index, prompt_hash, sequence_hash
@@ -25,7 +26,8 @@ runs AS (
         sweep,
         arm,
         string_agg(DISTINCT scales, ',' ORDER BY scales)                       AS scales,
-        string_agg(DISTINCT configured_kernel, ',' ORDER BY configured_kernel) AS kernel
+        string_agg(DISTINCT configured_kernel, ',' ORDER BY configured_kernel) AS kernel,
+        string_agg(DISTINCT attention, ',' ORDER BY attention)                 AS attention
     FROM arm_runs
     WHERE $sweep IS NULL OR sweep = $sweep
     GROUP BY sweep, arm
@@ -56,6 +58,8 @@ SELECT
     any_value(ra.scales) IS NOT DISTINCT FROM any_value(rb.scales)        AS same_scales,
     any_value(ra.kernel)                                                  AS kernel_a,
     any_value(rb.kernel)                                                  AS kernel_b,
+    any_value(ra.attention)                                               AS attention_a,
+    any_value(rb.attention)                                               AS attention_b,
     count(*) FILTER (WHERE c.identical)::BIGINT                           AS identical,
     count(*)::BIGINT                                                      AS total,
     count(*) FILTER (WHERE c.prompt_mismatch)::BIGINT                     AS prompt_mismatch,

@@ -4,6 +4,9 @@
   sum is exact in the output format; exact equality required wherever it is.
 * :func:`run_bounds` (:mod:`.bounds`): randn and adversarial operands; every output within a named
   accumulation algorithm's error bound, then one rounding to the output format.
+* :func:`tasks.checks.fuzz.fuzz` (:mod:`.fuzz`): a seeded hunt over edge shapes, value recipes and
+  scales, each trial judged by both checks; failures shrunk and saved as artifacts that
+  :func:`tasks.checks.artifact.replay` (:mod:`.artifact`) reproduces byte for byte.
 
 Both take a :class:`Subject` (:func:`load_subject`: a registry name, an entry point or
 ``package.module:attr``, including a plain matmul ``f(A, B) -> C``) and end in a verdict of

@@ -51,10 +51,10 @@ from tasks.verdicts import Verdict, classify_differences
 
 from . import operands as ops_mod
 from .defaults import DEFAULT_TRIALS
-from .result import CheckResult, TrialResult, element
+from .result import CheckResult, Judged, TrialResult, element
 from .subject import CheckInputError, Subject, output_problem, shape_problem
 
-__all__ = ["ALGORITHMS", "algorithm", "describe_algorithm", "bounds_trial", "run_bounds", "covered"]
+__all__ = ["ALGORITHMS", "algorithm", "describe_algorithm", "bounds_trial", "judge_bounds", "run_bounds", "covered"]
 
 ALGORITHMS = ("any", "sequential", "pairwise", "blocked-<b>", "exact", "slots16")
 _BLOCKED = re.compile(r"^blocked-(\d+)$")
@@ -160,16 +160,44 @@ def bounds_trial(
     gen = ops_mod.generator("bounds", seed, inputs, m, k, n, trial)
     op_dtype = subject.operand_dtype(dtype)
     a, b = ops_mod.general(inputs, m, k, n, op_dtype, gen)
-    info: dict[str, Any] = {"inputs": inputs, "algorithm": repr(alg)}
-    if subject.plain:
+    info: dict[str, Any] = {"inputs": inputs}
+    sa = sb = None
+    if not subject.plain:
+        sa, sb = ops_mod.scales(scales, m, n, subject.scale_numel(m, n, k), gen)
+        info["scales"] = scales
+    return judge_bounds(subject, alg, a, b, dtype, sa, sb, trial=trial, seed=seed, info=info).result
+
+
+def judge_bounds(
+    subject: Subject,
+    alg: Any,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    dtype: torch.dtype,
+    scale_a: torch.Tensor | None = None,
+    scale_b: torch.Tensor | None = None,
+    *,
+    trial: int = 0,
+    seed: int = 0,
+    info: dict[str, Any] | None = None,
+) -> Judged:
+    """Run ``subject`` on these operands and judge every output against ``alg``'s bound.
+
+    For a scaled kernel, ``a * scale_a`` and ``b * scale_b`` must be exact in fp32 (int8 or e4m3
+    values times powers of two, or times scales of at most 16 significant bits): the algorithm
+    runs on them.  The trial harness above and the fuzzer (:mod:`.fuzz`) share it.
+    """
+    m, k = int(a.shape[0]), int(a.shape[1])
+    n = int(b.shape[1])
+    info = {**(info or {}), "algorithm": repr(alg)}
+    if subject.plain or scale_a is None or scale_b is None:
         sa = sb = None
         af, bf = a, b
     else:
-        sa, sb = ops_mod.scales(scales, m, n, subject.scale_numel(m, n, k), gen)
-        # exact: int8 and e4m3 values times powers of two are fp32 values
+        sa, sb = scale_a, scale_b
         af = a.to(torch.float32) * sa.reshape(-1, 1)
         bf = b.to(torch.float32) * sb.reshape(1, -1)
-        info.update(scales=scales, scale_a_numel=int(sa.numel()), scale_b_numel=int(sb.numel()))
+        info.update(scale_a_numel=int(sa.numel()), scale_b_numel=int(sb.numel()))
     positions = m * n
     t0 = time.perf_counter()
     try:
@@ -177,14 +205,14 @@ def bounds_trial(
     except CheckInputError:
         raise
     except Exception as exc:  # the kernel failed: a result, not bad input
-        return TrialResult("bounds", m, k, n, trial, seed, Verdict.ERROR, positions, info=info,
-                           error=f"{type(exc).__name__}: {exc}")  # fmt: skip
+        return Judged(TrialResult("bounds", m, k, n, trial, seed, Verdict.ERROR, positions, info=info,
+                                  error=f"{type(exc).__name__}: {exc}"), None, None, None)  # fmt: skip
     seconds = time.perf_counter() - t0
     problem = output_problem(out, m, n)
     if problem is not None:
         info["problem"] = problem
-        return TrialResult("bounds", m, k, n, trial, seed, Verdict.INCORRECT, positions,
-                           seconds=seconds, info=info)  # fmt: skip
+        return Judged(TrialResult("bounds", m, k, n, trial, seed, Verdict.INCORRECT, positions,
+                                  seconds=seconds, info=info), out, None, None)  # fmt: skip
     out_fmt = get_format(out.dtype)
     info["output_dtype"] = out_fmt.name
     cov, low, high, bnd = _judge(alg, out, af, bf)
@@ -206,9 +234,10 @@ def bounds_trial(
     max_spacing = int(np.max(np.where(d < 0, 0, d))) if d.size else 0
     if bool((d < 0).any()):
         info["nan_mismatches"] = int((d < 0).sum())
-    return TrialResult("bounds", m, k, n, trial, seed, verdict, positions, positions, n_out,
-                       int(differing.sum()), max_spacing, first, worst_el, info, None,
-                       seconds)  # fmt: skip
+    result = TrialResult("bounds", m, k, n, trial, seed, verdict, positions, positions, n_out,
+                         int(differing.sum()), max_spacing, first, worst_el, info, None,
+                         seconds)  # fmt: skip
+    return Judged(result, out, np.asarray(expected, dtype=np.float64), np.asarray(exact, dtype=np.float64))
 
 
 def run_bounds(

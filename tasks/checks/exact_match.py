@@ -34,11 +34,11 @@ from tasks.verdicts import Verdict
 
 from . import operands as ops_mod
 from .defaults import DEFAULT_TRIALS
-from .result import CheckResult, TrialResult, element
+from .result import CheckResult, Judged, TrialResult, element
 from .sparsity import DEFAULT_FLOOR, DEFAULT_OVERFLOW, exact_limit, zero_probability
 from .subject import FORMAT_DTYPES, CheckInputError, Subject, output_problem, shape_problem
 
-__all__ = ["MIN_CHECKED_FRACTION", "run_exact_match", "exact_match_trial"]
+__all__ = ["MIN_CHECKED_FRACTION", "run_exact_match", "exact_match_trial", "judge_exact_match"]
 
 #: A trial must check at least this fraction of its positions (issue 4: "at least half").
 MIN_CHECKED_FRACTION = 0.5
@@ -56,23 +56,54 @@ def exact_match_trial(
     scales: str = "pow2",
 ) -> TrialResult:
     """One fresh draw of binary operands for ``subject``, judged by exact equality where in range."""
-    fmt = get_format(dtype)
-    limit = exact_limit(fmt)
     gen = ops_mod.generator("exact_match", seed, m, k, n, trial)
     a01, b01 = ops_mod.binary(m, k, n, p, gen)
-    s = a01.double() @ b01.double()  # exact: integers <= K
-    info: dict[str, object] = {"p": p, "limit": limit, "output_dtype": fmt.name}
+    info: dict[str, object] = {"p": p}
     if subject.plain:
         a, b = a01.to(dtype), b01.to(dtype)
         sa = sb = None
-        scale = torch.ones(1, 1, dtype=torch.float64)
     else:
         op_dtype = subject.operand_dtype(dtype)
         a, b = a01.to(op_dtype), b01.to(op_dtype)
         sa, sb = ops_mod.scales(scales, m, n, subject.scale_numel(m, n, k), gen)
+        info["scales"] = scales
+    return judge_exact_match(subject, a, b, dtype, sa, sb, trial=trial, seed=seed, info=info).result
+
+
+def judge_exact_match(
+    subject: Subject,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    dtype: torch.dtype,
+    scale_a: torch.Tensor | None = None,
+    scale_b: torch.Tensor | None = None,
+    *,
+    trial: int = 0,
+    seed: int = 0,
+    info: dict[str, object] | None = None,
+) -> Judged:
+    """Run ``subject`` on these binary (0/1) operands and judge its output by exact equality.
+
+    ``a [M, K]`` and ``b [K, N]`` hold zeros and ones in the operand dtype; ``scale_a`` /
+    ``scale_b`` (scaled kernels) must be powers of two, so that the reference is exact.  The trial
+    harness above and the fuzzer (:mod:`.fuzz`, whose artifacts replay through here) share it.
+    """
+    m, k = int(a.shape[0]), int(a.shape[1])
+    n = int(b.shape[1])
+    fmt = get_format(dtype)
+    limit = exact_limit(fmt)
+    s = a.double() @ b.double()  # exact: integers <= K
+    info = {**(info or {}), "limit": limit, "output_dtype": fmt.name}
+    if subject.plain or scale_a is None or scale_b is None:
+        sa = sb = None
+        scale = torch.ones(1, 1, dtype=torch.float64)
+    else:
+        sa, sb = scale_a, scale_b
         scale = sa.double().reshape(-1, 1) * sb.double().reshape(1, -1)  # exact: powers of two
-        info.update(scales=scales, scale_a_numel=int(sa.numel()), scale_b_numel=int(sb.numel()))
+        info.update(scale_a_numel=int(sa.numel()), scale_b_numel=int(sb.numel()))
+    p = float(info.get("p") or 0.0)  # type: ignore[arg-type]
     expected = (s * scale).numpy()
+    exact = s.numpy() * scale.numpy()
     positions = m * n
     t0 = time.perf_counter()
     try:
@@ -80,14 +111,14 @@ def exact_match_trial(
     except CheckInputError:
         raise
     except Exception as exc:  # the kernel failed: a result, not bad input
-        return TrialResult("exact_match", m, k, n, trial, seed, Verdict.ERROR, positions,
-                           info=info, error=f"{type(exc).__name__}: {exc}")  # fmt: skip
+        return Judged(TrialResult("exact_match", m, k, n, trial, seed, Verdict.ERROR, positions,
+                                  info=info, error=f"{type(exc).__name__}: {exc}"), None, expected, exact)  # fmt: skip
     seconds = time.perf_counter() - t0
     problem = output_problem(out, m, n)
     if problem is not None:
         info["problem"] = problem
-        return TrialResult("exact_match", m, k, n, trial, seed, Verdict.INCORRECT, positions,
-                           seconds=seconds, info=info)  # fmt: skip
+        return Judged(TrialResult("exact_match", m, k, n, trial, seed, Verdict.INCORRECT, positions,
+                                  seconds=seconds, info=info), out, expected, exact)  # fmt: skip
     info["output_dtype"] = get_format(out.dtype).name if out.dtype in FORMAT_DTYPES else str(out.dtype)
     obs = out.double().numpy()
     checked = s.numpy() <= limit
@@ -111,7 +142,6 @@ def exact_match_trial(
             with np.errstate(invalid="ignore"):
                 gap = np.where(bad, np.nan_to_num(np.abs(obs - expected), nan=np.inf), -1.0)
             worst_idx = int(np.argmax(gap))
-        exact = s.numpy() * scale.numpy()
         first = element(int(flat[0]), n, exact, expected, obs, spacings)
         worst_el = element(worst_idx, n, exact, expected, obs, spacings)
     elif spacings is not None:
@@ -126,8 +156,9 @@ def exact_match_trial(
         )
     else:
         verdict = Verdict.IDENTICAL
-    return TrialResult("exact_match", m, k, n, trial, seed, verdict, positions, n_checked, n_bad,
-                       n_bad, max_spacing, first, worst_el, info, None, seconds)  # fmt: skip
+    result = TrialResult("exact_match", m, k, n, trial, seed, verdict, positions, n_checked, n_bad,
+                         n_bad, max_spacing, first, worst_el, info, None, seconds)  # fmt: skip
+    return Judged(result, out, expected, exact)
 
 
 def run_exact_match(

@@ -20,6 +20,7 @@ from tasks.verdicts import Verdict, worst
 __all__ = [
     "Element",
     "TrialResult",
+    "Judged",
     "CheckResult",
     "ROW_COLUMNS",
     "INFO_COLUMNS",
@@ -187,6 +188,24 @@ class TrialResult:
         if extra:
             raise KeyError(f"trial info keys without a column: {extra}")
         return row
+
+
+@dataclass
+class Judged:
+    """One judged run of a kernel, with the arrays behind the verdict (what a fuzz artifact keeps).
+
+    Attributes:
+        result: the trial's verdict and evidence.
+        output: the kernel's output as returned (on the CPU); None when the kernel raised.
+        expected: what a correct kernel returns, float64 ``[M, N]`` (exact match: the exact value;
+            bounds: the exact result rounded once to the output format).
+        exact: the exact result, float64 ``[M, N]`` (bounds: within one float64 spacing).
+    """
+
+    result: TrialResult
+    output: Any
+    expected: np.ndarray | None
+    exact: np.ndarray | None
 
 
 @dataclass

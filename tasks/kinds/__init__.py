@@ -42,6 +42,10 @@ _REGISTRY: dict[str, Kind | str] = {
     "teacher_forced": "tasks.kinds.teacher_forced:KIND",
     "exact_match": "tasks.kinds.exact_match:KIND",
     "bounds": "tasks.kinds.bounds:KIND",
+    "attention_replay": "tasks.kinds.attention_replay:KIND",
+    "quantize": "tasks.kinds.quantize:KIND",
+    "batch_invariance": "tasks.kinds.batch_invariance:KIND",
+    "fuzz": "tasks.kinds.fuzz:KIND",
 }
 
 

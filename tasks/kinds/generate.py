@@ -51,8 +51,17 @@ class Arm(Strict):
     scales: ScaleMode = "real"
     engine: Literal["cpu", "vllm"] = "cpu"
     env: dict[str, str] = Field(default_factory=dict)
+    #: The attention kernel (tasks.attention registry name) every attention layer runs: a CPU entry
+    #: on the CPU engine, a vLLM backend (``vllm-flash-attn``, ...) on the vLLM engine. None: the
+    #: engine's default (the CPU engine's float64 attention; vLLM's own choice).
+    attention: str | None = None
+    #: An INT8 activation quantizer from tasks.quantizers (docs/quantizers.md) replacing the engine's
+    #: own (``vllm-int8``), with ``quantizer_params``. None: the engine's own; arms without it keep
+    #: their unit ids.
+    quantizer: str | None = None
+    quantizer_params: dict[str, Any] = Field(default_factory=dict)
 
-    @field_validator("params")
+    @field_validator("params", "quantizer_params")
     @classmethod
     def _params(cls, v: dict[str, Any]) -> dict[str, Any]:
         return check_params_data(v)
@@ -113,12 +122,39 @@ def problems(base: str, exp: GenerateExperiment) -> list[str]:
         p = kernel_problem(f"{base}.arms.{name}.kernel", Implementation(kernel=arm.kernel, params=arm.params), "int8")
         if p:
             out.append(p)
+        out.extend(arm_quantizer_problems(f"{base}.arms.{name}", arm))
+    for name, arm in exp.arms.items():
+        if arm.attention is not None:
+            from tasks.attention.fields import attention_problem
+
+            p = attention_problem(f"{base}.arms.{name}.attention", arm.attention, arm.engine)
+            if p:
+                out.append(p)
     if vllm and len(vllm) != len(exp.arms):
         out.append(f"{base}.arms: mix of vllm arms {vllm} and cpu arms; put them in separate experiments")
     if not vllm:
         out.extend(model_and_prompt_problems(base, exp.model, exp.prompts))
     elif isinstance(exp.prompts, FilePrompts):
         out.extend(model_and_prompt_problems(base, "tiny-qwen3", exp.prompts))
+    return out
+
+
+def arm_quantizer_problems(where: str, arm: Arm) -> list[str]:
+    """An arm's ``quantizer``: a registry INT8 quantizer, on the CPU engine, with real scales."""
+    if arm.quantizer is None:
+        return [f"{where}.quantizer_params: set only with `quantizer`"] if arm.quantizer_params else []
+    from tasks.kinds.quantize import QuantizerRef, quantizer_problem
+    from tasks.quantizers import get_quantizer
+
+    p = quantizer_problem(f"{where}.quantizer", QuantizerRef(quantizer=arm.quantizer, params=arm.quantizer_params))
+    if p:
+        return [p]
+    out = []
+    q = get_quantizer(arm.quantizer, **arm.quantizer_params)
+    if q.out_dtype != "int8":
+        out.append(f"{where}.quantizer: {arm.quantizer!r} produces {q.out_dtype}; the W8A8 engine takes int8 activations")
+    if arm.scales != "real":
+        out.append(f"{where}.quantizer: a quantizer forms its own scales; use scales = \"real\"")
     return out
 
 
@@ -129,8 +165,17 @@ def arm_payload(name: str, arm: Arm) -> dict[str, Any]:
         from tasks.kernels import get_kernel
 
         version = get_kernel(arm.kernel, **arm.params).version
-    return {"name": name, "kernel": arm.kernel, "params": dict(sorted(arm.params.items())), "version": version,
-            "scales": arm.scales, "engine": arm.engine, "env": dict(sorted(arm.env.items()))}
+    payload = {"name": name, "kernel": arm.kernel, "params": dict(sorted(arm.params.items())), "version": version,
+               "scales": arm.scales, "engine": arm.engine, "env": dict(sorted(arm.env.items()))}
+    if arm.attention is not None:  # only when set: arms without it keep their unit ids
+        from tasks.attention.fields import attention_payload
+
+        payload["attention"] = attention_payload(arm.attention)
+    if arm.quantizer is not None:  # only when set: arms without it keep their unit ids
+        from tasks.kinds.quantize import QuantizerRef, quantizer_payload
+
+        payload["quantizer"] = quantizer_payload(QuantizerRef(quantizer=arm.quantizer, params=arm.quantizer_params))
+    return payload
 
 
 def expand(experiment: str, exp: GenerateExperiment) -> list[Unit]:
@@ -168,7 +213,9 @@ def expand(experiment: str, exp: GenerateExperiment) -> list[Unit]:
 
 
 def describe(p: dict[str, Any]) -> str:
-    return f"generate arm={p['arm']['name']} restart={p['restart']} ({p['arm']['kernel']}, {p['arm']['scales']} scales)"
+    att = f", attention {p['arm']['attention']['name']}" if p["arm"].get("attention") else ""
+    att += f", quantizer {p['arm']['quantizer']['name']}" if p["arm"].get("quantizer") else ""
+    return f"generate arm={p['arm']['name']} restart={p['restart']} ({p['arm']['kernel']}, {p['arm']['scales']} scales{att})"
 
 
 def run(params: dict[str, Any], context: UnitContext | None = None) -> dict[str, Rows]:
@@ -193,13 +240,18 @@ def run(params: dict[str, Any], context: UnitContext | None = None) -> dict[str,
         model = build_arm_model(params)
         prompts = prompts_from_payload(params["prompts"], int(model.config.vocab_size))
         model.reset_kernel_calls()
+        from tasks.attention.fields import attention_calls, require_attention_calls
+
+        attention_before = attention_calls()
         gen = model.generate(prompts, params["max_new_tokens"], top_k=params["top_k"])
         calls = model.kernel_calls()
         configured = get_kernel(arm["kernel"], **arm["params"]).name
         observed, ok, problem = kernel_evidence(calls, configured)
         if not ok:
             raise RuntimeError(f"kernel-selection evidence does not match the arm {arm['name']!r}: {problem}")
-        evidence = {"ok": True}
+        if arm.get("attention") is not None:
+            require_attention_calls(arm["attention"]["name"], arm["name"], attention_before)
+        evidence = {"ok": True, **({"quantizer": arm["quantizer"]} if arm.get("quantizer") else {})}
         weights = model.weights_sha256()
     ident = {"arm": arm["name"], "restart": params["restart"]}
     generations = [
@@ -214,6 +266,7 @@ def run(params: dict[str, Any], context: UnitContext | None = None) -> dict[str,
     ]
     run_row = {
         **ident, "model": params["model"], "engine": arm["engine"], "configured_kernel": configured,
+        "attention": (arm.get("attention") or {}).get("name") or ("fp64" if arm["engine"] == "cpu" else None),
         "scales": arm["scales"], "env_json": json.dumps(arm["env"], sort_keys=True), "host": socket.gethostname(),
         "pid": os.getpid(), "observed_kernels": observed,
         "kernel_calls_json": json.dumps({"calls": calls, "evidence": evidence}, sort_keys=True, default=str),

@@ -16,8 +16,17 @@ def build_arm_model(params: dict[str, Any]) -> Any:
 
     arm = params["arm"]
     os.environ.update(arm["env"])
-    return build_model(params["model"], kernel={"kernel": arm["kernel"], "params": arm["params"]},
-                       scales=arm["scales"], seed=params["model_seed"])
+    attention = arm.get("attention")  # present only when the arm names one (unit ids unchanged otherwise)
+    model = build_model(params["model"], kernel={"kernel": arm["kernel"], "params": arm["params"]},
+                        scales=arm["scales"], seed=params["model_seed"],
+                        attention=None if attention is None else attention["name"])
+    quantizer = arm.get("quantizer")  # likewise: present only when the arm names one
+    if quantizer is not None:
+        from tasks.quantizers import get_quantizer
+        from tasks.quantizers.model import install_quantizer
+
+        install_quantizer(model, get_quantizer(quantizer["quantizer"], **quantizer["params"]))
+    return model
 
 
 def build_vllm_engine(params: dict[str, Any]) -> Any:
@@ -27,7 +36,12 @@ def build_vllm_engine(params: dict[str, Any]) -> Any:
     arm = params["arm"]
     prompts = params["prompts"]
     longest = (max(len(p) for p in prompts["tokens"]) if "tokens" in prompts else prompts["synthetic"]["length"])
-    return VllmEngine(params["model"], kernel=arm["kernel"], seed=params["model_seed"], env=arm["env"],
+    env = dict(arm["env"])
+    if arm.get("attention") is not None:  # a vLLM attention backend, selected through the environment
+        from tasks.attention.vllm import backend_env
+
+        env.update(backend_env(arm["attention"]["name"]))
+    return VllmEngine(params["model"], kernel=arm["kernel"], seed=params["model_seed"], env=env,
                       max_model_len=longest + params["max_new_tokens"] + 1)
 
 

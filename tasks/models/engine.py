@@ -388,6 +388,7 @@ def build_model(
     threads: int | None = 1,
     reductions: str = "fp64",
     overrides: dict[str, Any] | None = None,
+    attention: str | None = None,
 ) -> W8A8Model:
     """Build the W8A8 engine.
 
@@ -408,6 +409,8 @@ def build_model(
             ``"fp32"`` (transformers' eager fp32 attention and lm_head).
         overrides: ``Qwen3Config`` fields changed from the tiny config (``tiny-qwen3`` only),
             e.g. ``{"attention_bias": True}`` or ``{"num_hidden_layers": 2}``.
+        attention: an attention kernel of :mod:`tasks.attention` every attention layer calls
+            (``"sdpa-math"``, ``"sdpa-flash-cpu"``, ...); None keeps the ``reductions`` choice.
     """
     check_scale_mode(scales)
     if out_dtype not in OUT_DTYPES:
@@ -430,12 +433,20 @@ def build_model(
             return make(name, i, path, q, s, b)
 
         _install(hf, from_float)
+        if attention is not None:
+            from tasks.attention.hf import use_attention
+
+            use_attention(hf, attention)
         return W8A8Model(hf, model=model, source="seeded", scales=scales, seed=seed, out_dtype=odt,
                          threads=threads, reductions=reductions)
     if overrides:
         raise ValueError("overrides apply to 'tiny-qwen3' only; a checkpoint's config.json is used as it is")
     ck = read_checkpoint(Path(model))
     hf, notes = _from_checkpoint(ck, make, scales, reductions)
+    if attention is not None:
+        from tasks.attention.hf import use_attention
+
+        use_attention(hf, attention)
     source = "compressed-tensors" if ck.quantized else "float-checkpoint"
     return W8A8Model(hf, model=str(model), source=source, scales=scales, seed=seed, out_dtype=odt,
                      threads=threads, reductions=reductions, notes=notes)

@@ -6,13 +6,21 @@ moves by a whole quantization step, which moves more elements downstream.  fp32 
 not compute a query row the same way in every shape: prefill (all queries at once) and KV-cache
 decode (one query per sequence) use different GEMM kernels, and left padding changes the number of
 (masked) keys in the reductions; an fp32 ``lm_head`` GEMV (one row) and GEMM (many rows) round
-differently too.  Measured on ``tiny-qwen3`` with fp32 attention and ``lm_head``: the attention
-output of one prompt differed by ~5e-7 between a batch of one and a padded batch, and
-teacher-forced scoring of 64 greedy sequences (32 new tokens each) disagreed with the generating
-run's own tokens in 14 of them (19 of 2048 positions), more than swapping the INT8 kernel changes
-(1-2 of 64 sequences under real scales).  That noise would drown the signal the experiments look
-for.  With ``reductions="fp64"``: 0 of 64, and every position's top-k logits bit-identical between
-teacher forcing and decoding, and between a prompt alone and in a padded batch.
+differently too.  Measured on ``tiny-qwen3`` (``int8-cutlass-order``, real scales, torch 2.13.0+cpu,
+transformers 5.19.0) with fp32 attention and ``lm_head``, in the setting of ``sweeps/demo.toml``'s
+generate experiment (64 prompts of 16 tokens greedily decoded in one batch of 64, each sequence
+then scored alone by prefill as the teacher-forced replay scores it): teacher-forced scoring
+disagreed with the generating run's own tokens in 8 of 64 sequences (12 of 4096 positions) with 64
+new tokens, and in 3 of 64 (5 of 2048 positions) with 32; with 1, 2 or 4 torch threads alike, and
+1 of 64 (32 tokens) / 3 of 64 (64 tokens) under power-of-two scales.  ``swapcheck sweep launch
+sweeps/noise-floor-fp32.toml`` then ``swapcheck report noise-floor`` shows the 64-token figures
+(docs/noise-floor.md).  An earlier version of this note read 14 of 64 (19 of 2048 positions, 32
+new tokens); neither the current engine nor a copy of the tree from 2026-11-30 reproduces it with
+this torch, so that figure came from an older state of the engine or its libraries and is withdrawn.
+That is as much as swapping the INT8 kernel changes (2 of 64 sequences under real scales,
+32 tokens), so the noise would drown the signal the experiments look for.  With
+``reductions="fp64"``: 0 of 64 with 32 or 64 new tokens, and every position's logits bit-identical
+between teacher forcing and decoding, and between a prompt alone and in a padded batch.
 
 How.  ``scores = q·kᵀ·scaling + mask``, ``softmax`` and ``probs·v`` run in float64, and so does
 ``lm_head`` (``x·Wᵀ`` of fp32 values); each result is rounded once to fp32.  Reassociation across

@@ -136,6 +136,10 @@ class W8A8Linear(nn.Module):
         self.layer_type = layer_type
         self.calls: dict[str, int] = {}
         self.recorder: Recorder | None = None
+        #: A registry activation quantizer (:mod:`tasks.quantizers`) replacing step 1's
+        #: :func:`quantize_activations` when set; None (the default) keeps the engine's own, which is
+        #: the registry's ``vllm-int8`` bit for bit (tests/test_quantizers.py).
+        self.quantizer: Any = None
 
     @property
     def in_features(self) -> int:
@@ -156,7 +160,11 @@ class W8A8Linear(nn.Module):
         if x.shape[-1] != self.in_features:
             raise ValueError(f"{self.name}: input has {x.shape[-1]} features, the layer takes {self.in_features}")
         x2 = x.reshape(-1, self.in_features)
-        x_q, x_scale = quantize_activations(x2, self.scales)
+        if self.quantizer is None:
+            x_q, x_scale = quantize_activations(x2, self.scales)
+        else:
+            x_q, x_scale = self.quantizer(x2)
+            x_scale = x_scale.to(torch.float32)  # an fp16 scale is read back exactly; kernels take fp32
         out = self.gemm(x_q, x_scale)
         if self.recorder is not None:
             self.recorder(self, x_q, x_scale, out)

@@ -4,10 +4,12 @@ Formats (:mod:`.formats`), correct rounding and error-free transformations (:mod
 bit-pattern distances in output spacings (:mod:`.spacing`).  Import the torch-based modules by name:
 named accumulation orders over lists of terms (:mod:`.accumulation`), matmul algorithms and the
 matmul reference (:mod:`.products`), error models and bounds (:mod:`.errormodel`), exact sums
-(:mod:`.exactsum`), the emulation engines (:mod:`.orders`) and the place for attention algorithms
-(:mod:`.attention`).  See docs/numerics.md.
+(:mod:`.exactsum`), the emulation engines (:mod:`.orders`) and exact emulations of attention kernels
+(:mod:`.attention_emulate`).  Attention algorithms (:mod:`.attention`: forward and backward bounds of
+fused attention) need only numpy and are exported here.  See docs/numerics.md.
 """
 
+from .attention import AttentionAlgorithm, AttentionResult, GradResult
 from .formats import FORMATS, FloatFormat, get_format
 from .rounding import (
     NEAREST_AWAY,
@@ -25,6 +27,9 @@ from .rounding import (
 from .spacing import NOT_COMPARABLE, bits, distance, is_nan_bits, ordered, spacing
 
 __all__ = [
+    "AttentionAlgorithm",
+    "AttentionResult",
+    "GradResult",
     "FORMATS",
     "FloatFormat",
     "get_format",

@@ -1,0 +1,112 @@
+"""Activation-quantizer comparisons: the tables of ``report quantize``.
+
+Every number comes from the named queries ``quantize_by_pair`` (one row per reference/candidate pair,
+summed over every captured layer call) and ``quantize_by_layer`` (one row per layer call); the
+meaning of each figure is in docs/quantizers.md.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from storage.catalog import Catalog
+
+__all__ = ["DOCUMENT_TITLE", "document_note", "by_layer", "by_pair", "document_table", "layer_table", "pair_table"]
+
+
+def by_pair(cat: Catalog, sweep: str | None) -> list[dict[str, Any]]:
+    return cat.named("quantize_by_pair", sweep=sweep)
+
+
+def by_layer(cat: Catalog, sweep: str | None) -> list[dict[str, Any]]:
+    return cat.named("quantize_by_layer", sweep=sweep)
+
+
+def _ppm(frac: float | None) -> float | None:
+    return None if frac is None else round(1e6 * frac, 3)
+
+
+def _pct(frac: float | None) -> float | None:
+    return None if frac is None else round(100 * frac, 4)
+
+
+def pair_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One line per pair: values differing (count, %), max |dq|, scales differing, max scale spacing,
+    and downstream through the fixed GEMM (outputs differing, ppm, max output spacing, identical layers)."""
+    return [{"experiment": r["experiment"], "pair": f"{r['reference']} vs {r['candidate']}",
+             "acts": r["activation_dtype"], "q": r["q_dtype"], "layers": r["layers"],
+             "values": r["elements"], "q differ": r["q_differing"], "q %": _pct(r["q_frac_differing"]),
+             "max |dq|": r["q_max_abs_diff"], "scales differ": f"{r['scales_differing']}/{r['tokens']}",
+             "scale sp": r["scale_max_spacing"], "scale fmt": r["scale_format"], "gemm": r["gemm_kernel"],
+             "out differ": r["out_differing"], "out ppm": _ppm(r["out_frac_differing"]),
+             "out max sp": r["out_max_spacing"], "out max sp >5%": r["out_max_spacing_significant"],
+             "identical layers": None if r["out_elements"] is None else f"{r['identical_out_layers']}/{r['layers']}"}
+            for r in rows]
+
+
+def layer_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One line per layer call and pair."""
+    return [{"experiment": r["experiment"], "pair": f"{r['reference']} vs {r['candidate']}", "layer": r["layer"],
+             "values": r["elements"],
+             "q differ": r["q_differing"], "q %": _pct(r["q_frac_differing"]), "max |dq|": r["q_max_abs_diff"],
+             "scales differ": f"{r['scales_differing']}/{r['tokens']}", "scale sp": r["scale_max_spacing"],
+             "out differ": r["out_differing"], "out max sp": r["out_max_spacing"],
+             "out identical": None if r["out_bitwise_equal"] is None else ("yes" if r["out_bitwise_equal"] else "no")}
+            for r in rows]
+
+
+#: The title of the per-pair table in ``report all`` (the "Quantizer swaps" section).
+DOCUMENT_TITLE = "Quantizer swaps: per pair, summed over every captured layer call"
+
+
+def document_note(rows: list[dict[str, Any]]) -> str:
+    """The note under the per-pair table: what each column holds, and the fixed GEMM kernel(s)."""
+    gemm = sorted({r["gemm_kernel"] for r in rows if r["out_elements"] is not None})
+    return ("Both quantizers see the same captured activations (rounded to the activation dtype shown). "
+            "Quantized values differing: int8 or e4m3 values with q_ref != q_cand, of all values (percent). "
+            "Largest abs(q_ref - q_cand): int8 steps (FP8: value). Per-token scales differing: of all tokens, "
+            "and the largest distance between two scales in spacings of the scale format. Downstream, both "
+            "sides go through the same GEMM kernel and weights"
+            + (f" ({', '.join(gemm)})" if gemm else "")
+            + ": GEMM output elements differing, of all outputs (ppm); the largest distance between two "
+            "outputs in bf16 spacings, over all outputs and over outputs at least 5% of the layer's largest "
+            "(near zero a spacing is tiny, so the first can be large); layer calls whose outputs are "
+            "bit-identical, of all. Downstream cells read 'not run' for FP8 pairs (the engine's weights are INT8).")
+
+
+def _count(n: int | None) -> str:
+    return "" if n is None else f"{n:,}"
+
+
+def _ppm_text(frac: float) -> str:
+    ppm = 1e6 * frac
+    return f"{ppm:,.0f}" if ppm >= 1000 else f"{ppm:.3g}"
+
+
+def document_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ``quantize_by_pair`` rows as the per-pair table of ``report all``: each column named for
+    exactly the figure it holds (:func:`document_note`); None where a figure was not computed. A
+    ``sweep`` column leads when the rows come from more than one sweep."""
+    many = len({r["sweep"] for r in rows}) > 1
+    out = []
+    for r in rows:
+        down = r["out_elements"] is not None
+        out.append({
+            **({"sweep": r["sweep"]} if many else {}),
+            "experiment": r["experiment"],
+            "pair (reference vs candidate)": f"{r['reference']} vs {r['candidate']}",
+            "activations": r["activation_dtype"],
+            "quantized values differing (%)": f"{_count(r['q_differing'])} of {_count(r['elements'])} "
+            f"({100 * r['q_frac_differing']:.3g} %)" if r["elements"] else None,
+            "largest abs(q_ref - q_cand)": r["q_max_abs_diff"],
+            "per-token scales differing (largest distance, spacings)": f"{_count(r['scales_differing'])} of "
+            f"{_count(r['tokens'])}" + ("" if r["scale_max_spacing"] is None
+                                        else f" ({r['scale_max_spacing']:,} {r['scale_format']})"),
+            "GEMM outputs differing (ppm)": f"{_count(r['out_differing'])} of {_count(r['out_elements'])} "
+            f"({_ppm_text(r['out_frac_differing'])})" if down and r["out_elements"] else None,
+            "largest output distance, bf16 spacings (all / outputs >= 5% of largest)":
+            f"{r['out_max_spacing']:,} / {r['out_max_spacing_significant']:,}" if down else None,
+            "layer calls bit-identical": f"{r['identical_out_layers']} of {r['layers']}" if down else None,
+        })
+    return out

@@ -1,0 +1,533 @@
+"""``check fuzz``: a seeded hunt over shapes, values and scales, judged by both checks.
+
+Fixed-shape checks miss defects that live at one kind of edge (a tail tile, a large-M
+configuration, a split-K path); a seeded fuzzer with an exact reference finds them.  Each trial
+``i`` draws, from a generator seeded by ``(seed, i)`` alone:
+
+* a **shape** ``(M, K, N)`` aimed at kernel edges: ``M`` = 1, small, around 64, or large (up to
+  :data:`MAX_M`); ``K`` and ``N`` at ``16 j +- 1``, ``64 j +- 1``, ``128 j +- 1``, at 256, 512, 1024,
+  2048, 4096 (+- 1), or anywhere in range; ``M * K * N`` at most :data:`MAX_WORK` (``N`` shrinks
+  first), so a trial takes milliseconds to a second;
+* a **value recipe** (:data:`RECIPES`) and, for a scaled kernel, a **scale kind**
+  (:data:`SCALE_KINDS`).
+
+The trial is judged by **both** checks of :mod:`tasks.checks`, through their own judges
+(:func:`.exact_match.judge_exact_match`, :func:`.bounds.judge_bounds`): exact match on binary
+operands of that shape (power-of-two scales: its premise), and the bounds check on the recipe's
+operands with the trial's scales.  Trials run until the time budget is spent (or ``max_trials``);
+the budget only decides *how many* trials run — trial ``i`` is the same draw on every machine.
+
+On a failure the fuzzer **shrinks** it (:func:`shrink`): the same trial's recipe is drawn again at
+smaller shapes (the values are regenerated from ``(seed, i)`` and the shape), keeping any shape that
+still fails the same check, until no smaller candidate fails.  The shrunk failure is saved as a
+replayable artifact (:mod:`.artifact`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from tasks.numerics import get_format
+from tasks.seeds import stable_seed
+from tasks.verdicts import Verdict, worst
+
+from . import operands as ops_mod
+from .bounds import algorithm as get_algorithm
+from .bounds import judge_bounds
+from .exact_match import judge_exact_match
+from .result import Judged
+from .sparsity import exact_limit, zero_probability
+from .subject import CheckInputError, Subject
+
+__all__ = [
+    "DEFAULT_BUDGET_S",
+    "MAX_M",
+    "MAX_WORK",
+    "RECIPES",
+    "SCALE_KINDS",
+    "INT8_NO_OVERFLOW_K",
+    "TrialPlan",
+    "Run",
+    "TrialRecord",
+    "Failure",
+    "FuzzResult",
+    "FuzzSettings",
+    "plan_trial",
+    "draw_operands",
+    "run_check",
+    "shrink",
+    "fuzz",
+]
+
+#: The default time budget of ``check fuzz`` (seconds).
+DEFAULT_BUDGET_S = 60.0
+#: The largest M drawn ("large M": several 64- and 128-row blocks).
+MAX_M = 300
+#: The largest K drawn (outside the int32-edge recipe) and N.
+MAX_K = 4097
+MAX_N = 320
+#: M * K * N of one trial is at most this (N, then M, are drawn below the cap).
+MAX_WORK = 2**23
+#: Exact-match draws expect at most this fraction of outputs above the exact range (the check's
+#: default is 0.01): sparse enough that a trial of a few outputs is practically never INCONCLUSIVE.
+EXACT_MATCH_OVERFLOW = 1e-6
+#: The largest K for which int8 sums (|a| <= 127, |b| <= 128) cannot overflow int32.
+INT8_NO_OVERFLOW_K = 132104
+
+#: Value recipes (bounds check): what each stresses.
+RECIPES = {
+    "randn": "normal entries (int8: x32, fp8: x16): the everyday case",
+    "outliers-k": "a few K-channels of A far larger than the rest (activation outliers along K)",
+    "mixed-rows": "rows of A of very different magnitudes (2**-10..2**10; int8: peak 1..127)",
+    "ties": "small integers (|x| <= 7): exact sums that land on rounding ties of the output format",
+    "subnormal": "magnitudes whose products and outputs are subnormal in the output format",
+    "int32-edge": "int8 only: K near the int32 no-overflow bound, +-127 aligned so sums near 2**31",
+}
+#: Scale kinds of a scaled kernel's bounds trial.
+SCALE_KINDS = {
+    "pow2": "powers of two 2**e, e in [-2, 2], per token and per channel",
+    "unit": "all ones",
+    "nonpow2": "16-bit significands times 2**e (never powers of two; scaled operands exact in fp32)",
+    "tiny": "powers of two small enough that the outputs are subnormal (subnormal recipe)",
+}
+
+_EDGE_BASES = (16, 64, 128)
+_EDGE_POINTS = (256, 512, 1024, 2048, 4096)
+
+
+def _edges(limit: int) -> np.ndarray:
+    """Sizes at kernel edges up to ``limit``: 16j, 64j, 128j and their neighbours, 1..3, powers."""
+    pts = {1, 2, 3}
+    for base in _EDGE_BASES:
+        for j in range(1, limit // base + 2):
+            pts.update((base * j - 1, base * j, base * j + 1))
+    for p in _EDGE_POINTS:
+        pts.update((p - 1, p, p + 1))
+    return np.array(sorted(x for x in pts if 1 <= x <= limit), dtype=np.int64)
+
+
+_K_EDGES = _edges(MAX_K)
+_N_EDGES = _edges(MAX_N)
+
+
+@dataclass(frozen=True)
+class TrialPlan:
+    """What trial ``index`` draws: its shape, value recipe and scale kind ("none": plain matmul)."""
+
+    index: int
+    m: int
+    k: int
+    n: int
+    recipe: str
+    scales: str
+
+    @property
+    def shape(self) -> str:
+        return f"{self.m}x{self.k}x{self.n}"
+
+    def at(self, m: int, k: int, n: int) -> TrialPlan:
+        """The same trial (recipe, scales) at another shape: what shrinking tries."""
+        return TrialPlan(self.index, m, k, n, self.recipe, self.scales)
+
+
+def plan_trial(seed: int, index: int, operands: str | None) -> TrialPlan:
+    """Trial ``index``'s plan, from ``(seed, index)`` only.
+
+    ``operands``: "int8", "fp8_e4m3", or None for a plain matmul (no scales, no int32-edge recipe).
+    """
+    rng = np.random.default_rng(stable_seed("fuzz-plan", seed, index))
+    recipes = [r for r in RECIPES if r != "int32-edge" or operands == "int8"]
+    weights = np.array([3.0 if r == "randn" else 0.5 if r == "int32-edge" else 2.0 for r in recipes])
+    recipe = recipes[int(rng.choice(len(recipes), p=weights / weights.sum()))]
+    if operands is None:
+        scales = "none"
+    elif recipe == "subnormal":
+        scales = "tiny"
+    else:
+        scales = ("pow2", "nonpow2", "unit")[int(rng.choice(3, p=[0.4, 0.4, 0.2]))]
+    if recipe == "int32-edge":
+        k = int(rng.integers(INT8_NO_OVERFLOW_K - 2048, INT8_NO_OVERFLOW_K + 1))
+        return TrialPlan(index, int(rng.integers(1, 5)), k, int(rng.integers(1, 5)), recipe, scales)
+    k = int(rng.choice(_K_EDGES)) if rng.random() < 0.6 else int(rng.integers(1, MAX_K + 1))
+    u = rng.random()
+    if u < 0.2:
+        m = 1
+    elif u < 0.35:
+        m = int(rng.integers(2, 17))
+    elif u < 0.6:
+        m = int(rng.integers(17, 129))
+    else:
+        m = int(rng.integers(129, MAX_M + 1))
+    m = max(1, min(m, MAX_WORK // k))
+    n_max = max(1, min(MAX_N, MAX_WORK // (m * k)))
+    edges = _N_EDGES[_N_EDGES <= n_max]
+    n = int(rng.choice(edges)) if rng.random() < 0.5 else int(rng.integers(1, n_max + 1))
+    return TrialPlan(index, m, k, n, recipe, scales)
+
+
+def _values(recipe: str, m: int, k: int, n: int, op: torch.dtype, out: torch.dtype,
+            gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Operands of ``recipe`` in the operand dtype ``op`` (a float dtype, int8 or e4m3)."""
+    is_int8, is_fp8 = op == torch.int8, op == torch.float8_e4m3fn
+    amp = 32.0 if is_int8 else 16.0 if is_fp8 else 1.0
+    a, b = torch.randn(m, k, generator=gen), torch.randn(k, n, generator=gen)
+    if recipe == "randn":
+        a, b = a * amp, b * amp
+    elif recipe == "outliers-k":
+        count = int(torch.randint(1, 5, (1,), generator=gen))
+        cols = torch.randperm(k, generator=gen)[:count]
+        base = 4.0 if is_int8 else amp
+        a, b = a * base, b * amp
+        a[:, cols] = a[:, cols].sign() * (127.0 if is_int8 else 2.0**6 if is_fp8 else 2.0**10) * (
+            0.75 + 0.25 * torch.rand(m, len(cols), generator=gen)
+        )
+    elif recipe == "mixed-rows":
+        lo, hi = (0, 7) if is_int8 else (-6, 6) if is_fp8 else (-10, 10)
+        e = torch.randint(lo, hi + 1, (m, 1), generator=gen).float()
+        a = a * (torch.exp2(e) / 4 if is_int8 else torch.exp2(e) * amp)
+        b = b * amp
+    elif recipe == "ties":
+        a = torch.randint(-7, 8, (m, k), generator=gen).float()  # sums of a few hundred reach the
+        b = torch.randint(-7, 8, (k, n), generator=gen).float()  # range where odd integers are bf16 ties
+    elif recipe == "subnormal":
+        if not (is_int8 or is_fp8):
+            fmt = get_format(out)
+            target = math.log2(fmt.min_normal) - 3 - 0.5 * math.log2(max(k, 1))  # log2 of a product
+            ea, eb = math.floor(target / 2), math.ceil(target / 2)
+            a, b = a * 2.0**ea, b * 2.0**eb
+        else:
+            a, b = a * amp, b * amp  # the scales make the outputs subnormal
+    elif recipe == "int32-edge":
+        sign = torch.where(torch.rand(k, generator=gen) < 0.5, -1.0, 1.0)
+        a = torch.where(torch.rand(m, k, generator=gen) < 0.5, -1.0, 1.0) * 127.0
+        a[0] = sign * 127.0
+        b = sign.reshape(k, 1).expand(k, n).clone() * 127.0  # row 0 of A @ B: K * 127**2
+    else:
+        raise CheckInputError(f"unknown fuzz recipe {recipe!r}; valid: {', '.join(RECIPES)}")
+    if is_int8:
+        return a.round().clamp(-127, 127).to(op), b.round().clamp(-127, 127).to(op)
+    if is_fp8:
+        return a.clamp(-448, 448).to(op), b.clamp(-448, 448).to(op)
+    return a.to(op), b.to(op)
+
+
+def _scales(kind: str, m: int, k: int, n: int, numel: tuple[int, int], out: torch.dtype,
+            gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """``scale_a [M or 1, 1]``, ``scale_b [N or 1]`` (float32) of scale ``kind``."""
+    if kind in ("pow2", "unit"):
+        return ops_mod.scales(kind, m, n, numel, gen)
+    na, nb = numel
+    ea = torch.randint(-2, 3, (na,), generator=gen).float()
+    eb = torch.randint(-2, 3, (nb,), generator=gen).float()
+    if kind == "nonpow2":
+        ja = torch.randint(1, 2**15, (na,), generator=gen).float()
+        jb = torch.randint(1, 2**15, (nb,), generator=gen).float()
+        sa, sb = (1 + ja / 2**15) * torch.exp2(ea), (1 + jb / 2**15) * torch.exp2(eb)
+    elif kind == "tiny":
+        # outputs ~ 2**10 sqrt(K) * sa * sb (operands ~32 x 32): put them 3 binades below min_normal
+        target = math.log2(get_format(out).min_normal) - 3 - 10 - 0.5 * math.log2(max(k, 1))
+        sa = torch.exp2(ea + math.floor(target / 2))
+        sb = torch.exp2(eb + math.ceil(target / 2))
+    else:
+        raise CheckInputError(f"unknown scale kind {kind!r}; valid: {', '.join(SCALE_KINDS)}")
+    return sa.reshape(na, 1).float().contiguous(), sb.reshape(nb).float().contiguous()
+
+
+@dataclass
+class FuzzSettings:
+    """How trials are judged: the output dtype and the bounds check's algorithm."""
+
+    dtype: torch.dtype = torch.bfloat16
+    algorithm: str = "any"
+    accumulate: str = "fp32"
+    fma: bool = True
+
+    def describe(self) -> dict[str, Any]:
+        return {"dtype": get_format(self.dtype).name, "algorithm": self.algorithm,
+                "accumulate": self.accumulate, "fma": self.fma}  # fmt: skip
+
+
+@dataclass
+class Run:
+    """One judged run of one check at one shape, with the operands it ran on."""
+
+    check: str
+    plan: TrialPlan
+    judged: Judged
+    a: torch.Tensor
+    b: torch.Tensor
+    scale_a: torch.Tensor | None
+    scale_b: torch.Tensor | None
+    info: dict[str, Any]
+
+    @property
+    def verdict(self) -> Verdict:
+        return self.judged.result.verdict
+
+
+def draw_operands(subject: Subject, check: str, plan: TrialPlan, seed: int, dtype: torch.dtype
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None, dict[str, Any]]:  # fmt: skip
+    """``plan``'s operands for ``check``: ``(a, b, scale_a, scale_b, info)``, from (seed, trial, check,
+    shape) only.  Exact match: binary, power-of-two scales; bounds: the recipe and the scale kind."""
+    m, k, n = plan.m, plan.k, plan.n
+    gen = torch.Generator().manual_seed(stable_seed("fuzz", seed, plan.index, check, m, k, n))
+    op = subject.operand_dtype(dtype)
+    sa = sb = None
+    if check == "exact_match":
+        p = zero_probability(k, exact_limit(get_format(dtype)), EXACT_MATCH_OVERFLOW)
+        a01, b01 = ops_mod.binary(m, k, n, p, gen)
+        a, b = a01.to(op), b01.to(op)
+        info: dict[str, Any] = {"p": p, "inputs": "binary"}
+        if not subject.plain:
+            sa, sb = ops_mod.scales("pow2", m, n, subject.scale_numel(m, n, k), gen)
+            info["scales"] = "pow2"
+    elif check == "bounds":
+        a, b = _values(plan.recipe, m, k, n, op, dtype, gen)
+        info = {"inputs": plan.recipe}
+        if not subject.plain:
+            sa, sb = _scales(plan.scales, m, k, n, subject.scale_numel(m, n, k), dtype, gen)
+            info["scales"] = plan.scales
+    else:
+        raise CheckInputError(f"unknown check {check!r}; valid: exact_match, bounds")
+    return a, b, sa, sb, info
+
+
+def run_check(subject: Subject, check: str, plan: TrialPlan, seed: int, settings: FuzzSettings,
+              alg: Any = None) -> Run:  # fmt: skip
+    """Draw ``plan``'s operands for ``check`` ("exact_match" or "bounds") and judge the kernel."""
+    a, b, sa, sb, info = draw_operands(subject, check, plan, seed, settings.dtype)
+    if check == "exact_match":
+        judged = judge_exact_match(subject, a, b, settings.dtype, sa, sb, trial=plan.index, seed=seed, info=info)
+    else:
+        if alg is None:
+            alg = get_algorithm(settings.algorithm, settings.accumulate, settings.fma)
+        judged = judge_bounds(subject, alg, a, b, settings.dtype, sa, sb, trial=plan.index, seed=seed, info=info)
+    return Run(check, plan, judged, a, b, sa, sb, info)
+
+
+def _candidates(d: int) -> list[int]:
+    """Smaller sizes to try for one dimension, smallest first: 1..3, d/4, d/2, d - 2**i."""
+    out = {1, 2, 3, d // 4, d // 2}
+    out.update(d - 2**i for i in range(0, max(1, d.bit_length())))
+    return sorted(x for x in out if 1 <= x < d)
+
+
+def shrink(subject: Subject, run: Run, seed: int, settings: FuzzSettings, alg: Any = None,
+           max_runs: int = 120) -> tuple[Run, int]:  # fmt: skip
+    """The smallest shape (greedy, one dimension at a time) at which the trial still fails.
+
+    For M, then N, then K, the candidates of :func:`_candidates` are tried smallest first with the
+    trial's recipe drawn again at that shape; the first that still fails the same check with the same
+    verdict (INCORRECT stays INCORRECT, ERROR stays ERROR) becomes the new shape; rounds repeat until none is smaller, or ``max_runs`` runs.
+    Returns the shrunk run and the number of runs tried.
+    """
+    best, tried = run, 0
+    changed = True
+    while changed and tried < max_runs:
+        changed = False
+        for dim in ("m", "n", "k"):
+            cur = getattr(best.plan, dim)
+            for c in _candidates(cur):
+                if tried >= max_runs:
+                    break
+                shape = {"m": best.plan.m, "k": best.plan.k, "n": best.plan.n, dim: c}
+                try:
+                    subject.preflight(shape["m"], shape["n"], shape["k"])
+                except CheckInputError:
+                    continue
+                tried += 1
+                r = run_check(subject, run.check, best.plan.at(shape["m"], shape["k"], shape["n"]), seed,
+                              settings, alg)  # fmt: skip
+                if r.verdict is run.verdict:
+                    best, changed = r, True
+                    break
+    return best, tried
+
+
+@dataclass
+class TrialRecord:
+    """One trial, as a row: its plan, both checks' verdicts, and the failure it found (if any)."""
+
+    plan: TrialPlan
+    exact_match: Verdict
+    bounds: Verdict
+    seconds: float
+    failure: Failure | None = None
+
+    @property
+    def verdict(self) -> Verdict:
+        return worst((self.exact_match, self.bounds))
+
+
+@dataclass
+class Failure:
+    """A failing trial: the check that failed, the original run and its shrunk form."""
+
+    check: str
+    original: Run
+    shrunk: Run
+    shrink_runs: int
+    artifact: str | None = None
+
+
+@dataclass
+class FuzzResult:
+    """What one fuzzing session did: trials run, their verdicts, the failures found."""
+
+    kernel: str
+    subject: str
+    seed: int
+    budget_s: float
+    settings: dict[str, Any]
+    trials: list[TrialRecord] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)
+    seconds: float = 0.0
+    stopped: str = ""
+    skipped: int = 0
+    skip_reason: str | None = None
+
+    @property
+    def verdict(self) -> Verdict:
+        return worst(t.verdict for t in self.trials)
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict.passed
+
+    def counts(self, what: str) -> dict[str, int]:
+        """How many trials had each ``what``: "recipe", "scales", "exact_match", "bounds", "verdict"."""
+        out: dict[str, int] = {}
+        for t in self.trials:
+            v = getattr(t.plan, what) if what in ("recipe", "scales") else getattr(t, what)
+            key = v.value if isinstance(v, Verdict) else str(v)
+            out[key] = out.get(key, 0) + 1
+        return dict(sorted(out.items()))
+
+    def failure_dicts(self) -> list[dict[str, Any]]:
+        rows = []
+        for f in self.failures:
+            r = f.shrunk.judged.result
+            o, s = f.original.plan, f.shrunk.plan
+            rows.append({"trial": o.index, "check": f.check, "verdict": r.verdict.value,
+                         "recipe": o.recipe if f.check == "bounds" else "binary", "scales": f.shrunk.info.get("scales"),
+                         "original_shape": o.shape, "shape": s.shape, "shrink_runs": f.shrink_runs,
+                         "first": r.first.to_dict() if r.first else None, "error": r.error,
+                         "problem": r.info.get("problem"), "artifact": f.artifact})  # fmt: skip
+        return rows
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object of ``check fuzz``."""
+        return {
+            "check": "fuzz", "kernel": self.kernel, "subject": self.subject, "seed": self.seed,
+            "budget_s": self.budget_s, "seconds": self.seconds, "stopped": self.stopped,
+            "settings": self.settings, "trials": len(self.trials), "verdict": self.verdict.value,
+            "passed": self.passed, "recipes": self.counts("recipe"), "scales": self.counts("scales"),
+            "exact_match_verdicts": self.counts("exact_match"), "bounds_verdicts": self.counts("bounds"),
+            "skipped": self.skipped, "skip_reason": self.skip_reason, "failures": self.failure_dicts(),
+        }  # fmt: skip
+
+    def text(self) -> str:
+        """What a person reads: trials, what was drawn, the verdicts, each failure and its artifact."""
+        st = self.settings
+        lines = [
+            f"fuzz of {self.subject}, output {st['dtype']}, seed {self.seed}, budget {self.budget_s:g} s",
+            "  each trial: exact match on binary operands (power-of-two scales) and bounds "
+            f"({st['algorithm']} in {st['accumulate']}) on the trial's recipe and scales",
+            f"  trials run: {len(self.trials)} in {self.seconds:.1f} s (stopped: {self.stopped})",
+            *([f"  skipped: {self.skipped} trial(s) at shapes the kernel does not take (first: {self.skip_reason})"]
+              if self.skipped else []),
+            "  recipes: " + ", ".join(f"{k} {v}" for k, v in self.counts("recipe").items()),
+        ]
+        if any(t.plan.scales != "none" for t in self.trials):
+            lines.append("  scales: " + ", ".join(f"{k} {v}" for k, v in self.counts("scales").items()))
+        lines.append("  exact-match verdicts: " + ", ".join(f"{k} {v}" for k, v in self.counts("exact_match").items()))
+        lines.append("  bounds verdicts: " + ", ".join(f"{k} {v}" for k, v in self.counts("bounds").items()))
+        lines.append(f"  failures: {len(self.failures)}")
+        for f in self.failure_dicts():
+            lines.append(f"    trial {f['trial']}: {f['check'].replace('_', '-')} {f['verdict']} ({f['recipe']}"
+                         + (f", {f['scales']} scales" if f["scales"] else "")
+                         + f"), shape {f['original_shape']} shrunk to {f['shape']} in {f['shrink_runs']} runs")
+            r = next(x for x in self.failures if x.original.plan.index == f["trial"]).shrunk.judged.result
+            if r.first is not None:
+                lines.append(f"      first failing element: {r.first.describe()}")
+            elif r.error or r.info.get("problem"):
+                lines.append(f"      {r.error or r.info.get('problem')}")
+            if f["artifact"]:
+                lines.append(f"      artifact: {f['artifact']}")
+                lines.append(f"      replay:   swapcheck check replay {f['artifact']}")
+        lines.append(f"verdict: {self.verdict.value} ({'pass' if self.passed else 'FAIL'})")
+        return "\n".join(lines)
+
+
+def fuzz(
+    subject: Subject,
+    budget_s: float = DEFAULT_BUDGET_S,
+    seed: int = 0,
+    settings: FuzzSettings | None = None,
+    *,
+    max_trials: int | None = None,
+    max_failures: int = 1,
+    save: Callable[[Failure], str | None] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> FuzzResult:
+    """Run trials 0, 1, 2, ... until ``budget_s`` seconds are spent (or ``max_trials`` run, or
+    ``max_failures`` failures found); shrink each failure and hand it to ``save`` (which returns
+    where the artifact went).
+
+    Raises:
+        CheckInputError: a bad budget, dtype or algorithm (before any trial runs).
+    """
+    settings = settings or FuzzSettings()
+    if not budget_s > 0:
+        raise CheckInputError(f"budget must be > 0 seconds, got {budget_s}")
+    if max_trials is not None and max_trials < 1:
+        raise CheckInputError(f"max_trials must be >= 1, got {max_trials}")
+    if settings.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise CheckInputError(f"output dtype must be bfloat16, float16 or float32, got {settings.dtype}")
+    alg = get_algorithm(settings.algorithm, settings.accumulate, settings.fma)
+    if not subject.plain:  # shapes it does not take are skipped per trial; an absent kernel is bad input
+        ok, reason = subject.kernel.available()
+        if not ok:
+            raise CheckInputError(f"kernel {subject.ref!r} is not available here: {reason}")
+    result = FuzzResult(subject.ref, subject.describe(), seed, budget_s, settings.describe())
+    t0 = clock()
+    index = 0
+    while True:
+        if clock() - t0 >= budget_s:
+            result.stopped = "budget"
+            break
+        if max_trials is not None and len(result.trials) >= max_trials:
+            result.stopped = "max_trials"
+            break
+        plan = plan_trial(seed, index, subject.operands)
+        index += 1
+        try:
+            subject.preflight(plan.m, plan.n, plan.k)
+        except CheckInputError as exc:  # a shape this kernel does not take: not a failure
+            result.skipped += 1
+            result.skip_reason = result.skip_reason or f"{plan.shape}: {exc}"
+            continue
+        ts = time.perf_counter()
+        runs = [run_check(subject, c, plan, seed, settings, alg) for c in ("exact_match", "bounds")]
+        rec = TrialRecord(plan, runs[0].verdict, runs[1].verdict, time.perf_counter() - ts)
+        failing = next((r for r in runs if not r.verdict.passed), None)
+        if failing is not None:
+            shrunk, tried = shrink(subject, failing, seed, settings, alg)
+            fail = Failure(failing.check, failing, shrunk, tried)
+            if save is not None:
+                fail.artifact = save(fail)
+            rec.failure = fail
+            result.failures.append(fail)
+        result.trials.append(rec)
+        if len(result.failures) >= max_failures:
+            result.stopped = "failures"
+            break
+    result.seconds = clock() - t0
+    return result

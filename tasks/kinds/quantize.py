@@ -1,0 +1,259 @@
+"""The ``quantize`` kind: two activation quantizers on the same captured activations, and downstream.
+
+One unit builds the CPU W8A8 model (``tasks.models``, its own quantizer and the experiment's GEMM
+kernel), runs the prompts through it once while recording the float input of every W8A8 layer call
+(:func:`tasks.quantizers.model.capture_inputs`), rounds it to ``activation_dtype`` (fp32: as the
+engine hands it over; bf16/fp16: as such a model would), and then, per layer and per (reference,
+candidate) pair of registry quantizers (:mod:`tasks.quantizers`), quantizes that identical input
+with both:
+
+* quantized values: how many differ, and the largest ``|q_a - q_b|`` (in int8 steps, or for FP8 in
+  value and in e4m3 spacings);
+* scales (one per token): how many differ and the largest distance in spacings of the scale format
+  (fp16 when both sides store fp16 scales, else fp32; ``tasks.numerics.distance``);
+* downstream (both quantizers INT8): each side's ``(q, scale)`` through the SAME GEMM kernel and
+  weights (the replay machinery: ``tasks.kinds.replay.call`` and ``tasks.comparison.compare``), so
+  any output difference is the quantizer's alone; distances in output spacings.  FP8 pairs get the
+  quantization columns only (the engine's weights are INT8).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from tasks.kinds.base import Kind, Rows, Unit, UnitContext
+from tasks.kinds.fields import (
+    MAX_SEED,
+    Implementation,
+    Prompts,
+    Resources,
+    Strict,
+    SyntheticPrompts,
+    check_params_data,
+    impl_payload,
+    kernel_problem,
+    model_and_prompt_problems,
+    model_fingerprint,
+    prompt_payload,
+    resolve_model_and_prompts,
+)
+
+VERSION = "1"
+
+
+class QuantizerRef(Strict):
+    """One quantizer: a registry name (``swapcheck`` lists them in docs/quantizers.md), optional
+    label and parameters (which override the entry's presets)."""
+
+    quantizer: str = Field(min_length=1, max_length=200)
+    label: str | None = None
+    params: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("params")
+    @classmethod
+    def _params(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return check_params_data(v)
+
+    @property
+    def name(self) -> str:
+        return self.label or self.quantizer
+
+
+def as_ref(x: str | QuantizerRef) -> QuantizerRef:
+    return x if isinstance(x, QuantizerRef) else QuantizerRef(quantizer=x)
+
+
+def quantizer_problem(where: str, ref: QuantizerRef) -> str | None:
+    """The problem with one quantizer entry (unknown name, bad parameters), or None."""
+    from tasks.quantizers import QuantizerError, get_quantizer
+
+    try:
+        get_quantizer(ref.quantizer, **ref.params)
+    except QuantizerError as exc:
+        return f"{where}: {exc}"
+    return None
+
+
+def quantizer_payload(ref: QuantizerRef) -> dict[str, Any]:
+    """A quantizer as unit parameters: its version is part of the unit id."""
+    from tasks.quantizers import get_quantizer
+
+    q = get_quantizer(ref.quantizer, **ref.params)
+    return {"name": ref.name, "quantizer": ref.quantizer, "params": dict(sorted(ref.params.items())),
+            "version": q.version}
+
+
+class QuantizeExperiment(Strict):
+    """Compare activation quantizers on the activations of a real forward pass, layer by layer, and
+    replay each side through one fixed GEMM kernel."""
+
+    kind: Literal["quantize"]
+    model: str = "tiny-qwen3"
+    model_seed: int = Field(default=0, ge=0, le=MAX_SEED)
+    #: The side every candidate is compared against (default: vLLM's dynamic per-token INT8).
+    reference: str | QuantizerRef = "vllm-int8"
+    candidates: list[str | QuantizerRef] = Field(min_length=1)
+    #: The GEMM kernel both sides' operands go through (fixed: only the quantizer changes).
+    gemm_kernel: str = "int8-cutlass-order"
+    #: The dtype the activations are rounded to before quantizing (both sides alike): ``fp32`` is what
+    #: the W8A8 engine hands its quantizer; ``bf16``/``fp16`` is what a bf16/fp16 model would.
+    activation_dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
+    prompts: Prompts = Field(default_factory=SyntheticPrompts)
+    resources: Resources = Field(default_factory=Resources)
+
+    def refs(self) -> tuple[QuantizerRef, list[QuantizerRef]]:
+        return as_ref(self.reference), [as_ref(c) for c in self.candidates]
+
+
+def problems(base: str, exp: QuantizeExperiment) -> list[str]:
+    from tasks.quantizers import get_quantizer
+
+    ref, cands = exp.refs()
+    out = [p for p in [quantizer_problem(f"{base}.reference", ref)] if p]
+    a = None if out else get_quantizer(ref.quantizer, **ref.params).out_dtype
+    for i, c in enumerate(cands):
+        p = quantizer_problem(f"{base}.candidates[{i}]", c)
+        if p:
+            out.append(p)
+        elif a is not None:
+            b = get_quantizer(c.quantizer, **c.params).out_dtype
+            if a != b:
+                out.append(f"{base}.candidates[{i}]: {c.quantizer!r} produces {b} but the reference produces {a}; "
+                           "compare quantizers of one output type")
+        if c.name == ref.name:
+            out.append(f"{base}.candidates[{i}]: named {c.name!r} like the reference; give one a distinct `label`")
+    names = [c.name for c in cands]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        out.append(f"{base}.candidates: {dup} appear more than once; give each a distinct `label`")
+    p = kernel_problem(f"{base}.gemm_kernel", Implementation(kernel=exp.gemm_kernel), "int8")
+    if p:
+        out.append(p)
+    out.extend(model_and_prompt_problems(base, exp.model, exp.prompts))
+    return out
+
+
+def expand(experiment: str, exp: QuantizeExperiment) -> list[Unit]:
+    ref, cands = exp.refs()
+    params = {
+        "model": exp.model,
+        "model_fingerprint": model_fingerprint(exp.model),
+        "model_seed": exp.model_seed,
+        "reference": quantizer_payload(ref),
+        "candidates": [quantizer_payload(c) for c in cands],
+        "gemm_kernel": impl_payload(Implementation(kernel=exp.gemm_kernel)),
+        "activation_dtype": exp.activation_dtype,
+        "prompts": prompt_payload(exp.prompts),
+    }
+    return [KIND.unit(experiment, params, exp.resources)]
+
+
+def describe(p: dict[str, Any]) -> str:
+    cands = ", ".join(c["name"] for c in p["candidates"])
+    return (f"quantize {p['model']} ({p['activation_dtype']} activations): {p['reference']['name']} vs {cands}; "
+            f"GEMM {p['gemm_kernel']['name']}")
+
+
+def compare_quantized(qa: Any, sa: Any, qb: Any, sb: Any) -> dict[str, Any]:
+    """Quantized values and scales of two quantizers on one input (columns in docs/schema.md)."""
+    import numpy as np
+    import torch
+
+    from tasks.numerics import distance
+
+    if qa.dtype == torch.int8:
+        diff = (qa.to(torch.int32) - qb.to(torch.int32)).abs()
+        q_differing = int(diff.ne(0).sum())
+        q_max_abs = float(diff.max()) if diff.numel() else 0.0
+        q_max_spacing = int(q_max_abs)
+    else:
+        d = np.asarray(distance(qa, qb, "fp8_e4m3fn")).reshape(-1)
+        q_differing = int((d != 0).sum())
+        q_max_spacing = int(d.max(initial=0))
+        q_max_abs = float((qa.float() - qb.float()).abs().max()) if qa.numel() else 0.0
+    fmt = "fp16" if sa.dtype == torch.float16 and sb.dtype == torch.float16 else "fp32"
+    dt = torch.float16 if fmt == "fp16" else torch.float32
+    ds = np.asarray(distance(sa.to(dt), sb.to(dt), fmt)).reshape(-1)
+    fa, fb = sa.double().reshape(-1), sb.double().reshape(-1)
+    rel = ((fa - fb).abs() / torch.maximum(fa.abs(), fb.abs()).clamp_min(1e-300)) if fa.numel() else fa
+    elements = int(qa.numel())
+    return {
+        "q_dtype": "int8" if qa.dtype == torch.int8 else "fp8_e4m3",
+        "elements": elements,
+        "q_differing": q_differing,
+        "q_frac_differing": q_differing / elements if elements else 0.0,
+        "q_max_abs_diff": q_max_abs,
+        "q_max_spacing": q_max_spacing,
+        "tokens": int(ds.size),
+        "scales_differing": int((ds != 0).sum()),
+        "scale_format": fmt,
+        "scale_max_spacing": int(ds.max(initial=0)),
+        "scale_max_rel_diff": float(rel.max()) if rel.numel() else 0.0,
+    }
+
+
+_OUT_NULL = {"out_elements": None, "out_differing": None, "out_frac_differing": None, "out_max_spacing": None,
+             "out_max_spacing_significant": None, "out_max_abs_error": None, "out_bitwise_equal": None}
+
+
+def downstream(layer: Any, kernel: Any, qa: Any, sa: Any, qb: Any, sb: Any) -> dict[str, Any]:
+    """Both sides' operands through one GEMM kernel and the layer's weights: output differences."""
+    import torch
+
+    from tasks.comparison import compare
+    from tasks.kinds.replay import call
+    from tasks.numerics import get_format
+
+    if qa.dtype != torch.int8 or qb.dtype != torch.int8:
+        return dict(_OUT_NULL)
+    w, ws, bias, dtype = layer.weight.t(), layer.weight_scale, layer.bias, layer.out_dtype
+    oa = call(kernel, qa, w, sa.to(torch.float32), ws, dtype, bias)
+    ob = call(kernel, qb, w, sb.to(torch.float32), ws, dtype, bias)
+    s = compare(ob, oa, get_format(dtype))  # the reference side is out_b
+    return {"out_elements": s["elements"], "out_differing": s["differing"], "out_frac_differing": s["frac_differing"],
+            "out_max_spacing": s["max_spacing"], "out_max_spacing_significant": s["max_spacing_significant"],
+            "out_max_abs_error": s["max_abs_error"], "out_bitwise_equal": s["differing"] == 0}
+
+
+def run(params: dict[str, Any], context: UnitContext | None = None) -> dict[str, Rows]:
+    """Capture every layer's input in one forward pass, then compare the quantizers on it."""
+    import torch
+
+    from tasks.kernels import get_kernel
+    from tasks.models import build_model
+    from tasks.prompts import prompts_from_payload
+    from tasks.quantizers import get_quantizer
+    from tasks.quantizers.model import capture_inputs
+
+    gk = params["gemm_kernel"]
+    model = build_model(params["model"], kernel={"kernel": gk["kernel"], "params": gk["params"]}, scales="real",
+                        seed=params["model_seed"])
+    prompts = prompts_from_payload(params["prompts"], int(model.config.vocab_size))
+    with capture_inputs(model) as inputs:
+        model.forward_tokens(prompts)
+    kernel = get_kernel(gk["kernel"], **gk["params"])
+    ref = params["reference"]
+    qref = get_quantizer(ref["quantizer"], **ref["params"])
+    cands = [(c, get_quantizer(c["quantizer"], **c["params"])) for c in params["candidates"]]
+    act = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[params["activation_dtype"]]
+    rows: Rows = []
+    for li in inputs:
+        x = li.x.to(act)
+        qa, sa = qref(x)
+        base = {"model": params["model"], "activation_dtype": params["activation_dtype"], "layer": li.key, "layer_index": li.index, "layer_type": li.layer_type,
+                "m": int(li.x.shape[0]), "k": int(li.x.shape[1]), "n": int(li.layer.out_features),
+                "reference": ref["name"], "reference_quantizer": ref["quantizer"], "gemm_kernel": gk["name"],
+                "reference_params": json.dumps(ref["params"], sort_keys=True)}
+        for c, qc in cands:
+            qb, sb = qc(x)
+            rows.append({**base, "candidate": c["name"], "candidate_quantizer": c["quantizer"],
+                         "candidate_params": json.dumps(c["params"], sort_keys=True),
+                         **compare_quantized(qa, sa, qb, sb), **downstream(li.layer, kernel, qa, sa, qb, sb)})
+    return {"quantize": rows}
+
+
+KIND = Kind(name="quantize", version=VERSION, spec=QuantizeExperiment, tables=("quantize",), describe=describe,
+            run=run, expand=expand, problems=problems, resolve=resolve_model_and_prompts, doc=__doc__ or "")

@@ -1,0 +1,80 @@
+"""Kernels wrong only at one kind of edge, named as a user names a kernel: ``"_fuzz_planted:attr"``.
+
+Plain matmuls ``f(A, B) -> C`` (operands and output in the check's dtype), each correct (fp32
+accumulation, one rounding) except in one region of shapes that the fixed-shape checks of
+``sweeps/demo.toml`` (64x1000x48, 127x2049x65) and the harness's defaults (plus 1x4096x33) never
+enter, or enter only with values that cannot show the defect:
+
+=====================  ============================================================================
+attr                   defect
+=====================  ============================================================================
+``n_tail_pair_store``  N % 16 != 0: a tail tile of 2..15 columns is stored in pairs and its last
+                       column repeats the one before it (a tail of one column takes a scalar path,
+                       so N = 65 and N = 33 are right)
+``large_m_ftz``        M > 64: the large-M configuration flushes subnormal outputs to zero (built
+                       with flush-to-zero); right for M <= 64 and for every normal output
+``split_k_tail``       K > 1024: K is split in chunks of 1024 and a partial last chunk of 2 or more
+                       elements drops its last element (K = 2049 has a tail of one, 4096 none)
+=====================  ============================================================================
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tasks.kernels import Kernel, kernel_function
+
+SPLIT = 1024
+
+
+@kernel_function
+def n_tail_pair_store(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    c = (a.float() @ b.float()).to(a.dtype)
+    n = c.shape[1]
+    if n % 16 >= 2:
+        c[:, n - 1] = c[:, n - 2]
+    return c
+
+
+@kernel_function
+def large_m_ftz(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    c = (a.float() @ b.float()).to(a.dtype)
+    if c.shape[0] > 64:
+        tiny = torch.finfo(c.dtype).tiny  # the smallest normal value of the output format
+        c = torch.where(c.abs() < tiny, torch.copysign(torch.zeros_like(c), c), c)
+    return c
+
+
+@kernel_function
+def split_k_tail(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    k = a.shape[1]
+    if k <= SPLIT or k % SPLIT < 2:
+        return (a.float() @ b.float()).to(a.dtype)
+    acc = torch.zeros(a.shape[0], b.shape[1])
+    for k0 in range(0, k, SPLIT):
+        k1 = min(k0 + SPLIT, k)
+        if k1 - k0 < SPLIT:
+            k1 -= 1  # the tail loop's off-by-one
+        acc += a[:, k0:k1].float() @ b[k0:k1].float()
+    return acc.to(a.dtype)
+
+
+class AlignedK16(Kernel):
+    """A correct int8 kernel (exact accumulator, CUTLASS's epilogue order) that takes only K % 16 == 0,
+    as tensor-core kernels do: the fuzzer must skip the other shapes, not call them failures."""
+
+    operand_dtype = "int8"
+    device = "cpu"
+    description = "correct, but only for K a multiple of 16"
+
+    def supports(self, m: int, n: int, k: int, scale_a_numel: int, scale_b_numel: int,
+                 has_bias: bool) -> tuple[bool, str | None]:  # fmt: skip
+        return (True, None) if k % 16 == 0 else (False, f"K must be a multiple of 16, got {k}")
+
+    def compute(self, ops):  # type: ignore[no-untyped-def]
+        acc = (ops.a.double() @ ops.b.double()).float()  # exact below 2**24
+        return (ops.scale_a * (ops.scale_b * acc)).to(ops.out_dtype)
+
+
+#: The planted kernels the fuzzer must catch.
+PLANTED = ("n_tail_pair_store", "large_m_ftz", "split_k_tail")
