@@ -65,7 +65,6 @@ from pydantic import Field, field_validator
 from tasks.comparison import compare
 from tasks.kinds.base import Kind, Rows, Unit, UnitContext, canonical_json
 from tasks.kinds.fields import (
-    MAX_AXIS_VALUES,
     MAX_DIM,
     MAX_SEED,
     MAX_UNITS,
@@ -79,6 +78,8 @@ from tasks.kinds.fields import (
     as_impl,
     axis_values,
     check_axis,
+    check_distinct,
+    check_seed_axis,
     impl_payload,
     kernel_problem,
     memory_problem,
@@ -86,6 +87,7 @@ from tasks.kinds.fields import (
     model_fingerprint,
     prompt_payload,
     resolve_model_and_prompts,
+    seed_values,
 )
 
 if TYPE_CHECKING:
@@ -176,22 +178,15 @@ class BatchInvarianceExperiment(Strict):
     @field_validator("seeds")
     @classmethod
     def _seed_axis(cls, v: Any) -> Any:
-        # `seeds = 2` means two seeds 0..1; a list or a range names them (as in kdepth).
-        if isinstance(v, int):
-            if not 1 <= v <= MAX_AXIS_VALUES:
-                raise ValueError(f"a seed count must be between 1 and {MAX_AXIS_VALUES}")
-            return v
-        return check_axis(v, 0, MAX_SEED)
+        return check_seed_axis(v)
 
     @field_validator("positions", "reductions", "comparisons", "attention_kernels")
     @classmethod
     def _distinct(cls, v: list[str]) -> list[str]:
-        if len(set(v)) != len(v):
-            raise ValueError("values must be distinct")
-        return v
+        return check_distinct(v)
 
     def seed_values(self) -> list[int]:
-        return list(range(self.seeds)) if isinstance(self.seeds, int) else axis_values(self.seeds)
+        return seed_values(self.seeds)
 
     def impls(self) -> list[Implementation]:
         return [as_impl(i) for i in self.kernels]

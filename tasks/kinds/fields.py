@@ -137,6 +137,26 @@ class Implementation(Strict):
         return self.label or self.kernel
 
 
+def check_seed_axis(v: Any) -> Any:
+    """``seeds = 4`` means four seeds 0..3 (a count, 1..MAX_AXIS_VALUES); a list or a range names them."""
+    if isinstance(v, int) and not isinstance(v, bool):
+        if not 1 <= v <= MAX_AXIS_VALUES:
+            raise ValueError(f"a seed count must be between 1 and {MAX_AXIS_VALUES}")
+        return v
+    return check_axis(v, 0, MAX_SEED)
+
+
+def seed_values(seeds: IntAxis) -> list[int]:
+    """The seeds an experiment's ``seeds`` field names (see :func:`check_seed_axis`)."""
+    return list(range(seeds)) if isinstance(seeds, int) else axis_values(seeds)
+
+
+def check_distinct(v: list[Any], what: str = "values") -> list[Any]:
+    if len(set(v)) != len(v):
+        raise ValueError(f"{what} must be distinct")
+    return v
+
+
 def check_params_data(v: dict[str, Any]) -> dict[str, Any]:
     """Kernel parameters are plain data: strings, booleans, integers, finite floats, lists and
     tables of them (no dates: they go into unit ids as JSON)."""

@@ -24,9 +24,7 @@ from pydantic import Field, field_validator
 from tasks.comparison import compare
 from tasks.kinds.base import Kind, Rows, Unit, UnitContext
 from tasks.kinds.fields import (
-    MAX_AXIS_VALUES,
     MAX_DIM,
-    MAX_SEED,
     MAX_UNITS,
     Implementation,
     IntAxis,
@@ -36,10 +34,13 @@ from tasks.kinds.fields import (
     as_impl,
     axis_values,
     check_axis,
+    check_distinct,
+    check_seed_axis,
     impl_payload,
     kernel_problem,
     memory_problem,
     needs_gpu,
+    seed_values,
 )
 
 VERSION = "1"
@@ -87,22 +88,15 @@ class KdepthExperiment(Strict):
     @field_validator("seeds")
     @classmethod
     def _seed_axis(cls, v: Any) -> Any:
-        # `seeds = 4` means four seeds 0..3; a list or a range names them.
-        if isinstance(v, int):
-            if not 1 <= v <= MAX_AXIS_VALUES:
-                raise ValueError(f"a seed count must be between 1 and {MAX_AXIS_VALUES}")
-            return v
-        return check_axis(v, 0, MAX_SEED)
+        return check_seed_axis(v)
 
     @field_validator("scale_modes")
     @classmethod
     def _distinct_modes(cls, v: list[str]) -> list[str]:
-        if len(set(v)) != len(v):
-            raise ValueError("scale modes must be distinct")
-        return v
+        return check_distinct(v, "scale modes")
 
     def seed_values(self) -> list[int]:
-        return list(range(self.seeds)) if isinstance(self.seeds, int) else axis_values(self.seeds)
+        return seed_values(self.seeds)
 
     def impls(self) -> list[Implementation]:
         return [as_impl(i) for i in self.implementations]

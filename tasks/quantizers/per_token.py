@@ -28,6 +28,7 @@ checks every preset bit for bit against an exact oracle in fractions.
 
 from __future__ import annotations
 
+import abc
 import math
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -147,8 +148,9 @@ class PerTokenQuantizer(Quantizer):
         amax, stored = self.scales(xf)
         return self.round(self.values(xf, amax, stored)), stored
 
+    @abc.abstractmethod
     def round(self, v: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        """``q`` from ``v`` (step 5): the output format's rounding, saturation and NaN rule."""
 
 
 class Int8PerToken(PerTokenQuantizer):
