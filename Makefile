@@ -1,20 +1,38 @@
-# Quick start: `make demo` runs the K-depth demo sweep on an embedded Ray instance; `make test` runs the tests.
-# Both create .venv and install swapcheck into it (quietly; a stamp file makes a second run instant).
+# Quick start: `make demo` runs the main sweep on an embedded Ray instance; `make test` runs the tests.
+# Both create .venv and install swapcheck into it from requirements/cpu.lock (every transitive
+# dependency pinned with its hashes, made by `make lock`); a stamp file makes a second run instant.
 
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.swapcheck-installed
 RESULTS ?= results
-PIP_QUIET := --quiet --disable-pip-version-check --no-input
+LOCK   := requirements/cpu.lock
+GPU_LOCK := requirements/gpu.lock
+# Where the CPU build of torch 2.13.0 comes from: this machine keeps its wheel in /opt/wheels; elsewhere
+# PyTorch's CPU index serves the same file (the lock checks its hash either way).
+TORCH_CPU_WHEELS ?= /opt/wheels
+TORCH_CPU_FROM ?= $(if $(wildcard $(TORCH_CPU_WHEELS)/torch-2.13.0+cpu-*.whl),--find-links $(TORCH_CPU_WHEELS),--extra-index-url https://download.pytorch.org/whl/cpu --index-strategy unsafe-best-match)
+UV     := $(BIN)/uv
+# One resolution for every machine the project runs on: CPython 3.11 on Linux x86_64.
+LOCK_FLAGS := --python-version 3.11 --python-platform x86_64-manylinux_2_28 --generate-hashes \
+              --custom-compile-command "make lock" --quiet
 
-.PHONY: demo kdepth-demo test test-slow test-gpu lint install clean docs bench bench-quick
+.PHONY: demo kdepth-demo test test-slow test-gpu test-latest lint install lock lock-upgrade clean docs bench bench-quick
 
-$(STAMP): pyproject.toml constraints.txt
+# The venv gets uv at the lock's version and hashes (with pip, the one installer a new venv has), then
+# everything else from the lock with uv, which prints its progress; swapcheck itself goes in editable,
+# built with the lock's setuptools. The last line checks the venv against the lock.
+$(STAMP): pyproject.toml $(LOCK)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	@echo "installing swapcheck into $(VENV) (CPU torch pinned by constraints.txt)..."
-	@$(BIN)/python -m pip install $(PIP_QUIET) -c constraints.txt -e '.[dev]' 2>&1 | grep -v "is ignored: it is neither" || true
-	@$(BIN)/python -c "import torch, ray, duckdb, orchestrator, tasks, storage" 
+	@echo "installing swapcheck into $(VENV) from $(LOCK)"
+	@awk '/^uv==/{p=1;print;next} p&&/^ /{print;next} {p=0}' $(LOCK) > $(VENV)/uv-from-lock.txt
+	@$(BIN)/python -m pip install --isolated --disable-pip-version-check --no-input --no-deps --require-hashes \
+	    -r $(VENV)/uv-from-lock.txt
+	$(UV) pip install --python $(BIN)/python --require-hashes $(TORCH_CPU_FROM) -r $(LOCK)
+	$(UV) pip install --python $(BIN)/python --no-deps --no-build-isolation -e .
+	@$(BIN)/python tools/check_lock.py $(LOCK)
+	@$(BIN)/python -c "import torch, ray, duckdb, orchestrator, tasks, storage"
 	@touch $(STAMP)
 
 install: $(STAMP)
@@ -33,7 +51,7 @@ kdepth-demo: $(STAMP)
 	$(BIN)/swapcheck sweep launch sweeps/kdepth-demo.toml --results $(RESULTS)
 	$(BIN)/swapcheck report kdepth --results $(RESULTS) --sweep kdepth-demo
 
-# The default run skips tests marked `slow` (under 10 minutes on 2 cores); CI runs both sets.
+# The default run skips tests marked `slow` (under 6 minutes on 2 cores); CI runs both sets.
 test: $(STAMP)
 	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium) >/dev/null 2>&1 || true
 	$(BIN)/python -m pytest -q -m "not slow and not gpu"
@@ -54,7 +72,7 @@ bench-quick: $(STAMP)
 
 # ruff, mypy --strict (pyproject.toml) and the import contracts of docs/architecture.md.
 lint: $(STAMP)
-	$(BIN)/ruff check orchestrator tasks storage reports tests benchmarks
+	$(BIN)/ruff check orchestrator tasks storage reports tests benchmarks tools
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
 
@@ -63,3 +81,19 @@ clean:
 
 docs: $(STAMP)
 	$(BIN)/typer orchestrator.cli.main utils docs --name swapcheck --title "swapcheck CLI reference" --output docs/cli.md
+
+# Re-resolve both locks from pyproject.toml, keeping every pin that still satisfies it (`lock-upgrade`
+# takes the newest allowed versions). Commit the result; never edit a lock by hand.
+lock: $(STAMP)
+	$(UV) pip compile pyproject.toml --extra dev -c requirements/cpu-constraints.txt \
+	    --find-links $(TORCH_CPU_WHEELS) $(LOCK_FLAGS) $(UPGRADE) -o $(LOCK)
+	$(UV) pip compile pyproject.toml --extra vllm --extra dev -c requirements/gpu-constraints.txt \
+	    $(LOCK_FLAGS) $(UPGRADE) -o $(GPU_LOCK)
+
+lock-upgrade:
+	$(MAKE) lock UPGRADE=--upgrade
+
+# The nightly check against upstream (not CI's gate): resolve the newest versions pyproject.toml allows
+# into a separate venv, run the default suite there and report which pins moved and what broke.
+test-latest: $(STAMP)
+	$(BIN)/python tools/test_latest.py --torch-wheels $(TORCH_CPU_WHEELS)

@@ -14,16 +14,34 @@ bounds' centre, checked against the 60-digit reference by the tests).  Per kerne
   was inside; how close any element came to the edge);
 * ``outside``: elements outside the bound (must be 0).
 
+As a harness case (``common.Case``, one per kernel and output, collected by ``run_all.py``): there is
+no baseline time and no goal. ``seconds`` holds each random case's largest bound and
+``baseline_seconds`` its largest error (``quantity`` says so), so the ratios are per-case tightness
+figures: ``best`` is the tightest case, ``median`` the middle one; ``extra`` holds the figures above
+(``bound_over_err_max``, ``closest``, ``outside``, ``max_err``, ``max_bound``). A case where any element
+falls outside its bound is reported in the notes (``OUTSIDE``); the script then exits 1 (a bound that
+does not hold is an error, not a finding).
+
+Sizes: 60 random cases per kernel (``--quick`` 12; ``--smoke`` 1, a check of the harness), every
+kernel. Threads: ``--threads`` (default 1) for torch (``common.apply_threads``).
+
     python benchmarks/bench_attention_bounds.py [--cases 60] [--seed 0] [--length 32] [--kernel NAME]
+                                                [--quick | --smoke] [--threads N] [--json PATH]
 """
 
 from __future__ import annotations
 
-import argparse
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+import common  # noqa: E402
+
+QUANTITY = "largest absolute error bound (seconds) / largest absolute error (baseline_seconds), per random case"
 
 
 def _case(rng: np.random.Generator, length: int) -> tuple[Any, ...]:
@@ -46,18 +64,22 @@ def _case(rng: np.random.Generator, length: int) -> tuple[Any, ...]:
     return q, k, v, g, kw
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--cases", type=int, default=60, help="random cases per kernel")
+def main() -> int:
+    ap = common.parser(__doc__.split("\n\n")[0])
+    ap.add_argument("--cases", type=int, default=None, help="random cases per kernel (default 60; --quick 12; --smoke 1)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--length", type=int, default=32, help="keys per row (S)")
     ap.add_argument("--kernel", action="append", help="only these kernels (repeatable; default all)")
     args = ap.parse_args()
+    args.cases = args.cases or common.pick(args, 60, 12, 1)
+
+    import torch  # noqa: F401  (imported before apply_threads, which sets an imported torch's count)
 
     from tasks.numerics import AttentionAlgorithm
     from tasks.numerics.attention_bounds import _problem
     from tasks.numerics.attention_emulate import DESCRIBED_BY, KERNELS
 
+    print(f"threads {common.apply_threads(args.threads)}", flush=True)
     rng = np.random.default_rng(args.seed)
     cases = [_case(rng, args.length) for _ in range(args.cases)]
     parts = ("out", "logsumexp", "dq", "dk", "dv")
@@ -66,11 +88,13 @@ def main() -> None:
     print(f"{'kernel':<24} {'output':<10} {'bound/err max':>14} {'closest':>9} {'outside':>8} "
           f"{'max err':>10} {'max bound':>10}")  # fmt: skip
     t0 = time.perf_counter()
+    out: list[common.Case] = []
     for name, ker in KERNELS.items():
         if args.kernel and name not in args.kernel:
             continue
         alg = AttentionAlgorithm(**DESCRIBED_BY[name])
         stats = {p: {"err": 0.0, "tol": 0.0, "closest": np.inf, "outside": 0} for p in parts}
+        per_case: dict[str, tuple[list[float], list[float]]] = {p: ([], []) for p in parts}
         for q, k, v, g, kw in cases:
             fwd = ker.forward(q, k, v, **kw)
             bwd = ker.backward(q, k, v, g, fwd.out, fwd.logsumexp, **kw)
@@ -87,6 +111,8 @@ def main() -> None:
                 st = stats[part]
                 st["err"] = max(st["err"], float(err.max()))
                 st["tol"] = max(st["tol"], float(t.max()))
+                per_case[part][0].append(float(t.max()))
+                per_case[part][1].append(float(err.max()))
                 with np.errstate(divide="ignore"):
                     st["closest"] = min(st["closest"], float(np.min(np.where(err > 0, t / err, np.inf))))
                 st["outside"] += int(np.count_nonzero(err > t))
@@ -95,8 +121,24 @@ def main() -> None:
             ratio = st["tol"] / st["err"] if st["err"] else float("inf")
             print(f"{name:<24} {part:<10} {ratio:>14.3g} {st['closest']:>9.3g} {st['outside']:>8d} "
                   f"{st['err']:>10.3g} {st['tol']:>10.3g}")  # fmt: skip
+            bounds, errs = per_case[part]
+            out.append(common.Case(
+                "attention_bounds", f"{name} {part}", "largest error observed (exact emulation vs exact centre)",
+                bounds, errs, goal=None, quantity=QUANTITY,
+                notes=f"bound/err max {ratio:.3g}, closest {st['closest']:.3g}, "
+                      + (f"OUTSIDE {st['outside']}" if st["outside"] else "outside 0"),
+                extra={"kernel": name, "output": part, "cases": args.cases, "length": args.length,
+                       "seed": args.seed, "bound_over_err_max": ratio, "closest": st["closest"],
+                       "outside": st["outside"], "max_err": st["err"], "max_bound": st["tol"]}))
     print(f"elapsed {time.perf_counter() - t0:.1f} s")
+    common.emit(out, args.json, title=f"attention bounds: per-case largest bound / largest error, {args.cases} "
+                                      f"cases per kernel (no goal: tightness figures)")
+    outside = [c.case for c in out if c.extra["outside"]]
+    if outside:
+        print(f"elements outside their bound: {', '.join(outside)}", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

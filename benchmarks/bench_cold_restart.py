@@ -22,8 +22,8 @@ exits Ray starts an idle replacement in the background, and on 2 cores that star
 land on whichever process runs next (the floor, in alternation).
 * Baseline of both, ``floor``: a fresh ``python`` process that imports torch and transformers, builds
   the same tiny model (``tasks.models.build_model``, one thread as the worker sets) and generates the
-  same tokens (checked: the same sequence hashes as the unit's ``sequences`` rows), with
-  ``OMP_NUM_THREADS=1`` as Ray sets it for a one-CPU worker.
+  same tokens (checked: the same sequence hashes as the unit's ``sequences`` rows), with the unit's
+  thread count.
 * ``generate call`` (informative): ``W8A8Model.generate`` of the unit, in one warm process, against
   the same call on the path before this stage: transformers' fp32 ``DynamicCache`` repeated and
   converted to float64 inside ``fp64_attention`` at every step, the full stable sort per logit row,
@@ -31,7 +31,15 @@ land on whichever process runs next (the floor, in alternation).
 
 Also printed (default run): where the unit's seconds go in a fresh process, phase by phase.
 
-    .venv/bin/python benchmarks/bench_cold_restart.py [--quick] [--repeat N] [--json out.json]
+Threads: every side runs with ``--threads`` (default 1, as a one-CPU Ray worker runs a unit):
+``OMP_NUM_THREADS`` and ``SWAPCHECK_THREADS_PER_UNIT`` (the worker's ``torch.set_num_threads``) for
+the unit, the same for the floor, ``torch.set_num_threads`` for the generate call.
+
+``--smoke`` (a check of the harness, seconds): only the ``generate call`` case, on 2 prompts x 4 new
+tokens, one pair; no Ray and no fresh processes. Importing torch and transformers is most of its
+time.
+
+    .venv/bin/python benchmarks/bench_cold_restart.py [--quick | --smoke] [--repeat N] [--threads N] [--json out.json]
 """
 
 from __future__ import annotations
@@ -51,16 +59,17 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import REPO, Case, emit, interleaved, parser  # noqa: E402
+from common import REPO, Case, apply_threads, emit, interleaved, parser, tier  # noqa: E402
 
 SETTLE_S = 2.0  # untimed pause before each timed process: a Ray worker started in the background settles
 
 
 FLOOR = r"""
 import json, sys
+import os
 p = json.loads(sys.argv[1])
 import torch
-torch.set_num_threads(1)
+torch.set_num_threads(max(1, int(os.environ.get("SWAPCHECK_THREADS_PER_UNIT", "1"))))  # as the worker sets it
 import transformers  # noqa: F401
 from tasks.models import build_model
 from tasks.models.predictions import sequence_hash
@@ -134,8 +143,9 @@ def demo_unit() -> tuple[dict[str, Any], str, str]:
 
 
 def python(code: str, arg: Any) -> str:
-    # One OpenMP thread from the start, as Ray gives a num_cpus=1 worker (OMP_NUM_THREADS=1).
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # The unit's thread count from the start (common.apply_threads put it in the environment: OpenMP's
+    # OMP_NUM_THREADS, and SWAPCHECK_THREADS_PER_UNIT, which execute_unit and the floor apply).
+    env = {**os.environ}
     done = subprocess.run([sys.executable, "-c", code, json.dumps(arg)], capture_output=True, text=True, cwd=REPO,
                           env=env)
     if done.returncode != 0:
@@ -205,13 +215,13 @@ def before_stage() -> Iterator[None]:
         eng.kv_cache, pred._top_sorted, lin.quantize_activations = saved
 
 
-def generate_case(payload: dict[str, Any], repeat: int) -> Case:
-    import torch
+def generate_case(payload: dict[str, Any], repeat: int, threads: int = 1) -> Case:
+    import torch  # noqa: F401  (apply_threads sets the count of an imported torch)
 
     from tasks.models.arms import build_arm_model
     from tasks.prompts import prompts_from_payload
 
-    torch.set_num_threads(1)
+    apply_threads(threads)
     p = payload["params"]
     model = build_arm_model(p)
     prompts = prompts_from_payload(p["prompts"], int(model.config.vocab_size))
@@ -229,7 +239,8 @@ def generate_case(payload: dict[str, Any], repeat: int) -> Case:
     if not same:
         raise AssertionError("the generate call's outputs differ from the path before this stage")
     t = interleaved({"after": after, "before": before}, repeat=repeat, warmup=0)
-    return Case("cold_restart", "generate call (64 x 64 tokens)", "the same call, path before stage 3",
+    shape = f"{p['prompts']['synthetic']['count']} x {p['max_new_tokens']} tokens"
+    return Case("cold_restart", f"generate call ({shape})", "the same call, path before stage 3",
                 t["after"], t["before"], goal=None,
                 notes="informative; tokens, top-k logits and margins asserted bit-identical",
                 extra={"positions": sum(len(x) for x in a.tokens)})
@@ -242,10 +253,21 @@ def main() -> None:
                          "the generate call gets one more")
     ap.add_argument("--keep", action="store_true", help="keep the results directories (under /tmp)")
     args = ap.parse_args()
-    repeat = args.repeat or (1 if args.quick else 3)
+    repeat = args.repeat or (1 if args.quick or args.smoke else 3)
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # loopback (orchestrator.cluster)
+    # Before Ray starts: its workers (and the floor's processes) inherit the thread count.
+    os.environ["SWAPCHECK_THREADS_PER_UNIT"] = str(args.threads)
+    print(f"threads {apply_threads(args.threads)}", flush=True)
 
     payload, sweep, sha = demo_unit()
+    if tier(args) == "smoke":
+        params = {**payload["params"], "max_new_tokens": 4,
+                  "prompts": {"synthetic": {**payload["params"]["prompts"]["synthetic"], "count": 2}}}
+        case = generate_case({**payload, "params": params}, repeat=repeat, threads=args.threads)
+        print(f"  {case.case}: candidate {', '.join(f'{s:.3f}' for s in case.seconds)} s; "
+              f"baseline {', '.join(f'{s:.3f}' for s in case.baseline_seconds)} s")
+        emit([case], args.json, title="cold restart, --smoke: the generate call only (no Ray, no fresh processes)")
+        return
     unit_id = payload["id"]
     work = Path(tempfile.mkdtemp(prefix="cold_bench-"))
     count = iter(range(10**6))
@@ -307,7 +329,7 @@ def main() -> None:
                              goal=1.3, extra={"ray_start_s": ray_start_s, "median_phases_s": phases}))
     finally:
         disconnect()
-    cases.append(generate_case(payload, repeat=repeat + 1))
+    cases.append(generate_case(payload, repeat=repeat + 1, threads=args.threads))
 
     print(f"embedded Ray start {ray_start_s:.1f} s (once per launch)")
     print("cold unit via Ray, median phases (s): " + ", ".join(f"{k}: {v:.2f}" for k, v in phases.items()))

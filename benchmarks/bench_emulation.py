@@ -7,14 +7,16 @@ round timing ``--calls`` matmuls and keeping the fastest, so one matmul's time i
 tick.  The ratio is candidate time over baseline time, judged on the least disturbed round (the
 minimum).  Goals: 10x for fp32 accumulators, 30x for 16-bit (bf16, fp16) accumulators.
 
-    python benchmarks/bench_emulation.py [--m 256] [--k 4096] [--repeat 3] [--quick] [--json PATH]
+    python benchmarks/bench_emulation.py [--m 256] [--k 4096] [--repeat 3] [--quick | --smoke] [--threads N]
+                                         [--json PATH]
 
 The ``path`` column says which exact method each row takes (docs/numerics.md, "Speed"): the rows call
 the public ``alg.run``, which dispatches to a compiled numba kernel (tasks/numerics/compiled.py)
 where one covers the configuration.  The first call of a row (the warm-up, not timed in the ratio)
 loads the kernel from numba's cache or compiles it; its time is printed and recorded as
-``first_call_s``.  Torch runs with its default thread count, numba with as many threads (the
-baseline uses the same).
+``first_call_s``.  Torch (the baseline) and numba (the candidate) run with the same explicit thread
+count, ``--threads`` (default 1; ``common.apply_threads``), recorded per row as ``threads`` and
+``numba_threads``.  ``--smoke`` runs four rows at M = N = 16, K = 128: a check of the harness.
 """
 
 from __future__ import annotations
@@ -61,6 +63,11 @@ def _path(alg: Any, a: Any, b: Any) -> str:
     return "torch engines (numba not available)"
 
 
+#: The rows a --smoke run keeps (one per kind of path: fp32 kernel, exact, 16-bit accumulator).
+SMOKE_ROWS = ("sequential acc=fp32 in=fp32 fma=False", "sequential acc=fp32 in=bf16 fma=True",
+              "exact_accumulation acc=fp32 in=fp32 fma=True", "sequential acc=bf16 in=bf16 fma=False")
+
+
 def _rows(quick: bool) -> list[tuple[Any, str, bool, float]]:
     """(algorithm, inputs dtype, fma, goal)."""
     from tasks.numerics import products as P
@@ -99,19 +106,23 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     ap = common.parser(__doc__.splitlines()[0] if __doc__ else "bench_emulation")
-    ap.add_argument("--m", type=int, default=None, help="M = N (default 256; --quick: 64)")
-    ap.add_argument("--k", type=int, default=None, help="K (default 4096; --quick: 1024)")
+    ap.add_argument("--m", type=int, default=None, help="M = N (default 256; --quick: 64; --smoke: 16)")
+    ap.add_argument("--k", type=int, default=None, help="K (default 4096; --quick: 1024; --smoke: 128)")
     ap.add_argument(
-        "--repeat", type=int, default=None, help="timed rounds per row (default 3; --quick: 2)"
+        "--repeat", type=int, default=None, help="timed rounds per row (default 3; --quick: 2; --smoke: 1)"
     )
     ap.add_argument(
         "--calls", type=int, default=10, help="matmuls per baseline round (the fastest counts)"
     )
     ap.add_argument("--only", default="", help="run only rows whose label contains this text")
     args = ap.parse_args(argv)
-    m = args.m or (64 if args.quick else 256)
-    k = args.k or (1024 if args.quick else 4096)
-    repeat = args.repeat or (2 if args.quick else 3)
+    smoke = common.tier(args) == "smoke"
+    m = args.m or common.pick(args, 256, 64, 16)
+    k = args.k or common.pick(args, 4096, 1024, 128)
+    repeat = args.repeat or common.pick(args, 3, 2, 1)
+    calls = args.calls if not smoke else min(args.calls, 2)
+    # numba (the compiled paths) is imported here, after the environment has the thread count
+    threads = common.apply_threads(args.threads, numba=True)
     g = torch.Generator().manual_seed(0)
     a32 = torch.randn(m, k, generator=g)
     b32 = torch.randn(k, m, generator=g)
@@ -120,17 +131,19 @@ def main(argv: list[str] | None = None) -> None:
 
     def baseline() -> float:
         best = float("inf")
-        for _ in range(args.calls):
+        for _ in range(calls):
             t0 = time.perf_counter()
             torch.matmul(a32, b32)
             best = min(best, time.perf_counter() - t0)
         return best
 
     cases: list[common.Case] = []
-    print(f"M = N = {m}, K = {k}, torch threads = {torch.get_num_threads()}, rounds = {repeat}")
-    for alg, kind, fma, goal in _rows(args.quick):
+    print(f"M = N = {m}, K = {k}, threads {threads}, rounds = {repeat}")
+    for alg, kind, fma, goal in _rows(args.quick or smoke):
         label = _label(alg, kind, fma)
         if args.only and args.only not in label:
+            continue
+        if smoke and label not in SMOKE_ROWS:
             continue
         a, b = inputs[kind]
         base_times: list[float] = []
@@ -146,7 +159,8 @@ def main(argv: list[str] | None = None) -> None:
         case = common.Case(stage="emulation", case=label, baseline=f"torch.matmul fp32 ({m}x{k}x{m})",
                            seconds=times["candidate"], baseline_seconds=base_times[-repeat:], goal=goal,
                            notes=f"{path}; first call {first:.2f} s (not in the ratio)",
-                           extra={"m": m, "n": m, "k": k, "threads": torch.get_num_threads(), "path": path,
+                           extra={"m": m, "n": m, "k": k, "threads": torch.get_num_threads(),
+                                  "numba_threads": threads.get("numba"), "path": path,
                                   "first_call_s": first, "load_average": common.load_average()})  # fmt: skip
         cases.append(case)
         print(f"  {label:48} {case.ratio_min:9.2f}x (median {case.ratio_median:.2f}x, "

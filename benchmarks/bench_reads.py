@@ -12,6 +12,12 @@ for ``query``.
     .venv/bin/python benchmarks/bench_reads.py                      # 10M rows (default)
     .venv/bin/python benchmarks/bench_reads.py --quick              # 1M rows
     .venv/bin/python benchmarks/bench_reads.py --rows 100000000     # 100M rows
+    .venv/bin/python benchmarks/bench_reads.py --smoke              # 20k rows, agreement and query, one pair
+
+Threads: both sides' processes inherit ``--threads`` (default 1) through the environment
+(``common.apply_threads``: ``OMP_NUM_THREADS`` sizes Arrow's CPU pool, the BLAS pools of the baseline's
+scikit-learn and the report's). DuckDB reads no such variable: both sides run DuckDB with its default
+thread count (one per core), the same on both sides, recorded as ``duckdb_threads``.
 """
 
 from __future__ import annotations
@@ -21,7 +27,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from common import REPO, Case, emit, interleaved, machine, parser, peak_rss_of  # noqa: E402
+from common import (  # noqa: E402
+    REPO,
+    Case,
+    apply_threads,
+    emit,
+    interleaved,
+    machine,
+    parser,
+    peak_rss_of,
+    pick,
+    tier,
+)
 from gen_rows import DEFAULT_DIR, ensure_rows  # noqa: E402
 
 PY = sys.executable
@@ -120,7 +137,8 @@ def measure(name: str, candidate: list[str], baseline: list[str], repeat: int, r
                 repeat=repeat, warmup=0)
     return Case(stage="reads", case=f"{name} @ {rows:,} rows", baseline="hand-written DuckDB over the same files",
                 seconds=seconds["candidate"], baseline_seconds=seconds["baseline"], goal=1.25,
-                extra={"rows": rows, "peak_rss_bytes": max(rss["candidate"]),
+                extra={"rows": rows, "duckdb_threads": "DuckDB's default (one per core), both sides",
+                       "peak_rss_bytes": max(rss["candidate"]),
                        "baseline_peak_rss_bytes": max(rss["baseline"]),
                        "peak_rss_ratio": max(rss["candidate"]) / max(rss["baseline"]),
                        "seconds_candidate": seconds["candidate"], "seconds_baseline": seconds["baseline"]})
@@ -128,13 +146,16 @@ def measure(name: str, candidate: list[str], baseline: list[str], repeat: int, r
 
 def main() -> None:
     ap = parser(__doc__.split("\n\n")[0])
-    ap.add_argument("--rows", type=int, default=None, help="per-position rows (default 10M; --quick: 1M)")
-    ap.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="where generated rows are cached")
-    ap.add_argument("--repeat", type=int, default=None, help="pairs of runs per case (default 3; --quick: 2)")
-    ap.add_argument("--cases", default="agreement,flips,kdepth,all,query", help="comma-separated cases")
+    ap.add_argument("--rows", type=int, default=None, help="per-position rows (default 10M; --quick: 1M; --smoke: 20k)")
+    ap.add_argument("--dir", type=Path, default=DEFAULT_DIR,
+                    help="where generated rows are cached (default $SWAPCHECK_BENCH_ROWS_DIR or /tmp/swapcheck-bench-rows)")
+    ap.add_argument("--repeat", type=int, default=None, help="pairs of runs per case (default 3; --quick: 2; --smoke: 1)")
+    ap.add_argument("--cases", default=None, help="comma-separated cases (default all five; --smoke: agreement,query)")
     args = ap.parse_args()
-    rows = args.rows or (1_000_000 if args.quick else 10_000_000)
-    repeat = args.repeat or (2 if args.quick else 3)
+    rows = args.rows or pick(args, 10_000_000, 1_000_000, 20_000)
+    repeat = args.repeat or pick(args, 3, 2, 1)
+    args.cases = args.cases or ("agreement,query" if tier(args) == "smoke" else "agreement,flips,kdepth,all,query")
+    print(f"threads {apply_threads(args.threads)}", flush=True)
     root = str(ensure_rows(args.dir, rows))
     base = [PY, "-c", BASELINE, root]
     cases = {

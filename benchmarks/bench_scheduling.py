@@ -18,7 +18,12 @@ On the embedded Ray instance (loopback, ``--num-cpus`` slots, default 2), with a
     cost from the smaller to the larger size (1.0 = linear): planning (``make_plan``), the
     skip-check (``ResultStore.done_units``) and a whole relaunch of the finished sweep.
 
-    .venv/bin/python benchmarks/bench_scheduling.py [--quick] [--json out.json] [--dir /tmp/...]
+Threads: ``--threads`` (default 1) in the driver (``common.apply_threads``) and in the environment the
+Ray workers inherit (also as ``SWAPCHECK_THREADS_PER_UNIT``), for the launch path and the bare loop
+alike. ``--smoke`` (a check of the harness): 2 slow units of 0.05 s, 5 and 10 tiny units, one
+repetition, no CLI case. Ray's start and the first launch's imports are most of its time.
+
+    .venv/bin/python benchmarks/bench_scheduling.py [--quick | --smoke] [--threads N] [--json out.json] [--dir /tmp/...]
 """
 
 from __future__ import annotations
@@ -147,23 +152,28 @@ def _exponent(small: float, large: float, n_small: int, n_large: int) -> float:
 
 
 def main() -> None:
-    from common import Case, emit, machine, parser
+    from common import Case, apply_threads, emit, machine, parser, pick, tier
 
     ap = parser(__doc__ or "")
     ap.add_argument("--dir", type=Path, default=None, help="scratch directory (default: a fresh /tmp/sched_bench-*)")
     ap.add_argument("--num-cpus", type=int, default=2)
-    ap.add_argument("--slow", type=int, default=None, help="slow units (default 40; --quick 8)")
-    ap.add_argument("--seconds", type=float, default=1.0, help="seconds per slow unit")
-    ap.add_argument("--sizes", type=str, default=None, help="tiny-unit counts, comma separated (default 1000,10000; --quick 200,1000)")
-    ap.add_argument("--no-cli", action="store_true", help="skip the CLI-wall case")
+    ap.add_argument("--slow", type=int, default=None, help="slow units (default 40; --quick 8; --smoke 2)")
+    ap.add_argument("--seconds", type=float, default=None, help="seconds per slow unit (default 1; --smoke 0.05)")
+    ap.add_argument("--sizes", type=str, default=None,
+                    help="tiny-unit counts, comma separated (default 1000,10000; --quick 200,1000; --smoke 5,10)")
+    ap.add_argument("--no-cli", action="store_true", help="skip the CLI-wall case (--smoke skips it)")
     args = ap.parse_args()
-    quick = args.quick
-    n_slow = args.slow or (8 if quick else 40)
-    sizes = [int(x) for x in (args.sizes or ("200,1000" if quick else "1000,10000")).split(",")]
+    quick = tier(args) != "default"
+    n_slow = args.slow or pick(args, 40, 8, 2)
+    args.seconds = args.seconds if args.seconds is not None else pick(args, 1.0, 1.0, 0.05)
+    args.no_cli = args.no_cli or tier(args) == "smoke"
+    sizes = [int(x) for x in (args.sizes or pick(args, "1000,10000", "200,1000", "5,10")).split(",")]
     reps_slow = 1 if quick else 2
     reps_tiny = {n: (1 if quick or n >= 10_000 else 2) for n in sizes}
 
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # loopback only
+    # Before Ray starts, so that its workers inherit the thread count (execute_unit applies this one).
+    os.environ["SWAPCHECK_THREADS_PER_UNIT"] = str(args.threads)
     # Ray workers import the kind by reference (bench_scheduling:KIND) and find it on this path.
     os.environ["PYTHONPATH"] = os.pathsep.join([str(HERE), str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
     register()
@@ -176,6 +186,7 @@ def main() -> None:
     from storage.store import ResultStore
     from tasks.kinds import kind_ref
 
+    print(f"threads {apply_threads(args.threads)}", flush=True)
     cases: list[Case] = []
     counter = [0]
 

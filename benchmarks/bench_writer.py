@@ -16,7 +16,10 @@ Two cases, each timed interleaved with its baseline (``common.interleaved``) on 
 * ``arrow table in, fsync skipped`` (diagnostic, informative): the first case with ``os.fsync`` made a
   no-op for the candidate only; the difference is what the fsync of docs/reliability.md costs.
 
-    .venv/bin/python benchmarks/bench_writer.py [--rows 3000000] [--quick] [--json out.json]
+Both sides run with the same thread count (``--threads``, default 1: Arrow's CPU pool and OpenMP;
+``common.apply_threads``). ``--smoke``: 20,000 rows, one pair per case (a check of the harness).
+
+    .venv/bin/python benchmarks/bench_writer.py [--rows 3000000] [--quick | --smoke] [--threads N] [--json out.json]
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import Case, emit, interleaved, machine, parser  # noqa: E402
+from common import Case, apply_threads, emit, interleaved, machine, parser, pick  # noqa: E402
 
 
 def _scores(n_rows: int, seed: int = 0) -> tuple[Any, Any, list[int], list[int]]:
@@ -65,18 +68,22 @@ def _scores(n_rows: int, seed: int = 0) -> tuple[Any, Any, list[int], list[int]]
 
 def main() -> None:
     ap = parser(__doc__ or "")
-    ap.add_argument("--rows", type=int, default=None, help="per-position rows (default 3,000,000; --quick 300,000)")
+    ap.add_argument("--rows", type=int, default=None,
+                    help="per-position rows (default 3,000,000; --quick 300,000; --smoke 20,000)")
     ap.add_argument("--repeat", type=int, default=None)
     ap.add_argument("--dir", type=Path, default=None, help="where the files go (default: a fresh /tmp/sched_bench-writer-*)")
     args = ap.parse_args()
-    rows = args.rows or (300_000 if args.quick else 3_000_000)
-    repeat = args.repeat or (3 if args.quick else 5)
+    rows = args.rows or pick(args, 3_000_000, 300_000, 20_000)
+    repeat = args.repeat or pick(args, 5, 3, 1)
 
     import pyarrow.parquet as pq
 
     from orchestrator.worker import unit_table
     from storage.store import ResultStore
     from tasks.kinds.teacher_forced import scores_table
+
+    threads = apply_threads(args.threads)
+    print(f"threads {threads}", flush=True)
 
     where = args.dir or Path(tempfile.mkdtemp(prefix="sched_bench-writer-", dir="/tmp"))
     where.mkdir(parents=True, exist_ok=True)
@@ -137,7 +144,8 @@ def main() -> None:
         cases.append(Case("writer", "arrow table in, fsync skipped (diagnostic)", "raw pq.write_table",
                           times["store"], times["raw"], goal=None, direction=">=", throughput=True,
                           notes="informative: the same write without the fsync the store promises"))
-        print(f"machine: {machine()['cpu']}, {machine()['cores']} cores")
+        m = machine()
+        print(f"machine: {m['cpu']}, {m['cores']} cores")
         emit(cases, args.json, title=f"writer throughput vs raw pq.write_table, files under {where}")
         for c in cases:
             print(f"  {c.case}: candidate {min(c.seconds):.2f} s, raw {min(c.baseline_seconds):.2f} s (best of {len(c.seconds)})")

@@ -7,15 +7,20 @@ the ratio of the i-th candidate time to the i-th baseline time is one observatio
 reports the minimum and the median of those ratios. ``Case.ratio`` picks which of the two the goal is
 judged on (the minimum by default: on a shared machine the least disturbed pair is the truest).
 
-Each script accepts ``--json PATH`` and writes its cases there; ``benchmarks/run_all.py`` (``make bench``)
-runs every script in a subprocess and collects them into ``benchmarks/results.json`` with the machine,
-the versions and the load average around each script.
+Each script accepts the harness's common options (``parser``): ``--json PATH`` (write its cases there),
+``--quick`` (smaller sizes), ``--smoke`` (the smallest sizes: a run of the harness in seconds, not a
+measurement) and ``--threads N`` (default 1: the thread count of every library that times with threads,
+the same for candidate and baseline; ``apply_threads``). ``benchmarks/run_all.py`` (``make bench``) runs
+every script in a subprocess and collects them into ``benchmarks/results.json`` with the machine, the
+versions, the thread count and the load average around each script; a stage run on a loaded machine
+is marked not comparable there (``comparability``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
@@ -27,13 +32,52 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Case", "interleaved", "emit", "parser", "machine", "peak_rss_of", "load_average"]
+__all__ = ["Case", "interleaved", "emit", "parser", "machine", "peak_rss_of", "load_average", "apply_threads",
+           "pick", "tier", "default_max_load", "own_load", "comparability", "THREAD_ENV"]
 
 REPO = Path(__file__).resolve().parents[1]
+
+#: The environment variables that fix the thread pools of OpenMP (torch, pyarrow), MKL, OpenBLAS and numba
+#: in a process started with them (run_all sets them for every script; ``apply_threads`` for children).
+THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS")
+#: The thread count ``apply_threads`` set in this process (None: never called); recorded in every case.
+THREADS: int | None = None
+#: The 1-minute load average is an exponentially damped mean of the runnable tasks, time constant 60 s.
+LOAD_TIME_CONSTANT_S = 60.0
+#: The default load threshold, per core: above it a stage is not comparable (``default_max_load``).
+MAX_LOAD_PER_CORE = 0.75
 
 
 def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
+
+
+def default_max_load(cores: int | None = None) -> float:
+    """The stated default threshold: 0.75 per core (1.5 on 2 cores, the figure docs/performance.md
+    has used since the first runs)."""
+    return round(MAX_LOAD_PER_CORE * (cores or os.cpu_count() or 1), 2)
+
+
+def own_load(previous: float, cores_busy: float, seconds: float) -> float:
+    """This run's own share of the 1-minute load average after ``seconds`` during which its processes
+    kept ``cores_busy`` cores busy on average, starting from ``previous`` (the kernel's update rule,
+    load = load * e + n * (1 - e) with e = exp(-dt / 60 s), applied to our part with n constant)."""
+    decay = math.exp(-max(seconds, 0.0) / LOAD_TIME_CONSTANT_S)
+    return previous * decay + cores_busy * (1.0 - decay)
+
+
+def comparability(load_before: Sequence[float], load_after: Sequence[float], max_load: float,
+                  own_before: float = 0.0, own_after: float = 0.0) -> tuple[bool, str | None]:
+    """Is a stage comparable with a quiet run? No when the 1-minute load average, less this run's own
+    share of it (``own_load``: the stage's and the previous stages' own processes), exceeds ``max_load``
+    before or after the stage. Returns (comparable, why not)."""
+    why = []
+    for when, load, own in (("before", load_before, own_before), ("after", load_after, own_after)):
+        other = load[0] - own
+        if other > max_load:
+            share = f" ({load[0]:.2f} less {own:.2f} of this run's own)" if own >= 0.005 else ""
+            why.append(f"load {when} {other:.2f}{share} > {max_load:g}")
+    return (not why, "; ".join(why) or None)
 
 
 @dataclass
@@ -55,6 +99,10 @@ class Case:
     unit: str = "x"
     notes: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    #: What ``seconds`` and ``baseline_seconds`` hold: wall seconds unless a script says otherwise.
+    quantity: str = "seconds"
+    #: The load average when the case was recorded (scripts make a Case right after timing its pairs).
+    load_after: list[float] = field(default_factory=load_average)
 
     def pair_ratios(self) -> list[float]:
         pairs = zip(self.seconds, self.baseline_seconds, strict=False)
@@ -86,7 +134,7 @@ class Case:
     def record(self) -> dict[str, Any]:
         d = asdict(self)
         d.update(ratio_best=self.ratio_min, ratio_median=self.ratio_median, judged=self.judged, met=self.met,
-                 repetitions=len(self.pair_ratios()))
+                 repetitions=len(self.pair_ratios()), threads=THREADS)
         return d
 
 
@@ -149,10 +197,76 @@ def machine() -> dict[str, Any]:
 
 
 def parser(description: str) -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=description)
+    """The options every benchmark script (and run_all.py) accepts."""
+    ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", type=Path, default=None, help="write the cases as JSON records here")
-    ap.add_argument("--quick", action="store_true", help="fewer repetitions and smaller sizes (a smoke run)")
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions and smaller sizes (make bench-quick)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="the smallest sizes, one repetition: checks the harness in seconds, measures nothing")
+    ap.add_argument("--threads", type=int, default=1, metavar="N",
+                    help="threads for torch, numba, OpenMP/BLAS pools and pyarrow, candidate and baseline alike "
+                         "(default 1)")
     return ap
+
+
+def tier(args: argparse.Namespace) -> str:
+    """Which size tier the options ask for: smoke, quick or default (--smoke wins over --quick)."""
+    return "smoke" if getattr(args, "smoke", False) else "quick" if getattr(args, "quick", False) else "default"
+
+
+def pick(args: argparse.Namespace, default: Any, quick: Any, smoke: Any = None) -> Any:
+    """The value of a size for the tier the options ask for (``smoke`` falls back to ``quick``)."""
+    t = tier(args)
+    if t == "smoke":
+        return quick if smoke is None else smoke
+    return quick if t == "quick" else default
+
+
+def apply_threads(n: int, *, numba: bool = False) -> dict[str, Any]:
+    """Fix this process's thread count at ``n`` for whatever times with threads, before any timing, so
+    that candidate and baseline run with the same count: the environment (``THREAD_ENV``, inherited by
+    the processes a script starts, read by OpenMP, MKL, OpenBLAS, numba and Arrow when they load),
+    ``torch.set_num_threads``, ``numba.set_num_threads`` and ``pyarrow.set_cpu_count`` where those are
+    imported already (call this after the script's imports; ``numba=True`` imports numba here, after
+    the environment is set), and threadpoolctl's limit on the BLAS and OpenMP libraries loaded so far.
+    Returns what was set (printed and recorded by the scripts)."""
+    global THREADS
+    if n < 1:
+        raise ValueError(f"--threads must be at least 1, got {n}")
+    THREADS = n
+    for var in THREAD_ENV:
+        # numba re-reads its environment at every compile and refuses a NUMBA_NUM_THREADS other than
+        # the one its pool started with: once imported, its count is set by set_num_threads only.
+        if var == "NUMBA_NUM_THREADS" and "numba" in sys.modules:
+            continue
+        os.environ[var] = str(n)
+    done: dict[str, Any] = {"threads": n}
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(n)
+        done["torch"] = torch.get_num_threads()
+    if numba:
+        try:
+            import numba as _numba  # noqa: F401
+        except ImportError:
+            pass
+    nb = sys.modules.get("numba")
+    if nb is not None:
+        # numba's pool has NUMBA_NUM_THREADS threads (read at import); it cannot grow past them.
+        nb.set_num_threads(min(n, int(nb.config.NUMBA_NUM_THREADS)))
+        done["numba"] = nb.get_num_threads()
+    pa = sys.modules.get("pyarrow")
+    if pa is not None:
+        pa.set_cpu_count(n)
+        done["pyarrow"] = pa.cpu_count()
+    try:
+        from threadpoolctl import threadpool_info, threadpool_limits
+    except ImportError:
+        done["threadpoolctl"] = None
+    else:
+        threadpool_limits(limits=n)  # kept for the life of the process
+        done["threadpoolctl"] = sorted({f"{i['internal_api']}={i['num_threads']}" for i in threadpool_info()})
+    return done
 
 
 def _fmt_goal(c: Case) -> str:
@@ -165,7 +279,7 @@ def emit(cases: list[Case], json_path: Path | None, *, title: str = "") -> None:
     """Print the cases as a table (ratio min and median, goal, met) and write them as JSON if asked."""
     if title:
         print(title)
-    print(f"load average {', '.join(map(str, load_average()))}")
+    print(f"load average {', '.join(map(str, load_average()))}; threads {THREADS if THREADS is not None else 'not set'}")
     width = max([len(c.case) for c in cases] + [20])
     print(f"{'case':{width}}  {'best':>8} {'median':>8}  {'goal':>9}  {'met':4}  baseline")
     for c in cases:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import shutil
 import sys
 import time
@@ -47,7 +48,8 @@ __all__ = ["ARMS", "DEFAULT_DIR", "SWEEP", "ensure_rows", "generate"]
 
 #: Bump when the generated rows change (a cached tree of another version is rebuilt).
 VERSION = "2"
-DEFAULT_DIR = Path("/tmp/swapcheck-bench-rows")
+#: Where generated trees are cached (``$SWAPCHECK_BENCH_ROWS_DIR`` overrides it: the smoke test's own tmp).
+DEFAULT_DIR = Path(os.environ.get("SWAPCHECK_BENCH_ROWS_DIR") or "/tmp/swapcheck-bench-rows")
 SWEEP = "bench"
 EXPERIMENT = "bench-generate"
 ARMS = ("ref", "cutlass", "triton", "cublas", "torch_fp8", "pow2_cutlass", "pow2_triton", "marlin")

@@ -3,19 +3,53 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import tempfile
 import textwrap
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 # Tests talk only to 127.0.0.1: make Ray bind to loopback before anything imports it.
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 os.environ.setdefault("RAY_AUTH_MODE", "token")
+# The CLI prints full-width tables when stdout is not a terminal unless COLUMNS says otherwise;
+# pytest-xdist's workers start with COLUMNS=80 / LINES=24 set, so tests there run without them
+# (a test of COLUMNS sets it itself).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
 # Ray workers inherit the environment of the instance's start, so fixtures' env is set here.
 os.environ.setdefault("SWAPCHECK_TEST_CRASH_DIR", tempfile.mkdtemp(prefix="swapcheck-crash-"))
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+# Hypothesis: `ci` (chosen where CI=true) draws the same examples on every run, so a CI failure is
+# reproducible from its log and no run depends on a cold example database; `dev` (the default)
+# explores new examples each run and keeps the failing ones in .hypothesis/. Tests that need more or
+# fewer examples set max_examples themselves. HYPOTHESIS_PROFILE=name chooses explicitly.
+settings.register_profile("ci", derandomize=True, database=None, deadline=None, print_blob=True)
+settings.register_profile("dev", deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+
+def _warm_numba() -> None:
+    """Compile the numba kernels once per test run, before any test or worker starts: every test
+    process, CLI subprocess and Ray worker then loads them from numba's cache (``__pycache__``)
+    instead of each compiling them (a clean clone has no cache). The two halves compile in
+    parallel; on a warm cache this takes a second or two."""
+    if os.environ.get("SWAPCHECK_NUMBA", "1") == "0":
+        return
+    procs = [subprocess.Popen([sys.executable, "-c", f"from tasks.numerics.warmup import warm; warm({part!r})"],
+                              cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for part in ("ordered", "exact")]
+    for proc in procs:
+        _, err = proc.communicate(timeout=600)
+        if proc.returncode != 0:  # the tests of the compiled paths will say what is wrong
+            sys.stderr.write(f"warming numba's cache failed (exit {proc.returncode}):\n{err[-2000:]}\n")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -24,6 +58,8 @@ def pytest_configure(config: pytest.Config) -> None:
     import torch
 
     torch.set_num_threads(1)
+    if not hasattr(config, "workerinput") and not config.option.collectonly:  # once: the xdist controller
+        _warm_numba()
 
 
 @pytest.fixture(autouse=True)

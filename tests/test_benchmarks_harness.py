@@ -4,6 +4,8 @@ that a results file prints back as the summary and the Markdown table of docs/pe
 from __future__ import annotations
 
 import json
+import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -64,3 +66,126 @@ def test_show_prints_an_earlier_run_without_running_anything(tmp_path: Path, mar
         assert "load average before 0.5, 0.4, 0.3" in out.stdout
     else:
         assert "reads: report kdepth" in out.stdout and " NO " in out.stdout
+
+
+def test_threads_option_defaults_to_one_and_is_applied_to_the_environment_and_torch(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    ap = common.parser("x")
+    assert ap.parse_args([]).threads == 1
+    args = ap.parse_args(["--threads", "2", "--smoke"])
+    assert (args.threads, common.tier(args), common.pick(args, 100, 10, 1)) == (2, "smoke", 1)
+    assert common.pick(ap.parse_args(["--quick"]), 100, 10, 1) == 10
+    assert common.pick(ap.parse_args(["--smoke"]), 100, 10) == 10  # no smoke size: the quick one
+    assert common.pick(ap.parse_args([]), 100, 10, 1) == 100
+    # apply_threads changes process-wide state: put every piece of it back afterwards
+    for var in common.THREAD_ENV:
+        monkeypatch.setenv(var, "1")  # records the variable's state before the test
+    monkeypatch.setattr(common, "THREADS", None)
+    numba, pa = sys.modules.get("numba"), sys.modules.get("pyarrow")
+    saved = (torch.get_num_threads(), numba.get_num_threads() if numba else None, pa.cpu_count() if pa else None,
+             {i["prefix"]: i["num_threads"] for i in threadpool_info()})
+    try:
+        done = common.apply_threads(2)
+        assert done["threads"] == 2 and done["torch"] == 2 == torch.get_num_threads()
+        expected = {v: "2" for v in common.THREAD_ENV if not (v == "NUMBA_NUM_THREADS" and numba)}
+        assert {v: os.environ.get(v) for v in expected} == expected
+        assert common.Case("s", "c", "b", [1.0], [1.0], goal=None).record()["threads"] == 2
+    finally:
+        torch.set_num_threads(saved[0])
+        if numba:
+            numba.set_num_threads(saved[1])
+        if pa:
+            pa.set_cpu_count(saved[2])
+        threadpool_limits(limits=saved[3])
+    with pytest.raises(ValueError):
+        common.apply_threads(0)
+
+
+def test_a_case_records_the_load_when_it_was_made_and_what_its_figures_are() -> None:
+    rec = common.Case("s", "c", "b", [2.0], [1.0], goal=None).record()
+    assert len(rec["load_after"]) == 3 and rec["quantity"] == "seconds"
+
+
+def test_load_threshold_counts_only_load_that_is_not_this_runs_own() -> None:
+    assert common.default_max_load(2) == 1.5 and common.default_max_load(8) == 6.0
+    assert common.comparability([0.4, 0.1, 0.0], [1.2, 0.5, 0.2], 1.5) == (True, None)
+    ok, why = common.comparability([3.2, 1.0, 0.5], [1.0, 1.0, 1.0], 1.5)
+    assert not ok and why == "load before 3.20 > 1.5"
+    # After a stage that kept two cores busy, a load of 2.9 is mostly the stage's own: comparable.
+    assert common.comparability([0.8, 0.4, 0.2], [2.9, 1.2, 0.5], 1.5, own_before=0.3, own_after=1.9)[0]
+    ok, why = common.comparability([0.8, 0.4, 0.2], [4.0, 1.2, 0.5], 1.5, own_before=0.3, own_after=1.9)
+    assert not ok and why == "load after 2.10 (4.00 less 1.90 of this run's own) > 1.5"
+
+
+def test_own_load_follows_the_kernels_one_minute_damping() -> None:
+    assert common.own_load(0.0, 2.0, 0.0) == 0.0
+    assert common.own_load(0.0, 1.0, 60.0) == pytest.approx(1 - math.exp(-1))
+    assert common.own_load(1.0, 0.0, 60.0) == pytest.approx(math.exp(-1))  # decays while idle
+    assert common.own_load(0.0, 1.5, 6000.0) == pytest.approx(1.5)
+
+
+def _stage(name: str, load_before: list[float], load_after: list[float], *cases: common.Case,
+           own: tuple[float, float] = (0.0, 0.0)) -> dict[str, object]:
+    return {"stage": name, "load_before": load_before, "load_after": load_after, "own_load_before": own[0],
+            "own_load_after": own[1], "cases": [c.record() for c in cases]}
+
+
+def test_a_stage_above_the_load_threshold_is_marked_not_comparable() -> None:
+    import run_all
+
+    quiet = _stage("writer", [0.3, 0.2, 0.1], [0.9, 0.3, 0.1],
+                   common.Case("writer", "w", "raw", [1.0], [0.9], goal=0.8, direction=">=", throughput=True))
+    loaded = _stage("reads", [3.2, 2.0, 1.0], [1.0, 1.0, 1.0],
+                    common.Case("reads", "kdepth", "duckdb", [4.0], [1.0], goal=1.25),
+                    common.Case("reads", "info", "duckdb", [2.0], [1.0], goal=None))
+    for s in (quiet, loaded):
+        run_all.mark(s, 1.5)
+    assert quiet["comparable"] is True and quiet["why"] is None
+    c = quiet["cases"][0]  # type: ignore[index]
+    assert (c["met"], c["comparable"], c["why"]) == (True, True, None) and "met_as_measured" not in c
+    assert loaded["comparable"] is False and loaded["why"] == "load before 3.20 > 1.5"
+    missed, info = loaded["cases"]  # type: ignore[misc]
+    assert (missed["met"], missed["met_as_measured"], missed["comparable"]) == (None, False, False)
+    assert (info["met"], info["met_as_measured"], info["comparable"]) == (None, None, False)
+
+
+@pytest.mark.parametrize("markdown", [False, True])
+def test_show_prints_not_comparable_instead_of_yes_or_no(tmp_path: Path, markdown: bool) -> None:
+    import run_all
+
+    met = common.Case("writer", "arrow table in", "raw pq.write_table", [1.0], [0.9], goal=0.8, direction=">=",
+                      throughput=True)
+    missed = common.Case("reads", "report kdepth", "hand-written DuckDB", [4.0], [1.0], goal=1.25)
+    stages = [_stage("writer", [0.5, 0.4, 0.3], [0.6, 0.4, 0.3], met),
+              _stage("reads", [3.2, 0.9, 0.8], [2.0, 1.0, 0.9], missed, own=(0.1, 0.2))]
+    for s in stages:
+        run_all.mark(s, 1.5)
+    run = {"started_at": "2026-11-30T00:00:00+00:00", "tier": "default", "quick": False, "seconds": 12.0,
+           "threads": 1, "max_load": 1.5, "machine": {"cpu": "test cpu", "cores": 2, "load_average": [0.5, 0.4, 0.3]},
+           "stages": stages}
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(run))
+    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "run_all.py"), "--show", str(path),
+                          *(["--markdown"] if markdown else [])], capture_output=True, text=True, timeout=60, check=True)
+    assert "1 of 1 goals met; 1 not comparable (load)" in out.stdout
+    why = "load before 3.10 (3.20 less 0.10 of this run's own) > 1.5; load after 1.80 (2.00 less 0.20 of this run's own) > 1.5"
+    if markdown:
+        assert "| reads | report kdepth | 4.00x | 4.00x | <= 1.25x | not comparable |" in out.stdout
+        assert "| writer | arrow table in | 0.90x | 0.90x | >= 0.8x | yes |" in out.stdout
+        assert "1 thread, load threshold 1.5" in out.stdout
+        assert f"Not comparable: reads ({why})." in out.stdout
+    else:
+        assert "reads: report kdepth" in out.stdout and "not comparable" in out.stdout and " NO " not in out.stdout
+        assert f"not comparable: reads: {why}" in out.stdout
+        assert "(threads 1, load threshold 1.5)" in out.stdout
+
+
+def test_every_bench_script_accepts_the_harness_options() -> None:
+    """run_all passes --json, --threads and --quick/--smoke to every script: each parser must know them."""
+    for script in sorted((REPO / "benchmarks").glob("bench_*.py")):
+        text = script.read_text()
+        assert "parser(" in text and "apply_threads(" in text, script.name
+        assert "argparse.ArgumentParser(" not in text, f"{script.name}: build the parser with common.parser"

@@ -3,7 +3,7 @@
 The slow tests start a real head with ``ray start`` (loopback, token auth, its own temp dir) and run
 ``swapcheck sweep launch`` against it through Ray Client (``ray://``), through ``RAY_ADDRESS`` (what
 ``ray job submit`` sets), through ``auto`` and through ``ray job submit`` itself where the job server
-can run. The fast ones pin address resolution, the status line, and the CPU-only constraints file.
+can run. The fast ones pin address resolution, the status line, and and which lock each install uses.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,41 +89,47 @@ def test_cli_prints_the_joined_cluster_only(capsys: pytest.CaptureFixture[str]) 
     assert "joined Ray cluster at 10.0.0.1:6379 (--address=auto): 2 alive nodes, 4 CPUs, 0 GPUs" in err
 
 
-# --- fast: constraints.txt is the CPU demo's, constraints-gpu.txt the GPU nodes' ------------------
+# --- fast: requirements/cpu.lock is the CPU install's, requirements/gpu.lock the GPU nodes' -------
+
+LOCKS = REPO / "requirements"
 
 
 def _pins(path: Path) -> dict[str, str]:
-    lines = [ln.split("#", 1)[0].strip() for ln in path.read_text().splitlines()]
-    return {re.split(r"[=<>!~ ]", ln, maxsplit=1)[0].lower(): ln for ln in lines if ln}
+    lines = [ln.split("#", 1)[0].strip() for ln in path.read_text().splitlines() if not ln.startswith((" ", "\t"))]
+    return {re.split(r"[=<>!~ ]", ln, maxsplit=1)[0].lower(): ln.rstrip(" \\") for ln in lines if ln}
 
 
-def test_cpu_constraints_pin_torch_and_only_the_cpu_demo_uses_them() -> None:
-    cpu = REPO / "constraints.txt"
-    assert "CPU" in cpu.read_text().split("torch==", 1)[0], "constraints.txt must say it is the CPU install's"
-    assert _pins(cpu)["torch"].replace(" ", "") == "torch==2.13.0"
-    # The only install that uses constraints.txt is the CPU demo's (Makefile); GPU paths must not.
+def test_cpu_lock_pins_the_cpu_torch_and_only_the_cpu_install_uses_it() -> None:
+    assert _pins(LOCKS / "cpu.lock")["torch"] == "torch==2.13.0+cpu"
+    assert "torch==2.13.0" in _pins(LOCKS / "cpu-constraints.txt")["torch"].replace(" ", "")
+    # The only install from the CPU lock is the Makefile's; GPU paths (infra, workflows) must not use it.
     users = []
     for path in [REPO / "Makefile", *sorted((REPO / "infra").rglob("*")), *sorted((REPO / ".github").rglob("*"))]:
         if path.is_file() and path.suffix not in {".md", ".png"}:
             lines = path.read_text(errors="replace").splitlines()
             text = "\n".join(ln for ln in lines if not ln.lstrip().startswith("#"))  # comments may warn
-            if re.search(r"(?<![-\w])constraints\.txt", text):
+            if re.search(r"cpu\.lock|cpu-constraints\.txt", text):
                 users.append(path.relative_to(REPO).as_posix())
     assert users == ["Makefile"], users
-    assert re.search(r"-c constraints\.txt\b", (REPO / "Makefile").read_text())
+    assert re.search(r"^LOCK\s*:=\s*requirements/cpu\.lock$", (REPO / "Makefile").read_text(), re.M)
 
 
-def test_gpu_constraints_exclude_the_cpu_torch_build() -> None:
+def test_gpu_lock_holds_a_cuda_torch_and_vllm() -> None:
     from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
 
-    gpu = _pins(REPO / "constraints-gpu.txt")
+    gpu = _pins(LOCKS / "gpu-constraints.txt")
     torch_spec = SpecifierSet(gpu["torch"].split("torch", 1)[1])
     assert not torch_spec.contains("2.13.0+cpu")
     assert torch_spec.contains("2.13.0") and torch_spec.contains("2.13.0+cu128")
-    assert "vllm" in gpu
-    # Where GPU nodes are set up, the docs name the GPU file and warn about the CPU one.
+    lock = _pins(LOCKS / "gpu.lock")
+    assert lock["torch"] == "torch==2.13.0"  # PyPI's Linux x86_64 build: CUDA
+    assert any(name.startswith("nvidia-") for name in lock), "a CUDA torch brings its nvidia-* wheels"
+    vllm = Version(lock["vllm"].split("==", 1)[1])
+    assert SpecifierSet(">=0.29,<0.33").contains(vllm)
+    # Where GPU nodes are set up, the docs name the GPU lock.
     for doc in ("docs/cluster.md", "infra/README.md", "infra/docker/Dockerfile"):
-        assert "constraints-gpu.txt" in (REPO / doc).read_text(), doc
+        assert "requirements/gpu.lock" in (REPO / doc).read_text(), doc
 
 
 def _local_cpu_torch_wheel() -> Path | None:
@@ -140,14 +147,14 @@ def _dry_run(constraints: str, links: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_pip_resolution_offline_cpu_vs_gpu_constraints() -> None:
-    """The issue's resolution, offline: with only the CPU wheel reachable, constraints.txt takes it and
-    constraints-gpu.txt refuses it (a GPU node fails loudly instead of running vLLM on CPU torch)."""
+    """The locks' inputs, offline: with only the CPU wheel reachable, the CPU constraints take it and
+    the GPU constraints refuse it (the GPU lock cannot hold a CPU torch under vLLM)."""
     wheel = _local_cpu_torch_wheel()
     if wheel is None:
         pytest.skip("no local torch-2.13.0+cpu wheel to resolve against offline (PIP_FIND_LINKS, /opt/wheels)")
-    cpu = _dry_run("constraints.txt", wheel.parent)
+    cpu = _dry_run("requirements/cpu-constraints.txt", wheel.parent)
     assert cpu.returncode == 0 and "torch-2.13.0+cpu" in cpu.stdout, cpu.stdout + cpu.stderr
-    gpu = _dry_run("constraints-gpu.txt", wheel.parent)
+    gpu = _dry_run("requirements/gpu-constraints.txt", wheel.parent)
     assert gpu.returncode != 0 and "Would install" not in gpu.stdout, gpu.stdout
 
 
@@ -272,9 +279,23 @@ def _check_joined(out: subprocess.CompletedProcess[str], head: Head, tmp_path: P
     return match.group(0)
 
 
+#: How a Ray Client join fails when the machine is too loaded, not because of swapcheck: the proxy
+#: starts a Ray Client server process per client, which under load takes longer than the driver waits.
+CLIENT_JOIN_TRANSIENT = re.compile(r"could not reach|ray client connection timeout|Timed out|DEADLINE_EXCEEDED", re.I)
+
+
 @pytest.mark.slow
 def test_launch_joins_through_ray_client(head: Head, tmp_path: Path) -> None:
-    out = _launch(head, tmp_path, "--address", f"ray://127.0.0.1:{head.client}")
+    # The test is about joining, not about how fast a loaded machine starts the Ray Client server:
+    # a generous --connect-timeout, and one bounded retry (with a warning saying why) when the join
+    # still timed out. Any other failure, or a second timeout, fails the test.
+    args = ("--address", f"ray://127.0.0.1:{head.client}", "--connect-timeout", "120")
+    out = _launch(head, tmp_path, *args)
+    if out.returncode != 0 and CLIENT_JOIN_TRANSIENT.search(out.stderr):
+        warnings.warn(f"Ray Client join timed out under load (load average {os.getloadavg()[0]:.1f}); "
+                      f"retrying once: {out.stderr.strip().splitlines()[-1][:300]}", stacklevel=1)
+        shutil.rmtree(tmp_path / "results", ignore_errors=True)
+        out = _launch(head, tmp_path, *args)
     line = _check_joined(out, head, tmp_path)
     assert f"(--address=ray://127.0.0.1:{head.client})" in line
 

@@ -15,6 +15,7 @@ from _kernel_oracle import (
     same_bits,
     scale_tensors,
 )
+from _library_facts import fact
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
@@ -205,8 +206,16 @@ def test_scaled_mm_close_to_exact(layout, with_bias):
     assert (d != 0).mean() < 0.01  # numerics.md §5.4: 0.02-0.05 % at M = N = 512
 
 
+#: torch._scaled_mm on the CPU where cpu_scaled_mm_path() reports the emulated path: whether it computes
+#: the pre-scaled formula rn(fl(fl(a*sa) @ fl(b*sb)) + bias) bit for bit, and whether use_fast_accum
+#: leaves the bits alone.  Checked on torch 2.13.0+cpu, on an AVX512 CPU with AMX-INT8, where torch
+#: 2.13 runs a oneDNN f8 matmul (ONEDNN_VERBOSE=1 shows it) although cpu_scaled_mm_path reports the
+#: emulated path: its AMX probe, torch._C._cpu._is_amx_tile_supported, is not in torch 2.13.
+TORCH_CPU_SCALED_MM = {">=2.13,<2.14": {"pre-scaled formula": True, "use_fast_accum ignored": True}}
+
+
 @needs_scaled_mm
-def test_scaled_mm_expanded_per_tensor_equals_per_tensor_and_fast_accum_ignored():
+def test_scaled_mm_expanded_per_tensor_within_one_spacing_of_per_tensor():
     a, b, _, _ = _quantized(32, 4096, 40, seed=4)
     s_a, s_b = torch.tensor(0.0123), torch.tensor(0.0456)
     per_tensor = torch._scaled_mm(a, b, s_a, s_b, out_dtype=torch.bfloat16)
@@ -223,23 +232,31 @@ def test_scaled_mm_expanded_per_tensor_equals_per_tensor_and_fast_accum_ignored(
     # every CPU seen: at most one spacing, in a small fraction of outputs.
     d = distance(per_tensor, rowwise, "bf16")
     assert d.max() <= 1 and (d != 0).mean() < 0.01
+
+
+@needs_scaled_mm
+def test_scaled_mm_use_fast_accum_ignored_on_the_cpu():
+    if not cpu_scaled_mm_path().startswith("emulated"):
+        pytest.skip("AMX machine: torch dispatches _scaled_mm to oneDNN")
+    rec = fact("torch", TORCH_CPU_SCALED_MM, what="CPU torch._scaled_mm with use_fast_accum=True")
+    a, b, _, _ = _quantized(32, 4096, 40, seed=4)
     sa = torch.rand(32, 1) * 0.01
     sb = torch.rand(1, 40) * 0.01
     slow = get_kernel("fp8-torch-scaled-mm")(a, b, sa, sb, torch.bfloat16)
     fast = get_kernel("fp8-torch-scaled-mm", use_fast_accum=True)(a, b, sa, sb, torch.bfloat16)
-    if cpu_scaled_mm_path().startswith("emulated"):
-        assert same_bits(slow, fast)
+    assert same_bits(slow, fast) == rec["use_fast_accum ignored"]
 
 
 @needs_scaled_mm
 def test_scaled_mm_is_the_documented_prescaled_formula():
     if not cpu_scaled_mm_path().startswith("emulated"):
         pytest.skip("AMX machine: torch dispatches _scaled_mm to oneDNN")
+    rec = fact("torch", TORCH_CPU_SCALED_MM, what="the formula CPU torch._scaled_mm computes")
     a, b, sa, sb = _quantized(48, 512, 24, seed=5)
     bias = torch.randn(24).to(torch.bfloat16)
     got = scaled_mm(a, b, sa, sb, torch.bfloat16, bias)
     want = ((a.float() * sa) @ (b.float() * sb) + bias.float()).to(torch.bfloat16)
-    assert same_bits(got, want)
+    assert same_bits(got, want) == rec["pre-scaled formula"]
 
 
 def test_power_of_two_scales_orders_equal_their_unscaled_accumulators():

@@ -6,6 +6,8 @@ order rates: ppm-level, at most one bf16 spacing; bit-identical under power-of-t
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -17,6 +19,7 @@ from _kernel_oracle import (
     same_bits,
     scale_tensors,
 )
+from _library_facts import fact
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -162,10 +165,23 @@ def test_int32_accumulator_fallback_matches_int_mm(monkeypatch):
 onednn_available = get_kernel("int8-onednn").available()
 
 
+#: Which order oneDNN's int8 matmul (torch's, brg_matmul avx512_core_vnni) computes on AVX512 without
+#: AMX, as the kernel of the registry that computes the same bits.  Checked on torch 2.13.0+cpu (on an
+#: AMX CPU, with ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI; with AMX the fp32 outputs differ).
+ONEDNN_ORDER = {">=2.13,<2.14": "int8-torch-channelwise"}
+#: Whether oneDNN's int32 accumulator wraps past 2**31 as torch._int_mm does (int32_accumulator's
+#: rule).  Checked on torch 2.13.0+cpu, with and without AMX.
+ONEDNN_INT32_WRAPS = {">=2.13,<2.14": True}
+
+
 def _measured_isa() -> bool:
-    """The ISA the formula was measured on (AVX512, no AMX); elsewhere only the bound is checked."""
-    try:
-        amx = bool(torch._C._cpu._is_amx_tile_supported())
+    """The ISA oneDNN's order was recorded on (AVX512, no AMX); elsewhere only the bound is checked.
+    ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI gives it on an AMX CPU too."""
+    if os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper() == "AVX512_CORE_VNNI":
+        return torch.backends.cpu.get_cpu_capability() == "AVX512"
+    try:  # torch 2.13 has it in torch.cpu; torch._C._cpu had it before
+        probe = getattr(torch.cpu, "_is_amx_tile_supported", None) or torch._C._cpu._is_amx_tile_supported
+        amx = bool(probe())
     except Exception:
         amx = True
     return torch.backends.cpu.get_cpu_capability() == "AVX512" and not amx
@@ -191,12 +207,29 @@ def test_onednn_within_one_spacing_of_exact(out, per_channel, with_bias):
     d = distance(got, ref, fmt)
     big = ref.abs() >= 0.05 * ref.abs().max()
     # bf16/fp16: at most one spacing.  fp32 output: the epilogue's own fp32 roundings (acc*sa, *sb,
-    # +bias) are each up to half an fp32 spacing, so a few fp32 spacings.
+    # +bias) are each up to half an fp32 spacing, so a few fp32 spacings.  (A correct kernel's bound,
+    # not a fact about a version: which order oneDNN computes is recorded below.)
     assert d[big.numpy()].max() <= (1 if out != torch.float32 else 4)
-    if _measured_isa():
-        # measured: oneDNN (brg_matmul avx512_core_vnni) computes the torch channel-wise order
-        chan = get_kernel("int8-torch-channelwise")(a, b, sa, sb, out, bias)
-        assert same_bits(got, chan)
+
+
+@pytest.mark.skipif(not onednn_available[0], reason=str(onednn_available[1]))
+def test_onednn_computes_a_recorded_order():
+    if not _measured_isa():
+        pytest.skip("oneDNN's order is recorded for AVX512 without AMX only; "
+                    f"this CPU: {torch.backends.cpu.get_cpu_capability()}, AMX or unknown")
+    order = fact("torch", ONEDNN_ORDER, what="the order of oneDNN's int8 matmul on AVX512 without AMX")
+    for out in (torch.bfloat16, torch.float16, torch.float32):
+        for per_channel in (True, False):
+            for with_bias in (False, True):
+                a, b, _, sb = _vllm_like(64, 700, 48, seed=5)
+                sa = torch.tensor(0.0173)
+                if not per_channel:
+                    sb = sb.reshape(-1)[:1].clone()
+                gen = torch.Generator().manual_seed(6)
+                bias = (torch.randn(48, generator=gen) * 0.1).to(out) if with_bias else None
+                got = get_kernel("int8-onednn")(a, b, sa, sb, out, bias)
+                want = get_kernel(order)(a, b, sa, sb, out, bias)
+                assert same_bits(got, want), (out, per_channel, with_bias)
 
 
 @pytest.mark.skipif(not onednn_available[0], reason=str(onednn_available[1]))
@@ -220,4 +253,6 @@ def test_onednn_int32_extremes_wrap_like_int_mm():
     a = torch.full((2, k), -128, dtype=torch.int8)
     b = torch.full((k, 3), -127, dtype=torch.int8)
     got = get_kernel("int8-onednn")(a, b, torch.tensor(1.0), torch.tensor(1.0), torch.float32)
-    assert torch.equal(got, int32_accumulator(a, b).float())
+    wrapped = int32_accumulator(a, b)  # ours: wraps (test_int_mm_exact_below_bound_and_wraps_above)
+    wraps = fact("torch", ONEDNN_INT32_WRAPS, what="oneDNN's int8 matmul past the int32 range")
+    assert torch.equal(got, wrapped.float()) == wraps

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from _library_facts import fact
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -234,6 +235,18 @@ def test_covers_matrix() -> None:
 
 
 # -- torch's own CPU kernels --------------------------------------------------------------------
+#
+# Which algorithm describes a torch kernel is a fact about torch's version (tests/_library_facts.py);
+# the algorithms' own bounds are asserted above, unconditionally.
+
+#: docs/numerics.md, "Which algorithms describe PyTorch's CPU kernels": the math backend; the flash
+#: kernel, which for bf16 / fp16 inputs rounds the weights to the inputs' format before P V, and whose
+#: logsumexp then needs ``flash_lse_ulps`` spacings of that format.  Checked on torch 2.13.0+cpu.
+TORCH_CPU_ATTENTION: dict[str, dict[str, Any]] = {
+    ">=2.13,<2.14": {"math": {"reciprocal": True},
+                     "flash": {"online_softmax": True, "block_size": 512, "reciprocal": True},
+                     "flash_rounds_weights": True, "flash_lse_ulps": 8},
+}  # fmt: skip
 
 
 def _torch_case(dt: torch.dtype, s: float = 1.0) -> tuple[torch.Tensor, ...]:
@@ -255,7 +268,7 @@ def test_torch_math_backend_inside(dtype: str, causal: bool) -> None:
     with sdpa_kernel(SDPBackend.MATH):
         out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
     out.backward(grad)
-    alg = A(reciprocal=True)
+    alg = A(**fact("torch", TORCH_CPU_ATTENTION, what="the CPU math attention backend")["math"])
     assert alg.covers(out, q, k, v, is_causal=causal).out.all()
     grads = (q.grad, k.grad, v.grad)
     assert alg.backward_covers(grads, q.detach(), k.detach(), v.detach(), grad, is_causal=causal).all()
@@ -264,19 +277,21 @@ def test_torch_math_backend_inside(dtype: str, causal: bool) -> None:
 @pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_torch_cpu_flash_inside(dtype: str, causal: bool) -> None:
+    rec = fact("torch", TORCH_CPU_ATTENTION, what="the CPU flash attention kernel")
     dt = DTYPES[dtype]
     q, k, v, grad = _torch_case(dt, 2.0)
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal)[:2]
-    weights = None if dtype == "fp32" else dtype
-    alg = A(online_softmax=True, block_size=512, reciprocal=True, weights=weights)
-    ulps = 0 if dtype == "fp32" else 8
+    weights = dtype if dtype != "fp32" and rec["flash_rounds_weights"] else None
+    alg = A(**rec["flash"], weights=weights)
+    ulps = 0 if dtype == "fp32" else rec["flash_lse_ulps"]
     assert alg.covers(out, q, k, v, is_causal=causal).out.all()
     assert alg.covers(out, q, k, v, is_causal=causal, logsumexp=lse, ulps=ulps).logsumexp.all()
     dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
         grad, q, k, v, out, lse, 0.0, causal)
     assert alg.backward_covers((dq, dk, dv), q, k, v, grad, out, lse, is_causal=causal).all()
-    if dtype != "fp32":  # its bf16 / fp16 weights are outside the definition's bounds
-        assert not A(online_softmax=True, block_size=512, reciprocal=True).covers(out, q, k, v, is_causal=causal).out.all()
+    if dtype != "fp32":  # rounded bf16 / fp16 weights are outside the bounds of the algorithm without them
+        outside = not A(**rec["flash"]).covers(out, q, k, v, is_causal=causal).out.all()
+        assert outside == rec["flash_rounds_weights"]
 
 
 # -- fully masked rows and bad input ------------------------------------------------------------

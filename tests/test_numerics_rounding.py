@@ -3,7 +3,8 @@
 Three independent references are used: ``round_fraction`` (exact rationals), an exhaustive
 enumeration of every value and every midpoint of the 8- and 16-bit formats (the tie goes to the
 neighbour whose bit pattern is even), and the dtype conversions of torch and ml_dtypes where those
-round once.
+round once.  What those conversions do elsewhere (double rounding from float64, saturation) is a
+fact about the library's version, recorded per version (tests/_library_facts.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
+from _library_facts import fact
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -34,11 +36,16 @@ SMALL = [f for f in ALL if f.bits <= 16]  # small enough to enumerate every bit 
 F = Fraction
 
 
-def same(a: object, b: object) -> bool:
-    """Bitwise float64 equality: the sign of zero counts, any NaN equals any NaN."""
+def same_each(a: object, b: object) -> np.ndarray:
+    """Bitwise float64 equality, element by element: the sign of zero counts, any NaN equals any NaN."""
     x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    eq = ((x == y) & (np.signbit(x) == np.signbit(y))) | (np.isnan(x) & np.isnan(y))
-    return bool(np.all(eq))
+    eq: np.ndarray = ((x == y) & (np.signbit(x) == np.signbit(y))) | (np.isnan(x) & np.isnan(y))
+    return eq
+
+
+def same(a: object, b: object) -> bool:
+    """Bitwise float64 equality of all elements."""
+    return bool(np.all(same_each(a, b)))
 
 
 def oracle(hi: np.ndarray, lo: np.ndarray, f: FloatFormat) -> np.ndarray:
@@ -124,32 +131,14 @@ def test_sequential_sum_of_ones_sticks(fmt: str, n: int, want: float) -> None:
     assert s_frac == want and float(s_fast) == want
 
 
-def test_e4m3fn_overflow_rule_matches_ml_dtypes() -> None:
-    """464 (midpoint of 448 and the missing 480) rounds to 448; anything above it is NaN.
-
-    ml_dtypes agrees (its float32 -> e4m3fn cast is a single correct rounding).  torch 2.13's CPU
-    cast saturates instead (see test_torch_e4m3fn_cast_saturates).
-    """
-    x = np.array([448, 463.99, 464, 464.0000001, 470, 480, 1e6, np.inf, -464, -465, np.nan])
-    want = np.array([448, 448, 448, np.nan, np.nan, np.nan, np.nan, np.nan, -448, np.nan, np.nan])
-    got = round_to_format(x, "fp8_e4m3fn")
-    assert same(got, want)
-    x32 = x.astype(np.float32)
-    assert np.array_equal(x32.astype(np.float64), x) or True  # 463.99 is not float32-exact; fine
-    ml = x32.astype(ml_dtypes.float8_e4m3fn).astype(np.float64)
-    assert same(ml, round_to_format(x32.astype(np.float64), "fp8_e4m3fn"))
-
-
-def test_torch_e4m3fn_cast_saturates() -> None:
-    """Documented discrepancy: torch 2.13 CPU casts to float8_e4m3fn SATURATE (even inf -> 448).
-
-    round_to_format follows the contract (non-saturating, like ml_dtypes): out of range -> NaN.
-    Kernels that want torch's behaviour must clamp explicitly.
-    """
-    x = torch.tensor([465.0, 1000.0, float("inf"), -1e9], dtype=torch.float32)
-    t = x.to(torch.float8_e4m3fn).double().numpy()
-    assert same(t, [448.0, 448.0, 448.0, -448.0])
-    assert np.isnan(round_to_format(x.double().numpy(), "fp8_e4m3fn")).all()
+def test_e4m3fn_overflow_rule() -> None:
+    """464 (midpoint of 448 and the missing 480) rounds to 448; anything above it is NaN (the
+    non-saturating rule of docs/numerics.md; what the libraries' casts do there is recorded below)."""
+    x = np.array([448, 463.99, 464, 464.0000001, 465, 470, 480, 1000, 1e6, np.inf, -464, -465, -1e9,
+                  np.nan])  # fmt: skip
+    want = np.array([448, 448, 448, np.nan, np.nan, np.nan, np.nan, np.nan, np.nan, np.nan, -448, np.nan,
+                     np.nan, np.nan])  # fmt: skip
+    assert same(round_to_format(x, "fp8_e4m3fn"), want)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -366,12 +355,69 @@ def test_shapes_and_broadcasting() -> None:
 
 # ---------------------------------------------------------------------------------------------
 # torch / ml_dtypes conversions
+#
+# What round_to_format does is asserted unconditionally.  What a library's cast does is a fact about
+# its version (tests/_library_facts.py), recorded as the model that describes the cast, in terms of
+# round_to_format (cast_model):
+#   "once"          one correct rounding, as round_to_format
+#   "via fp32"      rounded to fp32 first, then to the format: double rounding (a value one float64
+#                   ulp off a tie lands on the tie in fp32, then goes to even: the wrong side)
+#   ", saturating"  past the overflow threshold: +-max_finite, where round_to_format gives inf / NaN
+
+#: torch's CPU casts, by source dtype and target format.  Checked on torch 2.13.0+cpu.
+TORCH_CASTS: dict[str, dict[str, dict[str, str]]] = {
+    ">=2.13,<2.14": {
+        "float32": {"fp8_e4m3fn": "once, saturating"},
+        "float64": {"fp32": "once", "bf16": "via fp32", "fp16": "via fp32", "fp8_e5m2": "via fp32",
+                    "fp8_e4m3fn": "via fp32, saturating"},
+    },
+}  # fmt: skip
+#: ml_dtypes' casts (its fp16 and fp32 are numpy's).  Checked on 0.4.1, 0.5.4, 0.6.0 and 0.7.0.
+ML_DTYPES_CASTS: dict[str, dict[str, dict[str, str]]] = {
+    ">=0.4,<0.7": {
+        "float32": {"fp8_e4m3fn": "once"},
+        "float64": {"bf16": "via fp32", "fp8_e5m2": "via fp32", "fp8_e4m3fn": "via fp32"},
+    },
+    ">=0.7,<0.8": {
+        "float32": {"fp8_e4m3fn": "once"},
+        "float64": {"bf16": "once", "fp8_e5m2": "once", "fp8_e4m3fn": "once"},
+    },
+}
+CAST_MODELS = ("once", "via fp32", "once, saturating", "via fp32, saturating")
+
+
+def cast_model(how: str, x: object, f: FloatFormat) -> np.ndarray:
+    """What a cast to fmt described by ``how`` (one of CAST_MODELS) gives for the float64 values x."""
+    if how not in CAST_MODELS:
+        raise ValueError(f"unknown cast model {how!r}: one of {CAST_MODELS}")
+    v = np.asarray(x, dtype=np.float64)
+    if how.startswith("via fp32"):
+        v = round_to_format(v, "fp32")
+    out = round_to_format(v, f)
+    if how.endswith("saturating"):
+        over = ~np.isnan(v) & (np.isinf(out) | np.isnan(out))
+        out = np.where(over, np.copysign(f.max_finite, v), out)
+    return out
+
+
+def near_ties(f: FloatFormat, seed: int, n: int = 20_000) -> np.ndarray:
+    """float64 values over fmt's range: random ones, fmt's midpoints, and values one float64 ulp off
+    a midpoint (where a cast through fp32 rounds twice)."""
+    rng = np.random.default_rng(seed)
+    e = rng.integers(f.emin - f.mantissa_bits - 3, f.emax + 1, n)
+    x = np.ldexp(rng.random(n) + 1, e) * rng.choice([-1.0, 1.0], n)
+    q = np.ldexp(1.0, np.maximum(e, f.emin) - f.mantissa_bits)
+    mid = (np.floor(x / q) + 0.5) * q
+    near = np.nextafter(mid, mid * rng.choice([-np.inf, np.inf], n))
+    return np.concatenate([x, mid, near])
 
 
 @pytest.mark.parametrize("name", ["fp32", "bf16", "fp16", "fp8_e5m2", "fp8_e4m3fn"])
 def test_single_rounding_casts_agree(name: str) -> None:
-    """From float32-exact inputs, torch's and ml_dtypes' casts round once: they must match exactly
-    (except torch's saturating e4m3fn cast above 464, see test_torch_e4m3fn_cast_saturates)."""
+    """From float32-exact inputs, torch's and ml_dtypes' (numpy's for fp16) casts round once: they
+    must match round_to_format exactly.  An agreement with the libraries' correct behaviour, kept as
+    an independent check of round_to_format.  e4m3fn has no inf, so past its overflow threshold
+    there is no IEEE answer: what the casts do there is recorded (test_*_e4m3fn_cast_overflow)."""
     f = FORMATS[name]
     rng = np.random.default_rng(3)
     n = 50_000
@@ -381,56 +427,108 @@ def test_single_rounding_casts_agree(name: str) -> None:
     mids = (np.floor(x / q) + 0.5) * q  # exact midpoints of fmt
     with np.errstate(over="ignore"):  # values above fmt's range are part of the test
         x = np.concatenate([x, mids]).astype(np.float32).astype(np.float64)
+    if not f.has_inf:
+        x = x[np.abs(x) <= f.max_finite + float(np.ldexp(1.0, f.emax - f.mantissa_bits)) / 2]
+    with np.errstate(over="ignore"):
         ml = x.astype(np.float32).astype(f.numpy_dtype).astype(np.float64)
     ours = round_to_format(x, f)
     assert same(ml, ours)
     tt = torch.from_numpy(x.astype(np.float32)).to(f.torch_dtype).double().numpy()
-    if not f.has_inf:
-        sat = np.abs(x) > 464
-        assert same(tt[sat], np.copysign(448.0, x[sat]))
-        tt, ours = tt[~sat], ours[~sat]
     assert same(tt, ours)
 
 
-@pytest.mark.parametrize("name", ["fp32", "bf16", "fp16"])
-def test_torch_float64_casts(name: str) -> None:
-    """torch's float64 -> fp32 cast is correct; float64 -> bf16/fp16 goes through fp32 (double
-    rounding).  Every disagreement is checked with the Fraction oracle and is torch's error."""
+E4M3FN_EDGE = np.array([448, 463.99, 464, 465, 470, 480, 1000, 1e6, np.inf, -464, -465, -1e9, np.nan],
+                       dtype=np.float32)  # fmt: skip
+
+
+def test_ml_dtypes_e4m3fn_cast_overflow() -> None:
+    """ml_dtypes' float32 -> float8_e4m3fn cast around the overflow threshold (0.4-0.7: one
+    rounding, NaN past 464, the rule round_to_format follows: test_e4m3fn_overflow_rule)."""
+    how = fact("ml_dtypes", ML_DTYPES_CASTS, what="float32 -> float8_e4m3fn casts")["float32"]["fp8_e4m3fn"]
+    got = E4M3FN_EDGE.astype(ml_dtypes.float8_e4m3fn).astype(np.float64)
+    assert same(got, cast_model(how, E4M3FN_EDGE, FORMATS["fp8_e4m3fn"]))
+
+
+def test_torch_e4m3fn_cast_overflow() -> None:
+    """torch's CPU float32 -> float8_e4m3fn cast around the overflow threshold.  2.13: it SATURATES
+    (465, 1e6 and even inf -> 448) where round_to_format gives NaN (test_e4m3fn_overflow_rule);
+    kernels that want torch's behaviour must clamp explicitly."""
+    how = fact("torch", TORCH_CASTS, what="CPU float32 -> float8_e4m3fn casts")["float32"]["fp8_e4m3fn"]
+    got = torch.from_numpy(E4M3FN_EDGE).to(torch.float8_e4m3fn).double().numpy()
+    assert same(got, cast_model(how, E4M3FN_EDGE, FORMATS["fp8_e4m3fn"]))
+
+
+@pytest.mark.parametrize("name", ["fp32", "bf16", "fp16", "fp8_e5m2", "fp8_e4m3fn"])
+def test_round_to_format_near_ties(name: str) -> None:
+    """On the values the casts are tested with, round_to_format agrees with the Fraction oracle, and
+    a cast through fp32 disagrees with it on about half of those one float64 ulp off a tie (so the
+    cast tests below tell "once" from "via fp32"): there fl32(x) lands on the tie, and the tie then
+    goes to even, the wrong side."""
     f = FORMATS[name]
-    rng = np.random.default_rng(11)
-    n = 20_000
-    e = rng.integers(f.emin - f.mantissa_bits - 3, f.emax + 1, n)
-    x = np.ldexp(rng.random(n) + 1, e) * rng.choice([-1.0, 1.0], n)
-    q = np.ldexp(1.0, np.maximum(e, f.emin) - f.mantissa_bits)
-    mid = (np.floor(x / q) + 0.5) * q
-    near = np.nextafter(mid, mid * rng.choice([-np.inf, np.inf], n))  # one float64 ulp off a tie
-    x = np.concatenate([x, mid, near])
+    x = near_ties(f, 11)
     ours = round_to_format(x, f)
-    tt = torch.from_numpy(x).to(f.torch_dtype).double().numpy()
-    eq = ((tt == ours) & (np.signbit(tt) == np.signbit(ours))) | (np.isnan(tt) & np.isnan(ours))
-    bad = np.flatnonzero(~eq)
+    for i in range(0, x.size, 211):
+        assert same(round_fraction(F(float(x[i])), f), ours[i])
+    bad = np.flatnonzero(~same_each(cast_model("via fp32", x, f), ours))
     if name == "fp32":
         assert bad.size == 0
         return
-    assert bad.size > 0  # the double rounding is real (about half the `near` values)
-    # each disagreement: x is one float64 ulp off a midpoint, fl32(x) lands ON it, and the tie
-    # then goes to even -- the wrong side.  The oracle sides with round_to_format every time.
-    x32 = x[bad].astype(np.float32).astype(np.float64)
-    assert same(round_to_format(x32, f), tt[bad])
-    assert np.all(x32 != x[bad])
+    assert bad.size > x.size // 12
+    x32 = round_to_format(x[bad], "fp32")
+    assert np.all(x32 != x[bad]) and same(round_to_format(x32, f), cast_model("via fp32", x[bad], f))
     for i in bad[:300]:
         assert same(round_fraction(F(float(x[i])), f), ours[i])
 
 
+@pytest.mark.parametrize("name", ["fp32", "bf16", "fp16", "fp8_e5m2", "fp8_e4m3fn"])
+def test_torch_float64_casts(name: str) -> None:
+    """torch's CPU casts from float64.  2.13: fp32 rounds once; bf16, fp16 and fp8 go through fp32
+    (double rounding; e4m3fn also saturates): do not round with them (docs/numerics.md)."""
+    f = FORMATS[name]
+    how = fact("torch", TORCH_CASTS, what=f"CPU float64 -> {name} casts")["float64"][name]
+    x = near_ties(f, 11)
+    tt = torch.from_numpy(x).to(f.torch_dtype).double().numpy()
+    assert same(tt, cast_model(how, x, f))
+
+
+@pytest.mark.parametrize("name", ["bf16", "fp8_e5m2", "fp8_e4m3fn"])
+def test_ml_dtypes_float64_casts(name: str) -> None:
+    """ml_dtypes' casts from float64.  Up to 0.6 bf16 and fp8 go through fp32 (double rounding);
+    0.7 rounds once."""
+    f = FORMATS[name]
+    how = fact("ml_dtypes", ML_DTYPES_CASTS, what=f"float64 -> {name} casts")["float64"][name]
+    x = near_ties(f, 11)
+    with np.errstate(over="ignore", invalid="ignore"):  # values above fmt's range are part of the test
+        ml = x.astype(f.numpy_dtype).astype(np.float64)
+    assert same(ml, cast_model(how, x, f))
+
+
+#: A hair above a bf16 tie (the correct answer rounds up) and a hair below one (rounds down).
+DOUBLE_ROUNDING = [float(np.nextafter(1 + 2**-8, 2.0)), float(np.nextafter(1 + 3 * 2**-8, 0.0))]
+
+
 def test_double_rounding_example() -> None:
-    x = float(np.nextafter(1 + 2**-8, 2.0))  # a hair above a bf16 tie: correct answer rounds up
-    y = float(np.nextafter(1 + 3 * 2**-8, 0.0))  # a hair below a tie: correct answer rounds down
+    """round_to_format rounds both once, correctly; through fp32 both land on a tie and go to the
+    even neighbour, the wrong side."""
+    x, y = DOUBLE_ROUNDING
     assert round_fraction(F(x), "bf16") == 1 + 2**-7 == round_to_format(x, "bf16")
     assert round_fraction(F(y), "bf16") == 1 + 2**-7 == round_to_format(y, "bf16")
-    t = torch.tensor([x, y], dtype=torch.float64).to(torch.bfloat16).double().tolist()
-    assert t == [1.0, 1 + 2**-6]  # torch 2.13: both wrong, via the fp32 midpoint
-    m = np.array([x, y]).astype(ml_dtypes.bfloat16).astype(np.float64).tolist()
-    assert m == [1.0, 1 + 2**-6]  # ml_dtypes 0.6 float64 -> bf16 double-rounds too
+    assert round_to_format(DOUBLE_ROUNDING, "fp32").tolist() == [1 + 2**-8, 1 + 3 * 2**-8]
+    assert cast_model("via fp32", DOUBLE_ROUNDING, FORMATS["bf16"]).tolist() == [1.0, 1 + 2**-6]
+
+
+def test_torch_double_rounding_example() -> None:
+    """2.13 (via fp32): [1.0, 1 + 2**-6], both wrong."""
+    how = fact("torch", TORCH_CASTS, what="CPU float64 -> bf16 casts")["float64"]["bf16"]
+    t = torch.tensor(DOUBLE_ROUNDING, dtype=torch.float64).to(torch.bfloat16).double().numpy()
+    assert same(t, cast_model(how, DOUBLE_ROUNDING, FORMATS["bf16"]))
+
+
+def test_ml_dtypes_double_rounding_example() -> None:
+    """0.4-0.6 (via fp32): [1.0, 1 + 2**-6], both wrong; 0.7 (once): 1 + 2**-7 for both."""
+    how = fact("ml_dtypes", ML_DTYPES_CASTS, what="float64 -> bf16 casts")["float64"]["bf16"]
+    m = np.array(DOUBLE_ROUNDING).astype(ml_dtypes.bfloat16).astype(np.float64)
+    assert same(m, cast_model(how, DOUBLE_ROUNDING, FORMATS["bf16"]))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -186,3 +186,4 @@ def run_ordered(order: str, block: int, fmt: FloatFormat, rounding: str, fma: bo
     else:
         k.blocked_gen(a, b, out, bs, across, fma, *spec)
     return out
+

@@ -1,0 +1,102 @@
+"""`make bench` end to end: run_all.py runs every benchmark script with the harness's common options
+(--json, --threads, --smoke/--quick) and collects a results file with the thread count and the load
+around each stage. A run of the harness, not a measurement: it checks that every script still runs,
+not what it measures (issue #22: the attention bounds script once rejected the options).
+
+The default suite runs ``run_all.py --smoke --only <stage>`` once per stage (the stages are run_all's
+own list, so a new ``benchmarks/bench_*.py`` is picked up), so that pytest-xdist spreads them over its
+workers; the slow set runs ``run_all.py --quick`` (``make bench-quick``) end to end, every stage in one run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import run_all  # noqa: E402
+
+#: Every stage run_all.py runs, in its order (``bench_<stage>.py``).
+STAGES = [p.stem.removeprefix("bench_") for p in run_all.scripts()]
+
+
+def _run_all(tmp_path: Path, *opts: str, timeout: float) -> tuple[subprocess.CompletedProcess[str], dict[str, Any], float]:
+    out = tmp_path / "results.json"
+    env = {**os.environ, "SWAPCHECK_BENCH_ROWS_DIR": str(tmp_path / "rows")}
+    t0 = time.perf_counter()
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "run_all.py"), *opts, "--out", str(out)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    wall = time.perf_counter() - t0
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    return done, json.loads(out.read_text()), wall
+
+
+def _check_run(done: subprocess.CompletedProcess[str], run: dict[str, Any], tier: str) -> None:
+    assert run["tier"] == tier and run["threads"] == 1 and run["machine"]["threads"] == 1
+    assert run["max_load"] > 0
+    assert "threads 1" in done.stdout and f"load threshold {run['max_load']:g}" in done.stdout
+
+
+def _check_stage(s: dict[str, Any], run: dict[str, Any]) -> None:
+    name = s["stage"]
+    assert s["returncode"] == 0, name
+    assert s["cases"], f"{name}: no cases"
+    assert s["threads"] == 1 and isinstance(s["comparable"], bool)
+    assert len(s["load_before"]) == 3 and len(s["load_after"]) == 3
+    assert s["cpu_seconds"] >= 0 and "own_load_after" in s and s["max_load"] == run["max_load"]
+    for c in s["cases"]:
+        assert c["threads"] == 1 and len(c["load_after"]) == 3
+        assert c["comparable"] is s["comparable"] and c["why"] == s["why"]
+        if not c["comparable"]:
+            assert c["met"] is None and "met_as_measured" in c
+
+
+def test_stages_are_run_alls_list() -> None:
+    # The parametrization below is run_all's own list: every stage of ORDER, and the scripts outside it
+    # (attention_bounds, issue #22), each once.
+    assert set(run_all.ORDER) <= set(STAGES) and "attention_bounds" in STAGES
+    assert len(STAGES) == len(set(STAGES))
+
+
+def test_only_with_a_stage_name_selects_that_stage_alone() -> None:
+    # --only matches substrings; a stage's exact name must pick that stage alone, or one
+    # parametrized run below would run two stages (a "reads" beside a "reads_wide").
+    stages = ["reads", "reads_wide", "writer"]
+    assert [s for s in stages if run_all.selected(s, ["reads"], stages)] == ["reads"]
+    assert [s for s in stages if run_all.selected(s, ["read"], stages)] == ["reads", "reads_wide"]
+    assert [s for s in stages if run_all.selected(s, ["reads_wide", "wri"], stages)] == ["reads_wide", "writer"]
+    assert [s for s in stages if run_all.selected(s, [], stages)] == stages
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_run_all_smoke_stage_records_threads_and_load(stage: str, tmp_path: Path) -> None:
+    done, run, wall = _run_all(tmp_path, "--smoke", "--only", stage, timeout=480)
+    assert [s["stage"] for s in run["stages"]] == [stage], "--only must run exactly this one stage"
+    _check_run(done, run, "smoke")
+    s = run["stages"][0]
+    _check_stage(s, run)
+    print(f"run_all.py --smoke --only {stage}: {wall:.1f} s wall, stage {s['seconds']} s, {s['cpu_seconds']} CPU s")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_run_all_quick_runs_every_stage_end_to_end(tmp_path: Path) -> None:
+    """``make bench-quick``: every stage at the --quick sizes in one run_all.py."""
+    done, run, wall = _run_all(tmp_path, "--quick", timeout=3300)
+    _check_run(done, run, "quick")
+    stages = {s["stage"]: s for s in run["stages"]}
+    assert sorted(stages) == sorted(STAGES) and len(run["stages"]) == len(STAGES)
+    for name in STAGES:
+        _check_stage(stages[name], run)
+    print(f"run_all.py --quick took {wall:.1f} s (stages: "
+          + ", ".join(f"{s['stage']} {s['seconds']} s" for s in run["stages"]) + ")")
