@@ -51,13 +51,19 @@ kdepth-demo: $(STAMP)
 	$(BIN)/swapcheck sweep launch sweeps/kdepth-demo.toml --results $(RESULTS)
 	$(BIN)/swapcheck report kdepth --results $(RESULTS) --sweep kdepth-demo
 
-# The default run skips tests marked `slow` (under 6 minutes on 2 cores); CI runs both sets.
+# The default run skips tests marked `slow` (under 6 minutes on 2 cores); CI runs both sets. Both run
+# on TEST_WORKERS pytest-xdist workers, a test module per worker at a time (its module fixtures once).
+TEST_WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope
+
 test: $(STAMP)
-	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium) >/dev/null 2>&1 || true
-	$(BIN)/python -m pytest -q -m "not slow and not gpu"
+	@command -v chromium >/dev/null || { echo "installing Debian's chromium (the HTML report test renders with it)..."; \
+	    (apt-get update -qq && apt-get install -y -qq chromium) >/dev/null 2>&1 \
+	    || echo "could not install chromium: the report screenshot test will skip and say why"; }
+	$(PYTEST) -m "not slow and not gpu"
 
 test-slow: $(STAMP)
-	$(BIN)/python -m pytest -q -m "slow and not gpu"
+	$(PYTEST) -m "slow and not gpu"
 
 test-gpu: $(STAMP)
 	$(BIN)/python -m pytest -q -m gpu

@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--torch-wheels", default="/opt/wheels", help="directory holding the torch 2.13.0+cpu wheel")
     ap.add_argument("--venv", type=Path, default=REPO / ".venv-latest")
     ap.add_argument("--out", type=Path, default=REPO / "results" / "test-latest")
-    ap.add_argument("pytest_args", nargs="*", default=["-m", "not slow and not gpu"],
+    ap.add_argument("pytest_args", nargs="*", default=["-n", "2", "--dist", "loadscope", "-m", "not slow and not gpu"],
                     help="arguments for pytest (default: the default suite)")
     args = ap.parse_args(argv)
     uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
