@@ -21,7 +21,9 @@ LOCK_FLAGS := --python-version 3.11 --python-platform x86_64-manylinux_2_28 --ge
 .PHONY: demo kdepth-demo test test-slow test-gpu test-latest lint install lock lock-upgrade clean docs bench bench-quick
 
 # The venv gets uv at the lock's version and hashes (with pip, the one installer a new venv has), then
-# everything else from the lock with uv, which prints its progress; swapcheck itself goes in editable,
+# everything else from the lock with uv, which prints its progress, compiled to bytecode at install
+# (where PYTHONDONTWRITEBYTECODE is set, every process would otherwise compile torch, transformers and
+# ray from source: 2x the start-up of each worker and subprocess); swapcheck itself goes in editable,
 # built with the lock's setuptools. The last line checks the venv against the lock.
 $(STAMP): pyproject.toml $(LOCK)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,7 +31,7 @@ $(STAMP): pyproject.toml $(LOCK)
 	@awk '/^uv==/{p=1;print;next} p&&/^ /{print;next} {p=0}' $(LOCK) > $(VENV)/uv-from-lock.txt
 	@$(BIN)/python -m pip install --isolated --disable-pip-version-check --no-input --no-deps --require-hashes \
 	    -r $(VENV)/uv-from-lock.txt
-	$(UV) pip install --python $(BIN)/python --require-hashes $(TORCH_CPU_FROM) -r $(LOCK)
+	$(UV) pip install --python $(BIN)/python --require-hashes --compile-bytecode $(TORCH_CPU_FROM) -r $(LOCK)
 	$(UV) pip install --python $(BIN)/python --no-deps --no-build-isolation -e .
 	@$(BIN)/python tools/check_lock.py $(LOCK)
 	@$(BIN)/python -c "import torch, ray, duckdb, orchestrator, tasks, storage"
@@ -60,9 +62,11 @@ test: $(STAMP)
 	@command -v chromium >/dev/null || { echo "installing Debian's chromium (the HTML report test renders with it)..."; \
 	    (apt-get update -qq && apt-get install -y -qq chromium) >/dev/null 2>&1 \
 	    || echo "could not install chromium: the report screenshot test will skip and say why"; }
+	@$(BIN)/python -m compileall -q orchestrator tasks storage reports benchmarks
 	$(PYTEST) -m "not slow and not gpu"
 
 test-slow: $(STAMP)
+	@$(BIN)/python -m compileall -q orchestrator tasks storage reports benchmarks
 	$(PYTEST) -m "slow and not gpu"
 
 test-gpu: $(STAMP)
