@@ -24,6 +24,7 @@ from tests.conftest import REPO
 sys.path.insert(0, str(REPO / "tools"))
 
 from check_lock import differences, read_lock  # noqa: E402
+from test_latest import failures, moved_pins  # noqa: E402
 
 LOCKS = {"cpu": (REPO / "requirements" / "cpu.lock", ["dev"]),
          "gpu": (REPO / "requirements" / "gpu.lock", ["vllm", "dev"])}
@@ -89,6 +90,21 @@ def test_check_lock_names_each_kind_of_drift(tmp_path: Path) -> None:
     lock.write_text("alpha>=1\n")
     with pytest.raises(SystemExit, match="not an exact pin"):
         read_lock(lock)
+
+
+def test_test_latest_reports_moved_pins_and_failing_tests(tmp_path: Path) -> None:
+    moved = moved_pins({"a": "1", "b": "2", "gone": "1"}, {"a": "1", "b": "3", "new": "1"})
+    assert moved == [{"name": "b", "locked": "2", "latest": "3"}, {"name": "gone", "locked": "1", "latest": None},
+                     {"name": "new", "locked": None, "latest": "1"}]
+    junit = tmp_path / "junit.xml"
+    junit.write_text('<testsuites><testsuite tests="3" failures="1" errors="1" skipped="0">'
+                     '<testcase classname="tests.test_x" name="test_ok"/>'
+                     '<testcase classname="tests.test_x" name="test_bad"><failure message="x"/></testcase>'
+                     '<testcase classname="tests.test_y" name="test_err"><error message="y"/></testcase>'
+                     '</testsuite></testsuites>')
+    counts, failed = failures(junit)
+    assert counts == {"tests": 3, "failures": 1, "errors": 1, "skipped": 0}
+    assert failed == ["tests.test_x::test_bad", "tests.test_y::test_err"]
 
 
 def test_check_lock_passes_on_this_venv_or_names_the_drift() -> None:

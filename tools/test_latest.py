@@ -116,8 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     md = [f"# test-latest {report['when']}", "",
           f"pytest exit {rc}: {counts.get('tests', 0)} tests, {counts.get('failures', 0)} failed, "
           f"{counts.get('errors', 0)} errors, {counts.get('skipped', 0)} skipped", "",
-          "| package | locked | newest allowed |", "|---|---|---|",
-          *(f"| {m['name']} | {m['locked'] or '-'} | {m['latest'] or '-'} |" for m in moved), ""]
+          *(["| package | locked | newest allowed |", "|---|---|---|",
+             *(f"| {m['name']} | {m['locked'] or '-'} | {m['latest'] or '-'} |" for m in moved)] if moved else
+            [f"No pin moved: every pin of {LOCK.relative_to(REPO)} is the newest version pyproject.toml allows."]),
+          ""]
     if failed:
         md += ["Failing with the newest versions:", "", *(f"- `{t}`" for t in failed), ""]
     (args.out / "report.md").write_text("\n".join(md))
