@@ -159,7 +159,11 @@ def connect(address: str | None = None, num_cpus: int | None = None, timeout_s: 
         os.environ.setdefault("RAY_gcs_rpc_server_connect_timeout_s", str(max(1, int(timeout_s))))
     try:
         if address is None:
+            # "local": always a new instance of our own. Without it Ray joins a cluster that `ray start`
+            # left on this machine (someone else's, with its own settings) and then refuses num_cpus
+            # ("When connecting to an existing cluster, num_cpus and num_gpus must not be provided").
             ray.init(
+                address="local",
                 num_cpus=num_cpus or os.cpu_count() or 1,
                 include_dashboard=False,
                 log_to_driver=_verbose(),

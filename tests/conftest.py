@@ -95,7 +95,7 @@ name = "{name}"
 [experiments.int8]
 kind = "kdepth"
 dtype = "int8"
-implementations = ["int8-cutlass-order", "int8-triton-order", "int8-torch-channelwise"]
+implementations = {impls}
 scale_modes = ["real", "pow2"]
 m = 64
 n = {n}
@@ -104,10 +104,13 @@ seeds = {seeds}
 """
 
 
+KILL_IMPLS = '["int8-cutlass-order", "int8-triton-order", "int8-torch-channelwise"]'
+
+
 def kill_spec_text(name: str, seeds: int, n: int = 64,
-                   question: str = "Does a sweep survive faults around its launch?") -> str:
+                   question: str = "Does a sweep survive faults around its launch?", impls: str = KILL_IMPLS) -> str:
     """A sweep long enough (8 K values x 2 scale modes x seeds units) to be killed while it runs."""
-    return textwrap.dedent(KILL_SPEC.format(name=name, n=n, seeds=seeds, question=question))
+    return textwrap.dedent(KILL_SPEC.format(name=name, n=n, seeds=seeds, question=question, impls=impls))
 
 
 def tiny_spec_text(name: str = "tiny", impls: str = '["int8-cutlass-order", "int8-triton-order"]', seeds: int = 2) -> str:

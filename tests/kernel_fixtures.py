@@ -1,8 +1,10 @@
-"""User kernels named by ``module:attr`` in test specs: one that raises, one that crashes once."""
+"""User kernels named by ``module:attr`` in test specs: one that raises, one that crashes once, one
+that is slow on purpose."""
 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 from tasks.kernels import Kernel, get_kernel
@@ -31,6 +33,18 @@ class CrashOnceKernel(Kernel):
             marker.write_text("crashed")
             os._exit(17)
         return get_kernel("exact")(ops.a, ops.b, ops.scale_a, ops.scale_b, ops.out_dtype, ops.bias)
+
+
+class SlowKernel(Kernel):
+    """``int8-cutlass-order`` after a 0.4 s sleep: a unit that lasts long enough to be interrupted
+    whatever the machine's speed, without keeping a core busy meanwhile."""
+
+    operand_dtype = "int8"
+    description = "test fixture: cutlass-order, 0.4 s per call"
+
+    def compute(self, ops):
+        time.sleep(0.4)
+        return get_kernel("int8-cutlass-order")(ops.a, ops.b, ops.scale_a, ops.scale_b, ops.out_dtype, ops.bias)
 
 
 class EpilogueVariant(Kernel):

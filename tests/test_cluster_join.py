@@ -307,6 +307,19 @@ def test_launch_joins_through_ray_client(head: Head, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_no_address_starts_an_embedded_instance_even_beside_a_running_head(head: Head, tmp_path: Path) -> None:
+    """Without --address and RAY_ADDRESS the launch runs on an embedded instance of its own, even where
+    `ray start` left a cluster on the machine (its address in RAY_TMPDIR/ray/ray_current_cluster): a
+    plain ray.init() joins that cluster, someone else's, and then refuses num_cpus."""
+    env = {k: v for k, v in head.env.items() if k != "RAY_ADDRESS"}  # RAY_TMPDIR stays: the head is findable
+    out = _launch(head, tmp_path, "--num-cpus", "2", env=env)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert "12 ok, 0 failed" in out.stderr, out.stderr[-2000:]
+    row = _launch_row(tmp_path / "results")
+    assert row["embedded"] is True and str(head.gcs) not in str(row["address"]), row["address"]
+
+
+@pytest.mark.slow
 def test_launch_honours_ray_address(head: Head, tmp_path: Path) -> None:
     """What `ray job submit` gives its entrypoint: RAY_ADDRESS, no --address. No num_cpus is passed."""
     out = _launch(head, tmp_path, env={**head.env, "RAY_ADDRESS": f"127.0.0.1:{head.gcs}"})
