@@ -1,4 +1,10 @@
-"""Cold-restart generation and teacher-forced replay on the tiny W8A8 model, end to end on Ray."""
+"""Cold-restart generation and teacher-forced replay on the tiny W8A8 model, end to end on Ray.
+
+The sweep of this module starts a fresh worker process per arm and restart (4 cold starts of torch and
+the model: ~40 s on 2 cores), so its tests are `slow`. Their fast siblings in the default set:
+tests/test_quantize_report.py runs the generate kind (restarts = 1, four arms) and teacher-forced
+replay through Ray and recomputes the report's figures from the rows; the evidence rules and the
+missing-reference error below run here in the default set."""
 
 from __future__ import annotations
 
@@ -50,6 +56,7 @@ def q(results: Path, sql: str) -> list[dict]:
     return read_only_query(results, sql).to_pylist()
 
 
+@pytest.mark.slow
 def test_each_restart_is_a_fresh_process_and_reproduces(gen_results: Path) -> None:
     runs = q(gen_results, "SELECT arm, restart, pid, evidence_ok, observed_kernels FROM arm_runs ORDER BY arm, restart")
     assert len(runs) == 4 and all(r["evidence_ok"] for r in runs)
@@ -64,6 +71,7 @@ def test_each_restart_is_a_fresh_process_and_reproduces(gen_results: Path) -> No
                     {"arm": "triton-pow2", "prompts": 6, "identical": 6}]
 
 
+@pytest.mark.slow
 def test_pow2_arms_agree_end_to_end(gen_results: Path) -> None:
     rows = q(gen_results, """
         SELECT count(*) FILTER (WHERE a.sequence_hash = b.sequence_hash) AS identical, count(*) AS n
@@ -74,6 +82,7 @@ def test_pow2_arms_agree_end_to_end(gen_results: Path) -> None:
     assert gens == [{"n": 4 * 6 * 12, "nonneg": True, "k": 5}]
 
 
+@pytest.mark.slow
 def test_teacher_forced_rows(gen_results: Path) -> None:
     rows = q(gen_results, "SELECT * FROM teacher_forced ORDER BY prompt_index, position")
     assert len(rows) == 6 * 12
@@ -106,6 +115,7 @@ def test_teacher_forced_without_reference_fails_clearly(tmp_path: Path) -> None:
         run(params, UnitFiles(open_store(tmp_path), "s", "u"))
 
 
+@pytest.mark.slow
 def test_reports_on_real_generation_output(gen_results: Path) -> None:
     import json
 
