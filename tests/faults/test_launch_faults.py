@@ -35,10 +35,21 @@ def _spec(tmp_path: Path, name: str = "faults", n: int = 64, seeds: int = 2, fil
     return path
 
 
+def _default_sigint() -> None:
+    """In the launched driver: SIGINT at its default disposition and unblocked. A process started with
+    SIGINT ignored keeps it ignored (POSIX; Python then installs no KeyboardInterrupt handler) and a
+    blocked signal stays pending, and both are inherited from the process that starts it: in the full
+    slow run on 2 xdist workers the SIGINT test's driver ran the whole sweep and exited 0 in 3 of 3
+    runs (never when run alone). The signal tests test the launch, not the state of the test runner."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # nor blocked, whatever the parent did
+
+
 def _launch(spec: Path, results: Path, *extra: str) -> subprocess.Popen[str]:
     return subprocess.Popen(_cli("sweep", "launch", str(spec), "--results", str(results), "--no-progress",
                                  "--num-cpus", "2", *extra),
-                            cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_default_sigint)
 
 
 def _wait_done(store: ResultStore, sweep: str, at_least: int, proc: subprocess.Popen[str], timeout: float = 240) -> None:
