@@ -62,11 +62,11 @@ test: $(STAMP)
 	@command -v chromium >/dev/null || { echo "installing Debian's chromium (the HTML report test renders with it)..."; \
 	    (apt-get update -qq && apt-get install -y -qq chromium) >/dev/null 2>&1 \
 	    || echo "could not install chromium: the report screenshot test will skip and say why"; }
-	@$(BIN)/python -m compileall -q orchestrator tasks storage reports benchmarks
+	@$(BIN)/python -m compileall -q common orchestrator tasks storage reports benchmarks
 	$(PYTEST) -m "not slow and not gpu"
 
 test-slow: $(STAMP)
-	@$(BIN)/python -m compileall -q orchestrator tasks storage reports benchmarks
+	@$(BIN)/python -m compileall -q common orchestrator tasks storage reports benchmarks
 	$(PYTEST) -m "slow and not gpu"
 
 test-gpu: $(STAMP)
@@ -82,7 +82,7 @@ bench-quick: $(STAMP)
 
 # ruff, mypy --strict (pyproject.toml) and the import contracts of docs/architecture.md.
 lint: $(STAMP)
-	$(BIN)/ruff check orchestrator tasks storage reports tests benchmarks tools
+	$(BIN)/ruff check common orchestrator tasks storage reports tests benchmarks tools
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
 

@@ -15,6 +15,8 @@ class                            exit code  meaning
 :class:`StorageFailure`          3          the results store failed mid-sweep (permission, disk full,
                                             unreachable): the sweep stopped; committed units stay
 :class:`Interrupted`             130/143    SIGINT / SIGTERM stopped the launch; committed units stay
+``common.errors.InputError``     2          bad input refused by any layer (the base of every registry's error,
+                                            of the kernels', checks', kinds' and storage's input errors)
 ``storage.errors.StorageError``  2          the storage layer refused or failed a request (``QueryError``: a
                                             bad or failed query); nothing was changed
 ``tasks.kernels.KernelError``    2          unknown kernel, unimportable ``module:attr``, bad parameters, a
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import sys
 
+from common.errors import InputError
 from storage.errors import StorageError
 
 __all__ = [
@@ -103,7 +106,7 @@ def exit_code_for(exc: BaseException) -> int | None:
     """The exit code of an error a user should see as a message (table above); None for a bug."""
     if isinstance(exc, SwapcheckError):
         return exc.exit_code
-    if isinstance(exc, StorageError):
+    if isinstance(exc, (InputError, StorageError)):
         return 2
     for module, name in _TASK_INPUT_ERRORS:
         cls = getattr(sys.modules.get(module), name, None)

@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import REPO
 
-PACKAGES = ("orchestrator", "tasks", "storage", "reports")
+PACKAGES = ("common", "orchestrator", "tasks", "storage", "reports")
 
 
 def _graph():
