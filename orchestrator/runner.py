@@ -210,7 +210,7 @@ def launch(
             _mark_lost_launches(store, plan.sweep)
             store.remove_stale_temporaries()
             if repair:
-                from orchestrator import verify
+                from storage import verify
 
                 verify.repair(store, plan.sweep, verify.damaged_units(store, plan.sweep))
             write_sweep_record(store, spec, plan)

@@ -29,13 +29,14 @@ def verify(results: ResultsOpt = DEFAULT_RESULTS, sweep: SweepOpt = None, fmt: F
     """
     with user_errors():
         from orchestrator.errors import UsageError
-        from orchestrator.verify import verify as check
         from storage.store import open_store
+        from storage.verify import present_sweeps
+        from storage.verify import verify as check
 
         store = open_store(results)
         if not store.exists():
             raise UsageError(f"--results {results}: no such directory (run `swapcheck sweep launch` first)")
-        if sweep is not None and sweep not in {s for t in store.table_partitions() for s in store.sweep_partitions(t)}:
+        if sweep is not None and sweep not in present_sweeps(store):
             raise UsageError(f"--sweep {sweep}: no such sweep under {results}")
         problems = check(store, sweep)
     damage = [p for p in problems if p.damage]

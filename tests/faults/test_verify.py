@@ -19,10 +19,10 @@ from typer.testing import CliRunner
 from orchestrator.cli.sweep_verify import verify as verify_command
 from orchestrator.plan import make_plan
 from orchestrator.spec import parse_spec
-from orchestrator.verify import damaged_units, repair, verify
 from orchestrator.worker import execute_unit
 from storage.schemas import UNITS
 from storage.store import ResultStore
+from storage.verify import damaged_units, repair, verify
 from tests.conftest import tiny_spec_text
 
 N_UNITS = 3

@@ -1,5 +1,9 @@
 """Integrity of a results tree: the ledger's file records against the files (``sweep verify``).
 
+Storage code: it reads and moves files of the tree through :class:`storage.store.ResultStore` only.
+``swapcheck sweep verify`` (``orchestrator/cli/sweep_verify.py``) parses and renders;
+``sweep launch --repair`` (``orchestrator.runner``) calls :func:`damaged_units` and :func:`repair`.
+
 Every ``ok`` ledger row records the unit's result files (``files``: table, path relative to the
 results root, rows, bytes, SHA-256 of the bytes written; see ``storage.schemas.FILE_RECORD``).
 :func:`verify` checks the tree against those records and lists every :class:`Problem`;
@@ -47,7 +51,7 @@ import pyarrow.parquet as pq
 from storage.schemas import TABLES, UNITS
 from storage.store import STALE_AFTER_S, ResultStore, utcnow
 
-__all__ = ["Problem", "Repaired", "damaged_units", "repair", "verify", "NOT_UNIT_TABLES"]
+__all__ = ["Problem", "Repaired", "damaged_units", "present_sweeps", "repair", "verify", "NOT_UNIT_TABLES"]
 
 #: Tables written by the launcher rather than by units: never orphans, never recorded in ``files``.
 NOT_UNIT_TABLES = frozenset({"units", "sweeps", "launches", "preregistrations"})
@@ -249,6 +253,11 @@ def _verify_sweep(store: ResultStore, sweep: str, tables: list[str]) -> list[Pro
     return problems
 
 
+def present_sweeps(store: ResultStore) -> list[str]:
+    """Every sweep with a partition in any table of the tree (sorted): what :func:`verify` checks."""
+    return sorted({s for t in store.table_partitions() for s in store.sweep_partitions(t)})
+
+
 def verify(store: ResultStore, sweep: str | None = None, *, stale_after_s: float = STALE_AFTER_S) -> list[Problem]:
     """Every problem of the results tree (one sweep, or all): ledger records <-> files.
 
@@ -256,9 +265,8 @@ def verify(store: ResultStore, sweep: str | None = None, *, stale_after_s: float
     has ``damage``. Temporary files younger than ``stale_after_s`` may belong to a live writer and
     are not listed.
     """
-    present = store.table_partitions()
-    sweeps = [sweep] if sweep is not None else sorted({s for t in present for s in store.sweep_partitions(t)})
-    tables = sorted(set(present) - NOT_UNIT_TABLES)
+    sweeps = [sweep] if sweep is not None else present_sweeps(store)
+    tables = sorted(set(store.table_partitions()) - NOT_UNIT_TABLES)
     problems: list[Problem] = []
     for s in sweeps:
         problems += _verify_sweep(store, s, tables)
