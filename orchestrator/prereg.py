@@ -27,7 +27,8 @@ the launch fail (exit 2), and the report flags it. A change is a *new* file with
 the report marks them amended, and whether results already existed when the amendment was registered.
 
 Registration (here) happens at launch; scoring is ``reports.predictions.score`` (``report
-predictions``, ``report all``), which also holds the prediction file model shared by both.
+predictions``, ``report all``). The file model and its one parser are ``storage.prereg`` (both
+layers may import storage); here a parse failure becomes a SpecError (exit 2, nothing written).
 """
 
 from __future__ import annotations
@@ -36,17 +37,25 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import SpecError
-from reports.predictions import Prediction, PredictionFile, registrations, sha256
+from storage.prereg import (
+    Prediction,
+    PredictionFile,
+    PredictionFileError,
+    parse,
+    registrations,
+    sha256,
+)
 
 __all__ = ["Prediction", "PredictionFile", "parse_file", "plan_registration", "registrations", "sha256",
            "write_registrations"]
 
 
 def parse_file(text: str, path: str) -> PredictionFile:
-    """A prediction file through the one spec loader: SpecError naming each field (exit 2)."""
-    from orchestrator.spec import load_toml_model
-
-    return load_toml_model(text, path, PredictionFile)
+    """A prediction file through the one parser (``storage.prereg.parse``): SpecError naming each field (exit 2)."""
+    try:
+        return parse(text, path)
+    except PredictionFileError as exc:
+        raise SpecError(exc.path, exc.problems) from None
 
 
 def _check_sql(pf: PredictionFile, path: str) -> None:

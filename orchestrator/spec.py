@@ -15,19 +15,20 @@ The envelope (question, name, retries, pre-registrations) is defined here; each 
 its cross-field rules and its path resolution come from its kind (:mod:`tasks.kinds`). Unknown keys,
 wrong types, unknown kernels and impossible parameters are errors that name the file and the field
 path (``experiments.int8.k.stop``); nothing is written when a spec is invalid. Pre-registration files
-are read with the same loader (:func:`load_toml_model`).
+are read with the same loader (``common.toml_model.load_toml_model``, through ``storage.prereg.parse``).
 """
 
 from __future__ import annotations
 
 import hashlib
-import re
-import tomllib
 from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from common.toml_model import TomlModelError, format_errors
+from common.toml_model import load_toml_model as _load
+from common.toml_model import loc as _loc
 from orchestrator.errors import SpecError
 from tasks.kinds.fields import NAME, Strict, expand_env
 
@@ -69,68 +70,17 @@ class LoadedSpec(BaseModel):
     prereg_paths: list[str] = []
 
 
-# Pydantic names union members in an error's location (`int`, `list[int]`, ...): not field names.
-_UNION_MEMBER = re.compile(r"^(int|str|list\[.*\]|bool|float|dict\[.*\]|GeometricRange|ArithmeticRange|"
-                           r"Implementation|SyntheticPrompts|FilePrompts|literal\[.*\])$")
-
-
-def _loc(loc: tuple[Any, ...]) -> str:
-    return ".".join(str(p) for p in loc if not str(p).startswith("function-"))
-
-
-def format_errors(err: ValidationError, prefix: tuple[Any, ...] = ()) -> list[str]:
-    """One ``field.path: message (got ...)`` line per problem, each once."""
-    problems = []
-    for e in err.errors(include_url=False):
-        loc = tuple(p for p in prefix + tuple(e["loc"]) if not _UNION_MEMBER.match(str(p)))
-        msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
-        problems.append(f"{_loc(loc)}: required field is missing" if e["type"] == "missing"
-                        else f"{_loc(loc) or '<top level>'}: {msg} (got {e.get('input')!r})")
-    return list(dict.fromkeys(problems))
-
-
-#: Deepest nesting of tables and arrays a spec may use (a spec needs about 5).
-MAX_NESTING = 32
 #: Largest spec or pre-registration file read.
 MAX_SPEC_BYTES = 4 * 2**20
 
 
-def _too_deep(raw: Any) -> str | None:
-    """The path of a value nested deeper than :data:`MAX_NESTING`, or None (no recursion)."""
-    stack: list[tuple[Any, tuple[Any, ...]]] = [(raw, ())]
-    while stack:
-        value, where = stack.pop()
-        if len(where) > MAX_NESTING:
-            return _loc(where[:MAX_NESTING]) + "..."
-        if isinstance(value, dict):
-            stack.extend((v, (*where, k)) for k, v in value.items())
-        elif isinstance(value, list):
-            stack.extend((v, (*where, f"[{i}]")) for i, v in enumerate(value))
-    return None
-
-
 def load_toml_model(text: str, path: str, model: type[M]) -> M:
-    """TOML text validated into ``model``; SpecError naming the file and every field path otherwise.
-
-    Any failure of the parser (invalid TOML, nesting so deep that it recurses out, ...) is a
-    SpecError too: a spec never crashes the loader."""
+    """TOML text validated into ``model`` by the one loader (``common.toml_model``); SpecError naming
+    the file and every field path otherwise."""
     try:
-        raw = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise SpecError(path, [f"not valid TOML: {exc}"]) from None
-    except RecursionError:
-        raise SpecError(path, [f"not a usable spec: tables or arrays nested too deeply (at most {MAX_NESTING} levels)"]) from None
-    except Exception as exc:  # a parser crash on hostile input is still bad input
-        raise SpecError(path, [f"not valid TOML: {type(exc).__name__}: {exc}"]) from None
-    deep = _too_deep(raw)
-    if deep is not None:
-        raise SpecError(path, [f"{deep}: tables or arrays nested deeper than {MAX_NESTING} levels"])
-    try:
-        return model.model_validate(raw)
-    except ValidationError as exc:
-        raise SpecError(path, format_errors(exc)) from None
-    except RecursionError:
-        raise SpecError(path, [f"tables or arrays nested too deeply (at most {MAX_NESTING} levels)"]) from None
+        return _load(text, path, model)
+    except TomlModelError as exc:
+        raise SpecError(exc.path, exc.problems) from None
 
 
 def _resolver(base_dir: Path) -> Any:

@@ -1,6 +1,7 @@
 """Scoring pre-registered predictions: each prediction in force, confirmed or refuted, with support.
 
-A prediction file (TOML, registered into the sweep at launch by ``orchestrator.prereg``) holds, per
+A prediction file (TOML, registered into the sweep at launch by ``orchestrator.prereg``; its model and
+its one parser are ``storage.prereg``, re-exported here) holds, per
 prediction, SQL fragments written by its author: ``where`` (which rows of ``table``), then either
 ``every`` (a condition each matching row must satisfy; a failing row is named by ``label``) or
 ``aggregate`` (one condition over all of them, with an optional ``measure``).
@@ -15,15 +16,19 @@ query with bound parameters.
 
 from __future__ import annotations
 
-import hashlib
 import re
-import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-
 from storage.errors import QueryError
+from storage.prereg import (
+    Prediction,
+    PredictionFile,
+    PredictionFileError,
+    parse,
+    registrations,
+    sha256,
+)
 
 if TYPE_CHECKING:
     from storage.catalog import Catalog
@@ -44,77 +49,6 @@ __all__ = [
 #: The placeholders of the prediction templates; nothing else of a template is ever replaced.
 FRAGMENTS = ("table", "where", "every", "aggregate", "measure", "label")
 _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
-
-
-class Prediction(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-    id: str = Field(min_length=1)
-    statement: str = Field(min_length=1)
-    table: str
-    where: str = "true"
-    every: str | None = None
-    aggregate: str | None = None
-    measure: str | None = None
-    label: str | None = None
-    noun: str = "rows"
-
-    @model_validator(mode="after")
-    def _one_test(self) -> Prediction:
-        if (self.every is None) == (self.aggregate is None):
-            raise ValueError("give exactly one of `every` (each matching row) or `aggregate` (all of them)")
-        return self
-
-
-class PredictionFile(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-    sweep: str
-    description: str | None = None
-    author: str | None = None
-    amends: str | None = None
-    predictions: list[Prediction] = Field(min_length=1)
-
-    @field_validator("predictions")
-    @classmethod
-    def _distinct_ids(cls, v: list[Prediction]) -> list[Prediction]:
-        ids = [p.id for p in v]
-        dupes = sorted({i for i in ids if ids.count(i) > 1})
-        if dupes:
-            raise ValueError(f"duplicate ids {dupes}")
-        return v
-
-
-class PredictionFileError(ValueError):
-    """A prediction file is not valid TOML or not a valid prediction file (``problems`` says why)."""
-
-    def __init__(self, path: str, problems: list[str]):
-        self.path = path
-        self.problems = problems
-        super().__init__(f"{path}: " + "; ".join(problems))
-
-
-def sha256(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def parse(text: str, path: str) -> PredictionFile:
-    """A registered prediction file read back from the ``preregistrations`` table.
-
-    Files are validated when they are registered, by the one spec loader
-    (``orchestrator.spec.load_toml_model``, which names every field path); this only reads back
-    text that passed it, and says which registration is damaged if it does not parse.
-    """
-    try:
-        return PredictionFile.model_validate(tomllib.loads(text))
-    except (tomllib.TOMLDecodeError, ValidationError) as exc:
-        raise PredictionFileError(path, [f"the registered text no longer parses: {exc}"]) from None
-
-
-def registrations(store: Any, sweep: str) -> list[dict[str, Any]]:
-    """The sweep's registered prediction files (path, sha256, amends, text, ...), oldest first."""
-    rows = [r for p in store.parquet_files("preregistrations", sweep) for r in store.read_table(p).to_pylist()]
-    return sorted(rows, key=lambda r: r["registered_at"])
 
 
 def run_prediction(cat: Catalog, template: str, sweep: str, p: Prediction) -> list[dict[str, Any]]:

@@ -116,3 +116,25 @@ def test_bad_predictions_exit_2_and_write_nothing(tmp_path: Path) -> None:
         assert res.exit_code == 2, res.output
         assert "p.toml" in res.output
         assert not results.exists()
+
+
+def test_one_parser_for_registration_and_scoring() -> None:
+    """Launch and report read prediction files with the same parser (storage.prereg.parse), which
+    names the field path of each problem; at launch its error becomes a SpecError (exit 2)."""
+    import pytest
+
+    from common.errors import InputError
+    from orchestrator import prereg
+    from orchestrator.errors import SpecError
+    from reports import predictions
+    from storage.prereg import PredictionFileError, parse
+
+    assert predictions.parse is parse and prereg.parse is parse
+    assert predictions.PredictionFile is prereg.PredictionFile
+    assert [p.id for p in parse(PREDICTIONS, "p.toml").predictions] == ["pow2-identical", "everything-differs", "rate"]
+    bad = PREDICTIONS.replace('noun = "units"', 'noun = "units"\nsurprise = 1')
+    with pytest.raises(PredictionFileError) as caught:
+        parse(bad, "p.toml")
+    assert isinstance(caught.value, InputError) and caught.value.problems == ["predictions.0.surprise: unknown key (got 1)"]
+    with pytest.raises(SpecError, match="predictions.0.surprise: unknown key"):
+        prereg.parse_file(bad, "p.toml")
