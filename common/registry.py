@@ -34,12 +34,13 @@ def did_you_mean(name: object, choices: list[str]) -> str:
 class Registry(Generic[T]):
     """Names -> entries of one kind of thing (``what``, as messages name it).
 
-    ``error`` is the exception class raised for an unknown or duplicate name (a subclass of
-    :class:`RegistryError` so that every registry maps to exit code 2 through one base).
-    ``validate(name, entry)`` runs when an entry is loaded and may raise ``error``.
+    ``error`` is the exception class raised for an unknown or duplicate name, or a lazy entry that
+    cannot be loaded: :class:`RegistryError` or a layer's own input error (a subclass of
+    :class:`~common.errors.InputError`, so that every registry maps to exit code 2 through one base).
+    ``validate(name, entry)`` runs when a lazy entry is loaded and may raise ``error``.
     """
 
-    def __init__(self, what: str, *, error: type[RegistryError] = RegistryError,
+    def __init__(self, what: str, *, error: type[InputError] = RegistryError,
                  validate: Callable[[str, T], None] | None = None) -> None:
         self.what = what
         self.error = error
@@ -83,19 +84,27 @@ class Registry(Generic[T]):
         entry = self._entries.get(name)
         return entry if isinstance(entry, str) else None
 
-    def unknown(self, name: object) -> RegistryError:
-        """The error for an unknown ``name``: did-you-mean and the allowed names."""
-        allowed = ", ".join(self.names()) or "none registered"
-        return self.error(f"unknown {self.what} {name!r}; {did_you_mean(name, self.names())}allowed: {allowed}")
+    def unknown(self, name: object, *, allowed: list[str] | None = None, note: str = "") -> InputError:
+        """The error for an unknown ``name``: did-you-mean and the allowed names.
+
+        ``allowed`` narrows the names listed (default: every name); ``note`` is appended (say what
+        else a name may be, such as ``'package.module:attr'``).
+        """
+        shown = ", ".join(self.names() if allowed is None else allowed) or "none registered"
+        return self.error(f"unknown {self.what} {name!r}; {did_you_mean(name, self.names())}allowed: {shown}{note}")
 
     def get(self, name: str) -> T:
-        """The entry called ``name`` (imported if lazy); an unknown name raises :meth:`unknown`."""
+        """The entry called ``name`` (imported if lazy); an unknown name raises :meth:`unknown`, a
+        lazy entry whose module or attribute cannot be loaded raises ``error`` naming it."""
         entry = self._entries.get(name) if isinstance(name, str) else None
         if entry is None:
             raise self.unknown(name)
         if isinstance(entry, str):
             module, _, attr = entry.partition(":")
-            loaded: T = getattr(importlib.import_module(module), attr)
+            try:
+                loaded: T = getattr(importlib.import_module(module), attr)
+            except (ImportError, AttributeError) as exc:
+                raise self.error(f"{self.what} {name!r}: cannot load {entry}: {exc}") from exc
             if self._validate is not None:
                 self._validate(name, loaded)
             self._entries[name] = entry = loaded

@@ -3,27 +3,36 @@
 Every command runs inside :func:`orchestrator.cli.common.user_errors`, the one place that turns an
 exception into ``error: <message>`` on stderr and an exit code, through :func:`exit_code_for`.  The
 library layers keep their own exception classes (``storage`` and ``tasks`` import nothing of
-``orchestrator``); :func:`exit_code_for` maps them here, so no command translates errors itself.
+``orchestrator``), each a subclass of ``common.errors.InputError``, which :func:`exit_code_for`
+maps to exit code 2 once: no command translates errors itself, and no layer is named here.
 
-===============================  =========  ===============================================================
-class                            exit code  meaning
-===============================  =========  ===============================================================
-:class:`SwapcheckError`          1          base class of every error swapcheck reports to a user
-:class:`SpecError`               2          a sweep spec is missing, unreadable or invalid; nothing was written
-:class:`UsageError`              2          a command-line argument is invalid (bad --results, bad --shape, ...)
-:class:`InfrastructureError`     2          Ray could not be started or reached, a unit cannot be placed, ...
-:class:`StorageFailure`          3          the results store failed mid-sweep (permission, disk full,
-                                            unreachable): the sweep stopped; committed units stay
-:class:`Interrupted`             130/143    SIGINT / SIGTERM stopped the launch; committed units stay
-``common.errors.InputError``     2          bad input refused by any layer (the base of every registry's error,
-                                            of the kernels', checks', kinds' and storage's input errors)
-``storage.errors.StorageError``  2          the storage layer refused or failed a request (``QueryError``: a
-                                            bad or failed query); nothing was changed
-``tasks.kernels.KernelError``    2          unknown kernel, unimportable ``module:attr``, bad parameters, a
-                                            problem or operands the kernel does not support
-``tasks.checks.CheckInputError`` 2          bad input to a correctness check (shape, dtype, trials, kernel)
-anything else                    (none)     not translated: a bug, shown with its traceback (exit 1)
-===============================  =========  ===============================================================
+=====================================  =========  =========================================================
+class                                  exit code  meaning
+=====================================  =========  =========================================================
+:class:`SwapcheckError`                1          base class of every error swapcheck reports to a user
+:class:`SpecError`                     2          a sweep spec is missing, unreadable or invalid; nothing
+                                                  was written
+:class:`UsageError`                    2          a command-line argument is invalid (bad --results, bad
+                                                  --shape, ...)
+:class:`InfrastructureError`           2          Ray could not be started or reached, a unit cannot be
+                                                  placed, ...
+:class:`StorageFailure`                3          the results store failed mid-sweep (permission, disk
+                                                  full, unreachable): the sweep stopped; committed units stay
+:class:`Interrupted`                   130/143    SIGINT / SIGTERM stopped the launch; committed units stay
+``common.errors.InputError``           2          bad input refused by a layer below; nothing was changed.
+                                                  Its subclasses (each a ``ValueError``):
+``common.registry.RegistryError``      2          an unknown or duplicate name in a registry (did you mean,
+                                                  the allowed names); ``tasks.kinds.KindError``
+``storage.errors.StorageError``        2          the storage layer refused or failed a request
+                                                  (``QueryError``: a bad or failed query)
+``tasks.kernels.KernelError``          2          unknown kernel, unimportable ``module:attr``, bad
+                                                  parameters, a problem or operands it does not support
+``tasks.attention.AttentionError``     2          unknown attention kernel, bad operands, unavailable here
+``tasks.quantizers.QuantizerError``    2          unknown quantizer, bad parameter or input
+``tasks.checks.CheckInputError``       2          bad input to a correctness check (shape, dtype, trials,
+                                                  kernel)
+anything else                          (none)     not translated: a bug, shown with its traceback (exit 1)
+=====================================  =========  =========================================================
 
 Exit codes of a command, in short: 0 it ran and what it judged passed; 1 a result failed (a check's
 verdict, a nightly regression) or an unexpected error; 2 bad input or broken infrastructure, nothing
@@ -31,8 +40,6 @@ judged; 3 the results store failed during a sweep; 130 / 143 interrupted by SIGI
 """
 
 from __future__ import annotations
-
-import sys
 
 from common.errors import InputError
 from storage.errors import StorageError
@@ -47,16 +54,6 @@ __all__ = [
     "StorageError",
     "exit_code_for",
 ]
-
-#: The tasks layer's input errors, as (module, class).  They are looked up in ``sys.modules`` rather
-#: than imported: importing ``tasks.kernels`` imports torch, which ``--help`` must not, and an
-#: instance of one of these classes can only exist once its module has been imported.
-_TASK_INPUT_ERRORS = (
-    ("tasks.kernels.errors", "KernelError"),
-    ("tasks.checks.subject", "CheckInputError"),
-    ("tasks.attention.registry", "AttentionError"),
-)
-
 
 class SwapcheckError(Exception):
     """Base class of every error swapcheck reports to a user."""
@@ -106,10 +103,6 @@ def exit_code_for(exc: BaseException) -> int | None:
     """The exit code of an error a user should see as a message (table above); None for a bug."""
     if isinstance(exc, SwapcheckError):
         return exc.exit_code
-    if isinstance(exc, (InputError, StorageError)):
+    if isinstance(exc, InputError):  # every layer's input errors (StorageError, KernelError, ...)
         return 2
-    for module, name in _TASK_INPUT_ERRORS:
-        cls = getattr(sys.modules.get(module), name, None)
-        if isinstance(cls, type) and isinstance(exc, cls):
-            return 2
     return None

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from common.errors import InputError
 
-class StorageError(Exception):
-    """A named error of the storage layer: a message for the user, nothing half-written."""
+
+class StorageError(InputError):
+    """A named error of the storage layer: a message for the user, nothing half-written (exit code 2)."""
 
 
 class QueryError(StorageError, ValueError):

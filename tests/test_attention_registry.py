@@ -80,7 +80,7 @@ def test_unknown_name_says_did_you_mean_and_lists_the_valid_names() -> None:
     with pytest.raises(AttentionError) as info:
         get_attention("sdpa-flash")
     msg = str(info.value)
-    assert "did you mean 'sdpa-flash-cpu'" in msg and "Valid attention kernels: eager, fp64," in msg
+    assert "did you mean 'sdpa-flash-cpu'" in msg and "allowed: eager, fp64," in msg
 
 
 def test_duplicate_and_bad_names_are_refused() -> None:

@@ -68,7 +68,7 @@ def test_attention_joins_the_payload_and_the_id_only_when_set() -> None:
 def test_spec_problems_name_the_field() -> None:
     exp = _exp(a={"attention": "sdpa-flsh"}, b={"attention": "vllm-flash-attn"})
     problems = generate.problems("experiments.e2e", exp)
-    assert any(p.startswith("experiments.e2e.arms.a.attention: unknown attention kernel 'sdpa-flsh'. did you mean")
+    assert any(p.startswith("experiments.e2e.arms.a.attention: unknown attention kernel 'sdpa-flsh'; did you mean")
                for p in problems)
     assert any(p.startswith("experiments.e2e.arms.b.attention: 'vllm-flash-attn' runs on cuda") for p in problems)
     vllm = generate.problems("x", _exp(a={"engine": "vllm", "kernel": "cutlass-int8", "attention": "sdpa-math"}))
@@ -176,7 +176,7 @@ def test_replay_spec_problems() -> None:
                                        algorithms={"fp64": "plain", "eager": "fast"}, ulps={"sdpa-math": 1})
     problems = ar.problems("experiments.r", exp)
     assert "experiments.r.pairs[0]: both sides are 'sdpa-math'; name two different attention kernels" in problems
-    assert any(p.startswith("experiments.r.pairs[1][1]: unknown attention kernel 'fp6'. did you mean 'fp64'")
+    assert any(p.startswith("experiments.r.pairs[1][1]: unknown attention kernel 'fp6'; did you mean 'fp64'")
                for p in problems)
     assert any(p.startswith("experiments.r.algorithms.fp64: not a kernel of pairs") for p in problems)
     assert any(p.startswith("experiments.r.algorithms.eager: 'fast': not a preset") for p in problems)

@@ -90,7 +90,7 @@ def test_unknown_name_did_you_mean_and_list():
 
 
 def test_unknown_name_without_close_match_still_lists():
-    with pytest.raises(KernelError, match="Valid kernels: .*exact") as info:
+    with pytest.raises(KernelError, match="allowed: .*exact") as info:
         get_kernel("zzzz")
     assert "did you mean" not in str(info.value)
 

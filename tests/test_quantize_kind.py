@@ -113,7 +113,7 @@ def test_report_quantize_matches_the_rows(results: Path) -> None:
 
 def test_bad_specs_name_the_field() -> None:
     bad = SPEC.replace('"int8-half-away"', '"int8-half-awy"')
-    with pytest.raises(SpecError, match=r"experiments\.int8\.candidates\[0\]: unknown quantizer 'int8-half-awy'\. did you mean 'int8-half-away'"):
+    with pytest.raises(SpecError, match=r"experiments\.int8\.candidates\[0\]: unknown quantizer 'int8-half-awy'; did you mean 'int8-half-away'"):
         make_plan(parse_spec(bad))
     mixed = SPEC.replace('candidates = ["fp8-mul-inv"]', 'candidates = ["vllm-int8"]')
     with pytest.raises(SpecError, match=r"experiments\.fp8\.candidates\[0\]: 'vllm-int8' produces int8 but the reference produces fp8_e4m3"):

@@ -124,17 +124,18 @@ def _fp64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Te
 
 
 SDPA_MATH = AttentionKernel(
-    name="sdpa-math", device="cpu", compute=_math, gqa=False, logsumexp=ALONGSIDE,
+    name="sdpa-math", device="cpu", compute=_math, gqa=False, logsumexp=ALONGSIDE, algorithm="plain",
     description="torch scaled_dot_product_attention under sdpa_kernel(SDPBackend.MATH): matmul, softmax, matmul")
 SDPA_FLASH_CPU = AttentionKernel(
     name="sdpa-flash-cpu", device="cpu", compute=_flash_cpu, gqa=False, logsumexp="returned by the backend",
+    algorithm="flash-cpu",
     description="torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: PyTorch's CPU flash kernel "
                 "(blocked online softmax, normalised by a reciprocal)")
 EAGER = AttentionKernel(
-    name="eager", device="cpu", compute=_eager, gqa=False, logsumexp=ALONGSIDE,
+    name="eager", device="cpu", compute=_eager, gqa=False, logsumexp=ALONGSIDE, algorithm="plain",
     description="transformers' eager attention: q kT * scale + mask and p v in the input dtype, softmax in float32")
 FP64 = AttentionKernel(
-    name="fp64", device="cpu", compute=_fp64, gqa=False,
+    name="fp64", device="cpu", compute=_fp64, gqa=False, algorithm="plain",
     logsumexp="computed in float64 with the output, rounded once to float32",
     description="the tiny model's default (tasks.models.invariance.fp64_attention): float64 throughout, rounded once")
 

@@ -1,7 +1,7 @@
 """The registry of attention kernels: one call, lazy entries, did-you-mean, a failure listed as a row.
 
-The shape of :mod:`tasks.kernels.registry`, smaller.  Every attention kernel shares one call, the
-arguments of ``torch.nn.functional.scaled_dot_product_attention``::
+A :class:`common.registry.Registry` (the shape of every registry of swapcheck).  Every attention
+kernel shares one call, the arguments of ``torch.nn.functional.scaled_dot_product_attention``::
 
     out, logsumexp = attn(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False)
 
@@ -27,13 +27,15 @@ even be loaded is a row with the error as its reason.  The built-in entries are 
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from common.errors import InputError
+from common.registry import Registry
 
 if TYPE_CHECKING:
     import torch
@@ -55,8 +57,8 @@ DEVICES = ("cpu", "cuda")
 Compute = Callable[..., "tuple[torch.Tensor, torch.Tensor]"]
 
 
-class AttentionError(ValueError):
-    """An unknown or duplicate attention kernel, bad operands, or a kernel unavailable here."""
+class AttentionError(InputError):
+    """An unknown or duplicate attention kernel, bad operands, or a kernel unavailable here (exit 2)."""
 
 
 @dataclass(eq=False)
@@ -75,6 +77,9 @@ class AttentionKernel:
             repeats them first, which only copies values).
         reason: ``reason() -> str | None``: why it cannot run here (None: it can).
         engine_backend: for a vLLM backend, the name vLLM selects it by (``FLASH_ATTN``, ...).
+        algorithm: the preset of ``swapcheck check attention --algorithm`` whose bounds describe
+            what it computes (``plain``, ``flash-cpu``, ...; :mod:`tasks.checks.attention`): the
+            contract test holds every callable kernel to it.  None for an engine backend.
     """
 
     name: str
@@ -86,6 +91,7 @@ class AttentionKernel:
     gqa: bool = False
     reason: Callable[[], str | None] = field(default=lambda: None)
     engine_backend: str | None = None
+    algorithm: str | None = None
 
     def available(self) -> tuple[bool, str | None]:
         """(True, None) if the kernel can run in this process, else (False, why)."""
@@ -180,8 +186,14 @@ def check_operands(name: str, q: Any, k: Any, v: Any, attn_mask: Any, is_causal:
 
 # -- the registry --------------------------------------------------------------------------------
 
+def _check_kernel(name: str, loaded: Any) -> None:
+    if not isinstance(loaded, AttentionKernel) or loaded.name != name:
+        raise AttentionError(f"attention kernel {name!r}: {_REGISTRY.ref(name)} is not an AttentionKernel "
+                             f"named {name!r}")
+
+
 #: name -> a kernel, or "module:attr" naming one (imported on first use).
-_REGISTRY: dict[str, AttentionKernel | str] = {}
+_REGISTRY: Registry[AttentionKernel] = Registry("attention kernel", error=AttentionError, validate=_check_kernel)
 #: Modules whose import registers the built-in entries.
 _BUILTINS = ("tasks.attention.cpu", "tasks.attention.vllm")
 _LOADED = False
@@ -204,43 +216,25 @@ def register_attention(kernel: AttentionKernel | str, name: str | None = None) -
         raise AttentionError(f"a lazy attention kernel is 'module:attr', got {kernel!r}")
     if not isinstance(kernel, AttentionKernel | str):
         raise AttentionError(f"cannot register {kernel!r}: expected an AttentionKernel or 'module:attr'")
-    if key in _REGISTRY:
-        raise AttentionError(f"attention kernel name {key!r} is already registered; pick another name")
-    _REGISTRY[key] = kernel
-    return kernel
+    return _REGISTRY.register(key, kernel)
 
 
 def _unregister(name: str) -> None:
     """Remove an entry (tests only)."""
-    _REGISTRY.pop(name, None)
+    _REGISTRY.unregister(name)
 
 
 def attention_names() -> list[str]:
     """Every registered attention kernel name, sorted."""
     _load_builtins()
-    return sorted(_REGISTRY)
+    return _REGISTRY.names()
 
 
 def get_attention(name: str) -> AttentionKernel:
     """The attention kernel called ``name``; an unknown name raises :class:`AttentionError` naming
     the closest matches and every valid name."""
     _load_builtins()
-    entry = _REGISTRY.get(name) if isinstance(name, str) else None
-    if entry is None:
-        names = sorted(_REGISTRY)
-        close = difflib.get_close_matches(str(name), names, n=3, cutoff=0.5)
-        hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
-        raise AttentionError(f"unknown attention kernel {name!r}. {hint}Valid attention kernels: {', '.join(names)}")
-    if isinstance(entry, str):
-        module, _, attr = entry.partition(":")
-        try:
-            loaded: Any = getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError) as exc:
-            raise AttentionError(f"attention kernel {name!r}: cannot load {entry}: {exc}") from exc
-        if not isinstance(loaded, AttentionKernel) or loaded.name != name:
-            raise AttentionError(f"attention kernel {name!r}: {entry} is not an AttentionKernel named {name!r}")
-        _REGISTRY[name] = entry = loaded
-    return entry
+    return _REGISTRY.get(name)
 
 
 def list_attention() -> list[dict[str, Any]]:

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from common.errors import InputError
 from tasks.kernels import Kernel, KernelError, MatmulKernel, get_kernel
 from tasks.numerics.formats import FORMATS, torch_dtype
 
@@ -42,7 +43,7 @@ FLOAT_DTYPES = {name: torch_dtype(name) for name in ("bf16", "fp16", "fp32")}
 FORMAT_DTYPES = tuple(fmt.torch_dtype for fmt in FORMATS.values())
 
 
-class CheckInputError(ValueError):
+class CheckInputError(InputError):
     """Bad input to a check (exit code 2): the message says what is allowed."""
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from common.errors import InputError
 
-class KernelError(ValueError):
-    """A bad kernel name, bad kernel parameters, or operands the kernel does not accept.
+
+class KernelError(InputError):
+    """A bad kernel name, bad kernel parameters, or operands the kernel does not accept (exit code 2).
 
     The message always says what is allowed (the valid names, parameters, dtypes or layouts).
     """

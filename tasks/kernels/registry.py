@@ -1,10 +1,11 @@
 """The registry of scaled-GEMM implementations ("kernels").
 
-One small registry in the shape of lm-eval's ``api/registry.py``:
+One :class:`common.registry.Registry` (the shape every registry of swapcheck shares), with the
+kernels' own rules on top:
 
 * ``@register_kernel("name")`` on a :class:`Kernel` subclass (or a factory returning a Kernel);
 * ``register_kernel("name", "package.module:attr")`` registers a lazy entry, imported on first use;
-* duplicate names are refused (:class:`KernelError`);
+* duplicate names are refused (:class:`KernelError`, an :class:`~common.errors.InputError`: exit 2);
 * an unknown name is answered with "did you mean ..." and the list of valid names;
 * installed distributions add kernels through the entry-point group ``swapcheck.kernels``
   (``name = "package.module:attr"``), discovered lazily and never allowed to shadow a built-in;
@@ -49,7 +50,6 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import difflib
 import functools
 import importlib
 import inspect
@@ -62,6 +62,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import TYPE_CHECKING, Any, ClassVar
+
+from common.registry import Registry
 
 from .errors import KernelError
 
@@ -393,7 +395,7 @@ def _class_name(cls: type) -> str:
         value = klass.__dict__.get("name")
         if isinstance(value, str) and value:
             return value
-    for entry in _REGISTRY.values():
+    for entry in _REGISTRY.values():  # every entry is an _Entry: nothing is imported here
         if entry.target is cls:
             return entry.name
     return cls.__name__
@@ -415,7 +417,8 @@ class _Entry:
         return self.info.get("suffix_param")
 
 
-_REGISTRY: dict[str, _Entry] = {}
+#: name -> its entry (a lazy target is resolved by :func:`_resolve`, through the trust checks).
+_REGISTRY: Registry[_Entry] = Registry("kernel", error=KernelError)
 _ENTRY_POINTS_LOADED = False
 _REFUSED_ENTRY_POINTS: dict[str, str] = {}
 
@@ -445,7 +448,7 @@ def register_kernel(name: str, target: Any = None, **info: Any) -> Any:
     _check_name(name)
     if name in _REGISTRY:
         raise KernelError(
-            f"kernel name {name!r} is already registered (by {_describe_target(_REGISTRY[name])}); "
+            f"kernel name {name!r} is already registered (by {_describe_target(_REGISTRY.get(name))}); "
             "pick another name"
         )
     sp = info.get("suffix_param")
@@ -458,7 +461,7 @@ def register_kernel(name: str, target: Any = None, **info: Any) -> Any:
         if isinstance(obj, str):
             if ":" not in obj:
                 raise KernelError(f"lazy kernel target must be 'module:attr', got {obj!r}")
-            _REGISTRY[name] = _Entry(name, obj, dict(info), "lazy")
+            _REGISTRY.register(name, _Entry(name, obj, dict(info), "lazy"))
             return obj
         if not _is_kernel_target(obj):
             raise KernelError(
@@ -468,7 +471,7 @@ def register_kernel(name: str, target: Any = None, **info: Any) -> Any:
             )
         if isinstance(obj, type) and issubclass(obj, Kernel) and "name" not in obj.__dict__:
             obj.name = name
-        _REGISTRY[name] = _Entry(name, obj, dict(info), "builtin")
+        _REGISTRY.register(name, _Entry(name, obj, dict(info), "builtin"))
         return obj
 
     if target is None:
@@ -478,7 +481,7 @@ def register_kernel(name: str, target: Any = None, **info: Any) -> Any:
 
 def _unregister(name: str) -> None:
     """Remove an entry (tests only)."""
-    _REGISTRY.pop(name, None)
+    _REGISTRY.unregister(name)
 
 
 def _describe_target(entry: _Entry) -> str:
@@ -504,7 +507,7 @@ def _load_entry_points() -> None:
     for ep in eps:
         dist = getattr(getattr(ep, "dist", None), "name", None) or "unknown distribution"
         if ep.name in _REGISTRY:
-            existing = _REGISTRY[ep.name]
+            existing = _REGISTRY.get(ep.name)
             if existing.target == ep.value:
                 continue
             _REFUSED_ENTRY_POINTS[ep.name] = (
@@ -520,7 +523,7 @@ def _load_entry_points() -> None:
             )
             warnings.warn(_REFUSED_ENTRY_POINTS[ep.name], stacklevel=2)
             continue
-        _REGISTRY[ep.name] = _Entry(ep.name, ep.value, {}, f"entry point from {dist}")
+        _REGISTRY.register(ep.name, _Entry(ep.name, ep.value, {}, f"entry point from {dist}"))
 
 
 def _refused_module(module_name: str) -> str | None:
@@ -646,7 +649,7 @@ def _split_suffix(name: str) -> tuple[_Entry, str, int] | None:
     base, sep, suffix = name.rpartition("-")
     if not sep or not suffix.isdigit():
         return None
-    entry = _REGISTRY.get(base)
+    entry = _REGISTRY.get(base) if base in _REGISTRY else None
     if entry is None or entry.suffix_param is None:
         return None
     return entry, entry.suffix_param, int(suffix)
@@ -671,9 +674,8 @@ def get_kernel(name: str, **params: Any) -> Kernel:
         return _build(target, params, f"kernel {name!r}", name)
     if name not in _REGISTRY:
         _load_entry_points()
-    entry = _REGISTRY.get(name)
-    if entry is not None:
-        return _build(_resolve(entry), params, f"kernel {name!r}", name)
+    if name in _REGISTRY:
+        return _build(_resolve(_REGISTRY.get(name)), params, f"kernel {name!r}", name)
     split = _split_suffix(name)
     if split is not None:
         entry, pname, value = split
@@ -682,30 +684,25 @@ def get_kernel(name: str, **params: Any) -> Kernel:
                 f"kernel {name!r} names {pname}={value} but {pname}={params[pname]!r} was also given"
             )
         return _build(_resolve(entry), {**params, pname: value}, f"kernel {name!r}", name)
-    raise KernelError(_unknown_message(name))
+    raise _unknown(name)
 
 
-def _unknown_message(name: str) -> str:
-    names = kernel_names()
-    close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
-    hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
-    refused = f" ({_REFUSED_ENTRY_POINTS[name]})" if name in _REFUSED_ENTRY_POINTS else ""
+def _unknown(name: str) -> KernelError:
+    """The registry's unknown-name error, with what else a kernel name may be."""
+    _load_entry_points()
     suffixed = [e.name for e in _REGISTRY.values() if e.suffix_param]
-    extra = (
-        f"; {', '.join(suffixed)} also take an integer suffix (e.g. '{suffixed[0]}-128')"
-        if suffixed
-        else ""
-    )
-    return (
-        f"unknown kernel {name!r}{refused}. {hint}Valid kernels: {', '.join(names)}{extra}; "
-        "or give 'package.module:attr' for your own Kernel"
-    )
+    takes = "takes" if len(suffixed) == 1 else "take"
+    extra = f"; {', '.join(suffixed)} also {takes} an integer suffix (e.g. '{suffixed[0]}-128')" if suffixed else ""
+    refused = f" ({_REFUSED_ENTRY_POINTS[name]})" if name in _REFUSED_ENTRY_POINTS else ""
+    error = _REGISTRY.unknown(name, note=f"{extra}; or give 'package.module:attr' for your own Kernel{refused}")
+    assert isinstance(error, KernelError)
+    return error
 
 
 def kernel_names() -> list[str]:
     """Every registered name (built-ins, lazy entries and entry points), sorted."""
     _load_entry_points()
-    return sorted(_REGISTRY)
+    return _REGISTRY.names()
 
 
 def list_kernels() -> list[dict[str, Any]]:
@@ -717,7 +714,7 @@ def list_kernels() -> list[dict[str, Any]]:
     """
     rows: list[dict[str, Any]] = []
     for name in kernel_names():
-        entry = _REGISTRY[name]
+        entry = _REGISTRY.get(name)
         row: dict[str, Any] = {
             "name": name,
             "operand_dtype": None,

@@ -1,9 +1,10 @@
 """The one registry of experiment kinds: the only list of kind names in the code.
 
-Each built-in kind is a lazy ``"module:attr"`` entry, imported on first use (so ``swapcheck --help``
-and spec parsing import nothing heavy); :func:`register_kind` adds another (a plugin, or a kind a
-test defines); a duplicate name is refused; an unknown name is answered with "did you mean ..." and
-the valid names — the shape of :mod:`tasks.kernels.registry`.
+A :class:`common.registry.Registry` of :class:`Kind`: each built-in kind is a lazy ``"module:attr"``
+entry, imported on first use (so ``swapcheck --help`` and spec parsing import nothing heavy);
+:func:`register_kind` adds another (a plugin, or a kind a test defines); a duplicate name is
+refused; an unknown name is answered with "did you mean ..." and the valid names (:class:`KindError`,
+a :class:`~common.registry.RegistryError`: exit code 2).
 
 Adding a kind is one new module under ``tasks/kinds/`` that builds a :class:`Kind`, its entry
 below, its tables in ``storage/schemas.py``, and its tests (docs/architecture.md).
@@ -11,11 +12,10 @@ below, its tables in ``storage/schemas.py``, and its tests (docs/architecture.md
 
 from __future__ import annotations
 
-import difflib
-import importlib
 import sys
 from typing import Any
 
+from common.registry import Registry, RegistryError
 from tasks.kinds.base import Kind, Rows, Unit, UnitContext, canonical_json, content_id
 
 __all__ = [
@@ -34,23 +34,21 @@ __all__ = [
     "unregister_kind",
 ]
 
-#: name -> a Kind, or "module:attr" naming one (imported on first use).
-_REGISTRY: dict[str, Kind | str] = {
-    "kdepth": "tasks.kinds.kdepth:KIND",
-    "replay": "tasks.kinds.replay:KIND",
-    "generate": "tasks.kinds.generate:KIND",
-    "teacher_forced": "tasks.kinds.teacher_forced:KIND",
-    "exact_match": "tasks.kinds.exact_match:KIND",
-    "bounds": "tasks.kinds.bounds:KIND",
-    "attention_replay": "tasks.kinds.attention_replay:KIND",
-    "quantize": "tasks.kinds.quantize:KIND",
-    "batch_invariance": "tasks.kinds.batch_invariance:KIND",
-    "fuzz": "tasks.kinds.fuzz:KIND",
-}
 
-
-class KindError(ValueError):
+class KindError(RegistryError):
     """An unknown or duplicate experiment kind; the message lists the valid names."""
+
+
+def _check_kind(name: str, loaded: Any) -> None:
+    if not isinstance(loaded, Kind) or loaded.name != name:
+        raise KindError(f"{_REGISTRY.ref(name)} is not the Kind {name!r}")
+
+
+#: name -> a Kind, or "module:attr" naming one (imported on first use).
+_REGISTRY: Registry[Kind] = Registry("experiment kind", error=KindError, validate=_check_kind)
+for _name in ("kdepth", "replay", "generate", "teacher_forced", "exact_match", "bounds", "attention_replay",
+              "quantize", "batch_invariance", "fuzz"):
+    _REGISTRY.register(_name, f"tasks.kinds.{_name}:KIND")
 
 
 def register_kind(kind: Kind | str, name: str | None = None) -> Kind | str:
@@ -58,19 +56,16 @@ def register_kind(kind: Kind | str, name: str | None = None) -> Kind | str:
     key = kind.name if isinstance(kind, Kind) else name
     if not key:
         raise KindError("a lazy kind entry needs a name")
-    if key in _REGISTRY:
-        raise KindError(f"experiment kind {key!r} is already registered")
-    _REGISTRY[key] = kind
-    return kind
+    return _REGISTRY.register(key, kind)
 
 
 def unregister_kind(name: str) -> None:
-    _REGISTRY.pop(name, None)
+    _REGISTRY.unregister(name)
 
 
 def kind_names() -> list[str]:
     """Every registered kind, sorted (including kinds planned by another kind)."""
-    return sorted(_REGISTRY)
+    return _REGISTRY.names()
 
 
 def get_kind(name: str, ref: str | None = None) -> Kind:
@@ -79,27 +74,20 @@ def get_kind(name: str, ref: str | None = None) -> Kind:
     ``ref`` (``"module:attr"``, from :func:`kind_ref` in the process that planned the unit) lets a
     worker process find a kind that was registered at run time in the driver (a plugin, a test).
     """
-    if isinstance(name, str) and name not in _REGISTRY and ref:
-        _REGISTRY[name] = ref
-    entry = _REGISTRY.get(name) if isinstance(name, str) else None
-    if entry is None:
-        close = difflib.get_close_matches(str(name), list(_REGISTRY), n=3, cutoff=0.5)
-        hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
-        raise KindError(f"unknown experiment kind {name!r}; {hint}allowed: {', '.join(experiment_kinds())}")
-    if isinstance(entry, str):
-        module, attr = entry.split(":")
-        loaded: Any = getattr(importlib.import_module(module), attr)
-        if not isinstance(loaded, Kind) or loaded.name != name:
-            raise KindError(f"{entry} is not the Kind {name!r}")
-        _REGISTRY[name] = entry = loaded
-    return entry
+    if isinstance(name, str) and name and name not in _REGISTRY and ref:
+        _REGISTRY.register(name, ref)
+    if not isinstance(name, str) or name not in _REGISTRY:
+        raise _REGISTRY.unknown(name, allowed=experiment_kinds())
+    return _REGISTRY.get(name)
 
 
 def kind_ref(name: str) -> str | None:
     """Where another process finds kind ``name``: its lazy entry, or the module attribute holding it."""
+    if name not in _REGISTRY:
+        return None
+    if not _REGISTRY.is_loaded(name):
+        return _REGISTRY.ref(name)
     entry = _REGISTRY.get(name)
-    if entry is None or isinstance(entry, str):
-        return entry
     module = sys.modules.get(getattr(entry.run, "__module__", ""))
     for attr, value in vars(module).items() if module else ():
         if value is entry:

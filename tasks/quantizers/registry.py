@@ -1,6 +1,6 @@
 """The registry of activation quantizers: one call ``quantizer(x) -> (q, scale)``.
 
-The shape of :mod:`tasks.kernels.registry`, kept small: built-in entries are lazy ``"module:attr"``
+A :class:`common.registry.Registry` (the shape of every registry of swapcheck): built-in entries are lazy ``"module:attr"``
 targets with preset parameters, imported on first use; :func:`register_quantizer` adds one (a
 duplicate name is refused); an unknown name is answered with "did you mean ..." and the valid names;
 :func:`list_quantizers` builds each entry with its defaults, and an entry that cannot be built (a
@@ -15,11 +15,13 @@ fp32 exactly) and returns ``q`` ``[tokens, hidden]`` (int8 or float8_e4m3fn) and
 from __future__ import annotations
 
 import abc
-import difflib
 import importlib
 import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
+
+from common.errors import InputError
+from common.registry import Registry
 
 if TYPE_CHECKING:
     import torch
@@ -37,9 +39,9 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 INPUT_DTYPES = ("float32", "bfloat16", "float16")
 
 
-class QuantizerError(ValueError):
+class QuantizerError(InputError):
     """An unknown quantizer, a bad parameter, or input a quantizer cannot take; the message says
-    what is allowed."""
+    what is allowed (exit code 2)."""
 
 
 class Quantizer(abc.ABC):
@@ -109,7 +111,8 @@ class _Entry:
     summary: str = ""
 
 
-_REGISTRY: dict[str, _Entry] = {}
+#: name -> its entry (a lazy target is imported by :func:`_resolve` on first use).
+_REGISTRY: Registry[_Entry] = Registry("quantizer", error=QuantizerError)
 
 
 def register_quantizer(name: str, target: Any, summary: str = "", **preset: Any) -> None:
@@ -125,12 +128,12 @@ def register_quantizer(name: str, target: Any, summary: str = "", **preset: Any)
     elif not (isinstance(target, type) and issubclass(target, Quantizer)):
         raise QuantizerError(f"cannot register {target!r} as quantizer {name!r}: expected a Quantizer subclass "
                              "or a 'module:attr' string naming one")
-    _REGISTRY[name] = _Entry(name, target, dict(preset), summary)
+    _REGISTRY.register(name, _Entry(name, target, dict(preset), summary))
 
 
 def _unregister(name: str) -> None:
     """Remove an entry (tests only)."""
-    _REGISTRY.pop(name, None)
+    _REGISTRY.unregister(name)
 
 
 def _resolve(entry: _Entry) -> type[Quantizer]:
@@ -146,7 +149,7 @@ def _resolve(entry: _Entry) -> type[Quantizer]:
 
 def quantizer_names() -> list[str]:
     """Every registered quantizer name, sorted."""
-    return sorted(_REGISTRY)
+    return _REGISTRY.names()
 
 
 def get_quantizer(name: str, **params: Any) -> Quantizer:
@@ -154,11 +157,6 @@ def get_quantizer(name: str, **params: Any) -> Quantizer:
     if not isinstance(name, str) or not name:
         raise QuantizerError(f"quantizer name must be a non-empty string, got {name!r}")
     entry = _REGISTRY.get(name)
-    if entry is None:
-        names = quantizer_names()
-        close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
-        hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
-        raise QuantizerError(f"unknown quantizer {name!r}. {hint}Valid quantizers: {', '.join(names)}")
     return _resolve(entry)(name, **{**entry.preset, **params})
 
 
@@ -167,7 +165,7 @@ def list_quantizers() -> list[dict[str, Any]]:
     formula, summary, ok, reason (an entry that cannot be built is a row with ok False)."""
     rows: list[dict[str, Any]] = []
     for name in quantizer_names():
-        entry = _REGISTRY[name]
+        entry = _REGISTRY.get(name)
         row: dict[str, Any] = {"name": name, "out_dtype": None, "version": None, "params": dict(entry.preset),
                                "formula": None, "summary": entry.summary, "ok": False, "reason": None}
         try:
