@@ -14,7 +14,7 @@ Sections (each prints what it did, or why it was skipped):
    (the unaligned one shows ``vllm-cutlass`` falling back to Triton, §1.2 Pitfall 1);
 3. checks: ``tasks.checks`` exact-match and bounds on each available GPU kernel (skipped with a
    note when the checks package is absent);
-4. K-depth: ``tasks.kinds.kdepth.draw_operands`` operands moved to the GPU; ``vllm-cutlass`` vs
+4. K-depth: ``tasks.models.operands.draw_operands`` operands moved to the GPU; ``vllm-cutlass`` vs
    ``vllm-triton`` (INT8) and ``torch-scaled-mm-cuda`` fast vs precise accumulation (FP8), each
    also against the exact reference, under real and power-of-two scales; the table is printed last.
 
@@ -132,7 +132,7 @@ def section_emulation(rep: Report, avail: dict[str, bool]) -> bool:
     import torch
 
     from tasks.comparison import compare
-    from tasks.kinds.kdepth import draw_operands
+    from tasks.models.operands import draw_operands
     from tasks.numerics import get_format
 
     rep()
@@ -218,7 +218,7 @@ def section_kdepth(rep: Report, avail: dict[str, bool], ks: list[int], m: int, n
     import torch
 
     from tasks.comparison import compare
-    from tasks.kinds.kdepth import draw_operands
+    from tasks.models.operands import draw_operands
     from tasks.numerics import get_format
 
     rep()

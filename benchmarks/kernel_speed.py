@@ -27,7 +27,7 @@ def main() -> None:
     import torch
 
     from tasks.kernels import get_kernel
-    from tasks.kinds.kdepth import draw_operands
+    from tasks.models.operands import draw_operands
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--k", default="1024,4096,16384")

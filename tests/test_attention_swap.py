@@ -76,7 +76,7 @@ def test_spec_problems_name_the_field() -> None:
 
 
 def test_engine_runs_the_named_attention_kernel() -> None:
-    from tasks.attention.hf import CALLS
+    from tasks.models.hf_attention import CALLS
 
     prompts = [[5, 6, 7, 8, 9], [3, 4, 5]]
     default = build_model().forward_tokens(prompts)
@@ -99,7 +99,7 @@ def test_generate_unit_with_an_attention_arm_records_it() -> None:
 
 
 def test_a_configured_attention_that_never_ran_fails_the_unit() -> None:
-    from tasks.attention.fields import attention_calls, require_attention_calls
+    from tasks.models.hf_attention import attention_calls, require_attention_calls
 
     before = attention_calls()
     with pytest.raises(RuntimeError, match="attention kernel 'sdpa-math' was configured but never called"):

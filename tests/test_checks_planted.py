@@ -53,7 +53,7 @@ def _allclose_passes(attr: str) -> bool:
     import _planted_kernels as planted
 
     from tasks.kernels import get_kernel
-    from tasks.kinds.kdepth import draw_operands
+    from tasks.models.operands import draw_operands
 
     ok = True
     for i, (m, k, n) in enumerate(SHAPES):

@@ -25,7 +25,7 @@ import torch
 from tasks.comparison import compare
 from tasks.kernels import KernelError, get_kernel
 from tasks.kernels.cuda import cuda_reason, triton_bias_mode, vllm_reason, vllm_version
-from tasks.kinds.kdepth import draw_operands
+from tasks.models.operands import draw_operands
 from tasks.numerics import get_format
 from tests.conftest import REPO
 

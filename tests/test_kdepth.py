@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from tasks.comparison import compare
-from tasks.kinds.kdepth import draw_operands, run
+from tasks.kinds.kdepth import run
+from tasks.models.operands import draw_operands
 from tasks.numerics import get_format
 
 BF16 = get_format("bf16")

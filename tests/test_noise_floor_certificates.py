@@ -200,7 +200,7 @@ def test_model_level_attention_joins_the_id_only_when_set_and_runs(tmp_path: Pat
     assert {u.id for u in named}.isdisjoint({u.id for u in plain})
     assert "attention sdpa-math" in named[0].describe()
 
-    from tasks.attention.hf import CALLS
+    from tasks.models.hf_attention import CALLS
 
     before = CALLS["sdpa-math"]
     root = tmp_path / "results"

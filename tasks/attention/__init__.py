@@ -3,7 +3,8 @@
 ``get_attention(name)(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False)``
 returns ``(out, logsumexp)``; :func:`list_attention` shows every entry with its availability.
 CPU entries: ``sdpa-math``, ``sdpa-flash-cpu``, ``eager``, ``fp64`` (:mod:`.cpu`); GPU entries:
-vLLM's backends by name (:mod:`.vllm`).  :mod:`.hf` runs the tiny model with any CPU entry.
+vLLM's backends by name (:mod:`.vllm`).  :mod:`tasks.models.hf_attention` runs the tiny model with
+any CPU entry (the engine's side: it sits in the models layer, above this package).
 """
 
 from tasks.attention.registry import (

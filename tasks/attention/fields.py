@@ -1,4 +1,8 @@
-"""An attention kernel named in a spec: its problems, its unit payload and the evidence it ran."""
+"""An attention kernel named in a spec: its problems and its unit payload.
+
+The evidence that it ran (layer calls counted by the engine) is the engine's:
+:func:`tasks.models.hf_attention.attention_calls` and :func:`~tasks.models.hf_attention.require_attention_calls`.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,7 @@ from typing import Any
 
 from tasks.attention.registry import AttentionError, get_attention
 
-__all__ = ["attention_calls", "attention_payload", "attention_problem", "require_attention_calls"]
+__all__ = ["attention_payload", "attention_problem"]
 
 
 def attention_problem(field: str, name: str, engine: str = "cpu") -> str | None:
@@ -33,21 +37,3 @@ def attention_problem(field: str, name: str, engine: str = "cpu") -> str | None:
 def attention_payload(name: str) -> dict[str, Any]:
     """The attention kernel as unit parameters: its version is part of the unit id."""
     return dict(get_attention(name).identity)
-
-
-def attention_calls() -> dict[str, int]:
-    """Layer calls per attention kernel made through the engine in this process so far."""
-    from tasks.attention.hf import CALLS
-
-    return dict(CALLS)
-
-
-def require_attention_calls(name: str, arm: str, before: dict[str, int] | None = None) -> None:
-    """Raise unless the attention kernel ``name`` ran since ``before`` (:func:`attention_calls`): the
-    evidence that a run tested the attention it claims (the default float64 path is the engine's own)."""
-    from tasks.attention import DEFAULT_ATTENTION
-    from tasks.attention.hf import CALLS
-
-    if name != DEFAULT_ATTENTION and CALLS[name] <= (before or {}).get(name, 0):
-        raise RuntimeError(f"attention evidence does not match the arm {arm!r}: attention kernel {name!r} "
-                           "was configured but never called")

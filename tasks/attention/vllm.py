@@ -40,7 +40,7 @@ ENV_VAR = "VLLM_ATTENTION_BACKEND"
 
 
 def _reason() -> str | None:
-    from tasks.kernels.cuda import cuda_reason, vllm_reason
+    from tasks.devices import cuda_reason, vllm_reason
 
     reasons = [r for r in (cuda_reason(), vllm_reason()) if r]
     return "; ".join(reasons) or None

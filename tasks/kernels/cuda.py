@@ -33,11 +33,11 @@ The fallback is detected from the shapes, with the rule of ``_custom_ops.cutlass
 from __future__ import annotations
 
 import importlib
-import re
-from importlib import metadata
 from typing import Any
 
 import torch
+
+from tasks.devices import SUPPORTED_VLLM, cuda_reason, parse_version, vllm_reason, vllm_version
 
 from .operands import Operands
 from .registry import Kernel, KernelError, register_kernel
@@ -61,62 +61,13 @@ __all__ = [
 
 #: K and N must be multiples of this for CUTLASS (§1.2 Pitfall 1, §2.1 entry constraints).
 ALIGNMENT = 16
-#: vLLM releases supported: [0.29, 0.33), those pinning torch 2.13 (reference "Version pins").
-SUPPORTED_VLLM = ((0, 29), (0, 33))
 #: The module that defines ``triton_scaled_mm`` in every release 0.11-0.33 (§2.2, §3).
 TRITON_SCALED_MM_MODULE = "vllm.model_executor.layers.quantization.compressed_tensors.triton_scaled_mm"
 _VLLM_OUT_DTYPES = (torch.bfloat16, torch.float16)
-_VERSION_RE = re.compile(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?")
 _IMPORTED: dict[str, Any] = {}
 
 
-# -- versions and availability -------------------------------------------------------------------
-
-
-def parse_version(text: str | None) -> tuple[int, int, int] | None:
-    """``"0.32.1+cu130"`` -> ``(0, 32, 1)``; None for None or text that is not a version."""
-    if not text:
-        return None
-    m = _VERSION_RE.match(str(text))
-    if m is None:
-        return None
-    return int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)
-
-
-def vllm_version() -> str | None:
-    """The installed vLLM version from the package metadata (vLLM is not imported), or None."""
-    try:
-        return metadata.version("vllm")
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def vllm_reason(version: str | None = None, *, installed: bool | None = None) -> str | None:
-    """Why vLLM cannot be used here (None when it can): not installed, or outside 0.29-0.32."""
-    if installed is None:
-        version = vllm_version()
-        installed = version is not None
-    if not installed:
-        return "vllm not installed (needs vllm>=0.29,<0.33: the 'vllm' extra of swapcheck)"
-    v = parse_version(version)
-    lo, hi = SUPPORTED_VLLM
-    if v is None or not (lo <= v[:2] < hi):
-        return (
-            f"vllm {version} is installed; swapcheck supports vllm 0.29-0.32, the releases that "
-            "pin torch 2.13 (vllm-kernels.md, version pins)"
-        )
-    return None
-
-
-def cuda_reason() -> str | None:
-    """Why CUDA cannot be used here (None when a CUDA device is visible)."""
-    if torch.version.cuda is None and torch.version.hip is None:
-        return f"CUDA not available (torch {torch.__version__} is a CPU-only build)"
-    if not torch.cuda.is_available():
-        return f"CUDA not available (torch {torch.__version__} sees no CUDA device)"
-    if torch.version.hip is not None:
-        return "CUDA not available (this is a ROCm build; the GPU kernels here are for NVIDIA CUDA)"
-    return None
+# -- versions and availability (what the machine offers: tasks.devices) ---------------------------
 
 
 def _capability() -> tuple[int, int]:
@@ -202,7 +153,8 @@ class _CudaKernel(Kernel):
         if cuda:
             reasons.append(cuda)
         if self.needs_vllm:
-            vr = vllm_reason()
+            version = vllm_version()  # this module's name: tests stand in another version
+            vr = vllm_reason(version, installed=version is not None)
             if vr:
                 reasons.append(vr)
         return reasons

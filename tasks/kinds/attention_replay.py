@@ -3,7 +3,7 @@ replay them through attention kernels.
 
 One unit builds the CPU W8A8 model, runs the prompts through it once with the default float64
 attention while recording every attention layer's operands (``q``, ``k`` after RoPE, ``v``, the
-layer's additive mask and scaling; :func:`tasks.attention.hf.capturing`), and then, per layer and
+layer's additive mask and scaling; :func:`tasks.models.hf_attention.capturing`), and then, per layer and
 per dtype of the experiment (the captured fp32 operands cast to it), feeds them to both attention
 kernels of every pair:
 
@@ -44,7 +44,7 @@ from tasks.kinds.fields import (
 if TYPE_CHECKING:
     import torch
 
-    from tasks.attention.hf import CapturedAttention
+    from tasks.models.hf_attention import CapturedAttention
 
 VERSION = "1"
 
@@ -229,8 +229,8 @@ def replay_attention(records: list[CapturedAttention], pairs: list[list[dict[str
 
 def capture(params: dict[str, Any]) -> list[CapturedAttention]:
     """Build the model of ``params`` and capture every attention call of one forward pass."""
-    from tasks.attention.hf import capturing
     from tasks.models import build_model
+    from tasks.models.hf_attention import capturing
     from tasks.prompts import prompts_from_payload
 
     model = build_model(params["model"], scales="real", seed=params["model_seed"])

@@ -7,7 +7,7 @@ This kind measures that noise at two levels (``level`` in the spec; docs/noise-f
 multiplied by one fixed weight matrix ``[K, N]`` alone (M = 1: the reference), and again placed at
 positions ``first`` (row 0), ``middle`` (row ``M // 2``) and ``last`` (row ``M - 1``) of batches of M
 rows for every M of the spec's axis, its neighbours random rows drawn with the unit's seed. Operands
-are drawn and quantized as :func:`tasks.kinds.kdepth.draw_operands` draws them (per-token scales:
+are drawn and quantized as :func:`tasks.models.operands.draw_operands` draws them (per-token scales:
 the probe's int8/e4m3 values and scale do not depend on its neighbours). Each (M, position) row
 compares the probe's output row in the batch with the M = 1 output (:func:`tasks.comparison.compare`:
 bitwise and in output spacings). The M = 1 cell runs the kernel a second time on the same single
@@ -221,7 +221,8 @@ def problems(base: str, exp: BatchInvarianceExperiment) -> list[str]:
         out += model_and_prompt_problems(base, exp.model, exp.prompts)
         return out
     from tasks.kernels import get_kernel
-    from tasks.kinds.kdepth import INT8_MAX_K, unit_memory_bytes
+    from tasks.kinds.fields import gemm_unit_memory_bytes
+    from tasks.numerics import INT8_MAX_K
 
     if not exp.kernels and not exp.attention_kernels:
         out.append(f"{base}.kernels: level = 'kernel' needs at least one kernel or attention kernel (registry "
@@ -233,7 +234,7 @@ def problems(base: str, exp: BatchInvarianceExperiment) -> list[str]:
     out += _attention_problems(base, exp, max(ms))
     if exp.kernels:
         p = memory_problem(f"{base}.m/n/k", f"M={max(ms)} N={exp.n} K={exp.k}",
-                           unit_memory_bytes(max(ms), exp.n, exp.k, 2), exp.resources)
+                           gemm_unit_memory_bytes(max(ms), exp.n, exp.k, 2), exp.resources)
         out += [p] if p else []
     names: list[str] = []
     for i, impl in enumerate(exp.impls()):
@@ -361,7 +362,7 @@ def run_kernel(params: dict[str, Any]) -> dict[str, Rows]:
     import torch
 
     from tasks.kernels import get_kernel
-    from tasks.kinds.kdepth import draw_operands
+    from tasks.models.operands import draw_operands
     from tasks.numerics import get_format
 
     impl = params["kernel"]
@@ -553,7 +554,7 @@ def run_model(params: dict[str, Any]) -> dict[str, Rows]:
                 rows += _position_rows({**common, "comparison": "decode", "prompt_index": start + j, "slot": j,
                                         "padding": width - len(prompt), "width": width}, stats, vocab)
     if attention is not None:
-        from tasks.attention.fields import require_attention_calls
+        from tasks.models.hf_attention import require_attention_calls
 
         require_attention_calls(attention, f"batch_invariance {params['reductions']} B={b}")
     return {"batch_invariance_model": rows}

@@ -225,6 +225,20 @@ def kernel_problem(field: str, impl: Implementation, dtype: str | None = None) -
     return None
 
 
+def gemm_unit_memory_bytes(m: int, n: int, k: int, implementations: int) -> int:
+    """An upper estimate of the memory of a unit that draws GEMM operands
+    (:func:`tasks.models.operands.draw_operands`) and runs ``implementations`` kernels (the exact
+    reference among them) on them, from what ``kdepth``'s ``run`` allocates.
+
+    Per operand element (``m*k + k*n``) 32 bytes: the fp32 draws, the quantizer's fp32 temporaries,
+    the int8/e4m3 operands and the exact reference's float64 (or int64 chunk) copies.  Per output
+    element (``m*n``) 128 bytes for the reference (its int64/float64 accumulator and the float64
+    temporaries of its correctly rounded epilogue) and 16 per implementation (an int32/fp32
+    accumulator, the output, the comparison's copies).
+    """
+    return 32 * (m * k + k * n) + m * n * (128 + 16 * implementations)
+
+
 def memory_problem(field: str, what: str, estimate: int, resources: Resources) -> str | None:
     """Why a unit whose estimated memory is ``estimate`` bytes cannot run, or None.
 
@@ -314,3 +328,44 @@ def expand_env(value: str) -> str:
     import os
 
     return _ENV_REF.sub(lambda m: os.environ.get(m.group(1), m.group(2) or ""), value)
+
+
+# -- an activation quantizer named in a spec (the quantize kind, generate's arms) ---------------
+
+
+class QuantizerRef(Strict):
+    """One quantizer: a registry name (``swapcheck`` lists them in docs/quantizers.md), optional
+    label and parameters (which override the entry's presets)."""
+
+    quantizer: str = Field(min_length=1, max_length=200)
+    label: str | None = None
+    params: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("params")
+    @classmethod
+    def _params(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return check_params_data(v)
+
+    @property
+    def name(self) -> str:
+        return self.label or self.quantizer
+
+
+def quantizer_problem(where: str, ref: QuantizerRef) -> str | None:
+    """The problem with one quantizer entry (unknown name, bad parameters), or None."""
+    from tasks.quantizers import QuantizerError, get_quantizer
+
+    try:
+        get_quantizer(ref.quantizer, **ref.params)
+    except QuantizerError as exc:
+        return f"{where}: {exc}"
+    return None
+
+
+def quantizer_payload(ref: QuantizerRef) -> dict[str, Any]:
+    """A quantizer as unit parameters: its version is part of the unit id."""
+    from tasks.quantizers import get_quantizer
+
+    q = get_quantizer(ref.quantizer, **ref.params)
+    return {"name": ref.name, "quantizer": ref.quantizer, "params": dict(sorted(ref.params.items())),
+            "version": q.version}

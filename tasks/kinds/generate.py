@@ -143,7 +143,7 @@ def arm_quantizer_problems(where: str, arm: Arm) -> list[str]:
     """An arm's ``quantizer``: a registry INT8 quantizer, on the CPU engine, with real scales."""
     if arm.quantizer is None:
         return [f"{where}.quantizer_params: set only with `quantizer`"] if arm.quantizer_params else []
-    from tasks.kinds.quantize import QuantizerRef, quantizer_problem
+    from tasks.kinds.fields import QuantizerRef, quantizer_problem
     from tasks.quantizers import get_quantizer
 
     p = quantizer_problem(f"{where}.quantizer", QuantizerRef(quantizer=arm.quantizer, params=arm.quantizer_params))
@@ -172,7 +172,7 @@ def arm_payload(name: str, arm: Arm) -> dict[str, Any]:
 
         payload["attention"] = attention_payload(arm.attention)
     if arm.quantizer is not None:  # only when set: arms without it keep their unit ids
-        from tasks.kinds.quantize import QuantizerRef, quantizer_payload
+        from tasks.kinds.fields import QuantizerRef, quantizer_payload
 
         payload["quantizer"] = quantizer_payload(QuantizerRef(quantizer=arm.quantizer, params=arm.quantizer_params))
     return payload
@@ -240,7 +240,7 @@ def run(params: dict[str, Any], context: UnitContext | None = None) -> dict[str,
         model = build_arm_model(params)
         prompts = prompts_from_payload(params["prompts"], int(model.config.vocab_size))
         model.reset_kernel_calls()
-        from tasks.attention.fields import attention_calls, require_attention_calls
+        from tasks.models.hf_attention import attention_calls, require_attention_calls
 
         attention_before = attention_calls()
         gen = model.generate(prompts, params["max_new_tokens"], top_k=params["top_k"])

@@ -1,16 +1,7 @@
 """The ``kdepth`` kind: one GEMM shape and seed, every implementation and the exact reference.
 
-Operands are drawn the way a real W8A8 layer produces them (reference/vllm-kernels.md §2.6):
-
-* int8 activations: per-token scale ``sa = absmax(row) / 127`` (fp32) and
-  ``q = round_half_even(x * (127 / absmax))`` saturated to [-128, 127], as ``scaled_int8_quant``;
-  int8 weights: per-channel ``sb = absmax(column) / 127`` and ``round(w / sb)`` in [-127, 127] —
-  both are the model's own quantizer (:mod:`tasks.models.quantization`);
-* fp8 e4m3: the analogue with 448, ``x / s`` cast to e4m3 (round to nearest even), clamped to ±448.
-
-Scale mode ``pow2`` rounds every scale UP to a power of two before quantizing (so nothing saturates);
-multiplying by a power of two is exact, so under ``pow2`` all epilogue orders must agree bit for bit.
-The same seed draws the same real-valued ``x`` and ``w`` in both scale modes, so the modes are paired.
+Operands are drawn the way a real W8A8 layer produces them (:func:`tasks.models.operands.draw_operands`,
+reference/vllm-kernels.md §2.6); under scale mode ``pow2`` all epilogue orders must agree bit for bit.
 """
 
 from __future__ import annotations
@@ -36,32 +27,17 @@ from tasks.kinds.fields import (
     check_axis,
     check_distinct,
     check_seed_axis,
+    gemm_unit_memory_bytes,
     impl_payload,
     kernel_problem,
     memory_problem,
     needs_gpu,
     seed_values,
 )
+from tasks.numerics.formats import INT8_MAX_K
 
 VERSION = "1"
-QMAX = {"int8": 127.0, "fp8_e4m3": 448.0}
 
-#: K above which an int32 accumulator of int8 products can overflow: weights in [-127, 127] and
-#: activations in [-128, 127] give |product| <= 16256, and floor((2**31 - 1) / 16256) = 132104
-#: (reference/numerics.md §3).
-INT8_MAX_K = 132104
-
-
-def unit_memory_bytes(m: int, n: int, k: int, implementations: int) -> int:
-    """An upper estimate of one unit's memory, from what :func:`run` allocates.
-
-    Per operand element (``m*k + k*n``) 32 bytes: the fp32 draws, the quantizer's fp32 temporaries,
-    the int8/e4m3 operands and the exact reference's float64 (or int64 chunk) copies.  Per output
-    element (``m*n``) 128 bytes for the reference (its int64/float64 accumulator and the float64
-    temporaries of its correctly rounded epilogue) and 16 per implementation (an int32/fp32
-    accumulator, the output, the comparison's copies).
-    """
-    return 32 * (m * k + k * n) + m * n * (128 + 16 * implementations)
 
 
 class KdepthExperiment(Strict):
@@ -114,7 +90,7 @@ def problems(base: str, exp: KdepthExperiment) -> list[str]:
     n_units = len(ms) * len(ns) * len(ks) * len(exp.seed_values()) * len(exp.scale_modes)
     if n_units > MAX_UNITS:
         out.append(f"{base}: m x n x k x seeds x scale_modes is {n_units} units; at most {MAX_UNITS} per experiment")
-    estimate = unit_memory_bytes(max(ms), max(ns), max(ks), len(exp.implementations) + 1)
+    estimate = gemm_unit_memory_bytes(max(ms), max(ns), max(ks), len(exp.implementations) + 1)
     p = memory_problem(f"{base}.m/n/k", f"M={max(ms)} N={max(ns)} K={max(ks)}", estimate,
                        exp.resources)
     if p:
@@ -165,43 +141,12 @@ def describe(p: dict[str, Any]) -> str:
     return f"{p['dtype']} M={p['m']} N={p['n']} K={p['k']} seed={p['seed']} scales={p['scale_mode']}"
 
 
-def draw_operands(
-    dtype: str, m: int, n: int, k: int, seed: int, scale_mode: str, out_dtype: str = "bf16", bias: bool = False
-) -> dict[str, Any]:
-    """Quantized operands, scales and bias of one unit (deterministic in the parameters)."""
-    import torch
-
-    from tasks.models.quantization import pow2_up, quantize_activations, quantize_weight
-    from tasks.numerics import get_format
-    from tasks.seeds import stable_seed
-
-    g = torch.Generator().manual_seed(stable_seed("kdepth", dtype, m, n, k, seed))
-    x = torch.randn(m, k, generator=g, dtype=torch.float32)
-    w = torch.randn(k, n, generator=g, dtype=torch.float32)
-    bias_t = torch.randn(n, generator=g, dtype=torch.float32).to(get_format(out_dtype).torch_dtype) if bias else None
-    if dtype == "int8":
-        a, sa = quantize_activations(x, scale_mode)  # [M, K], [M, 1]
-        bq, sb = quantize_weight(w.t(), scale_mode)  # [N, K], [N]
-        b = bq.t().contiguous()
-    elif dtype == "fp8_e4m3":
-        qmax = QMAX[dtype]
-        tiny = torch.finfo(torch.float32).tiny
-        sa = x.abs().amax(dim=1, keepdim=True).clamp_min(tiny) / qmax
-        sb = w.abs().amax(dim=0).clamp_min(tiny) / qmax
-        if scale_mode == "pow2":
-            sa, sb = pow2_up(sa), pow2_up(sb)
-        a = (x / sa).clamp(-qmax, qmax).to(torch.float8_e4m3fn)
-        b = (w / sb[None, :]).clamp(-qmax, qmax).to(torch.float8_e4m3fn)
-    else:
-        raise ValueError(f"unknown operand dtype {dtype!r}; allowed: int8, fp8_e4m3")
-    return {"a": a, "b": b, "scale_a": sa.contiguous(), "scale_b": sb.reshape(n).contiguous(), "bias": bias_t}
-
-
 def run(params: dict[str, Any], context: UnitContext | None = None) -> dict[str, Rows]:
     """Compute one unit's rows: every pair of implementations, and each against the reference."""
     import torch
 
     from tasks.kernels import get_kernel
+    from tasks.models.operands import draw_operands
     from tasks.numerics import get_format
 
     ops = draw_operands(

@@ -12,7 +12,7 @@ with both:
 * scales (one per token): how many differ and the largest distance in spacings of the scale format
   (fp16 when both sides store fp16 scales, else fp32; ``tasks.numerics.distance``);
 * downstream (both quantizers INT8): each side's ``(q, scale)`` through the SAME GEMM kernel and
-  weights (the replay machinery: ``tasks.kinds.replay.call`` and ``tasks.comparison.compare``), so
+  weights (the replay machinery: ``tasks.devices.on_device`` and ``tasks.comparison.compare``), so
   any output difference is the quantizer's alone; distances in output spacings.  FP8 pairs get the
   quantization columns only (the engine's weights are INT8).
 """
@@ -22,68 +22,32 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from tasks.kinds.base import Kind, Rows, Unit, UnitContext
 from tasks.kinds.fields import (
     MAX_SEED,
     Implementation,
     Prompts,
+    QuantizerRef,
     Resources,
     Strict,
     SyntheticPrompts,
-    check_params_data,
     impl_payload,
     kernel_problem,
     model_and_prompt_problems,
     model_fingerprint,
     prompt_payload,
+    quantizer_payload,
+    quantizer_problem,
     resolve_model_and_prompts,
 )
 
 VERSION = "1"
 
 
-class QuantizerRef(Strict):
-    """One quantizer: a registry name (``swapcheck`` lists them in docs/quantizers.md), optional
-    label and parameters (which override the entry's presets)."""
-
-    quantizer: str = Field(min_length=1, max_length=200)
-    label: str | None = None
-    params: dict[str, Any] = Field(default_factory=dict)
-
-    @field_validator("params")
-    @classmethod
-    def _params(cls, v: dict[str, Any]) -> dict[str, Any]:
-        return check_params_data(v)
-
-    @property
-    def name(self) -> str:
-        return self.label or self.quantizer
-
-
 def as_ref(x: str | QuantizerRef) -> QuantizerRef:
     return x if isinstance(x, QuantizerRef) else QuantizerRef(quantizer=x)
-
-
-def quantizer_problem(where: str, ref: QuantizerRef) -> str | None:
-    """The problem with one quantizer entry (unknown name, bad parameters), or None."""
-    from tasks.quantizers import QuantizerError, get_quantizer
-
-    try:
-        get_quantizer(ref.quantizer, **ref.params)
-    except QuantizerError as exc:
-        return f"{where}: {exc}"
-    return None
-
-
-def quantizer_payload(ref: QuantizerRef) -> dict[str, Any]:
-    """A quantizer as unit parameters: its version is part of the unit id."""
-    from tasks.quantizers import get_quantizer
-
-    q = get_quantizer(ref.quantizer, **ref.params)
-    return {"name": ref.name, "quantizer": ref.quantizer, "params": dict(sorted(ref.params.items())),
-            "version": q.version}
 
 
 class QuantizeExperiment(Strict):
@@ -204,14 +168,14 @@ def downstream(layer: Any, kernel: Any, qa: Any, sa: Any, qb: Any, sb: Any) -> d
     import torch
 
     from tasks.comparison import compare
-    from tasks.kinds.replay import call
+    from tasks.devices import on_device
     from tasks.numerics import get_format
 
     if qa.dtype != torch.int8 or qb.dtype != torch.int8:
         return dict(_OUT_NULL)
     w, ws, bias, dtype = layer.weight.t(), layer.weight_scale, layer.bias, layer.out_dtype
-    oa = call(kernel, qa, w, sa.to(torch.float32), ws, dtype, bias)
-    ob = call(kernel, qb, w, sb.to(torch.float32), ws, dtype, bias)
+    oa, _ = on_device(kernel.device, kernel, qa, w, sa.to(torch.float32), ws, dtype, bias)
+    ob, _ = on_device(kernel.device, kernel, qb, w, sb.to(torch.float32), ws, dtype, bias)
     s = compare(ob, oa, get_format(dtype))  # the reference side is out_b
     return {"out_elements": s["elements"], "out_differing": s["differing"], "out_frac_differing": s["frac_differing"],
             "out_max_spacing": s["max_spacing"], "out_max_spacing_significant": s["max_spacing_significant"],

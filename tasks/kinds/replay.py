@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field, field_validator
 
 from tasks.comparison import compare
+from tasks.devices import on_device
 from tasks.kinds.base import Kind, Rows, Unit, UnitContext
 from tasks.kinds.fields import (
     MAX_SEED,
@@ -135,16 +136,6 @@ def _scales(layer: Any, mode: str) -> tuple[torch.Tensor, torch.Tensor]:
     return sa, sb
 
 
-def call(kernel: Any, a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor, dtype: torch.dtype,
-         bias: torch.Tensor | None) -> torch.Tensor:
-    """Run a kernel on its device (GPU kernels take their operands there) and return a CPU tensor."""
-    if kernel.device == "cuda":
-        a, b, sa, sb = a.cuda(), b.cuda(), sa.cuda(), sb.cuda()
-        bias = None if bias is None else bias.cuda()
-    out: torch.Tensor = kernel(a, b, sa, sb, dtype, bias).cpu()
-    return out
-
-
 def accumulator_rows(kernels: dict[str, Any], layer: Any) -> dict[str, Any]:
     """Each kernel's int32 accumulator, read through unit scales vs the exact one.
 
@@ -160,7 +151,7 @@ def accumulator_rows(kernels: dict[str, Any], layer: Any) -> dict[str, Any]:
     ones_a, ones_b = torch.ones(m, 1), torch.ones(n)
     gpu = any(k.device == "cuda" for k in kernels.values())
     out_dtype, limit = (torch.float16, 2048) if gpu else (torch.float32, FP32_EXACT_INT)
-    accs = [call(k, a, b, ones_a, ones_b, out_dtype, None) for k in kernels.values()]
+    accs = [on_device(k.device, k, a, b, ones_a, ones_b, out_dtype, None)[0] for k in kernels.values()]
     equal = all(torch.equal(accs[0], x) for x in accs[1:])
     exact_ok = all(torch.equal(x.double(), exact) for x in accs) if peak <= limit else None
     return {
@@ -188,7 +179,7 @@ def replay_layers(layers: list[Any], capture_kernel: dict[str, Any], pairs: list
                 "m": a.shape[0], "n": b.shape[1], "k": a.shape[1]}
         # Replaying through the kernel the model ran with must reproduce the captured output.
         cap_fmt = get_format(layer.output.dtype)
-        again = call(cap, a, b, layer.x_scale, layer.w_scale, layer.output.dtype, layer.bias)
+        again, _ = on_device(cap.device, cap, a, b, layer.x_scale, layer.w_scale, layer.output.dtype, layer.bias)
         stats = compare(layer.output.reshape(again.shape), again, cap_fmt)
         rows.append({**base, "scale_mode": "real", "comparison": "capture", "impl_a": "captured-output",
                      "impl_b": capture_kernel["name"], **stats, "bitwise_equal": stats["differing"] == 0,
@@ -201,8 +192,8 @@ def replay_layers(layers: list[Any], capture_kernel: dict[str, Any], pairs: list
             alibi = accumulator_rows({pa["name"]: ka, pb["name"]: kb}, layer)
             for mode in scale_modes:
                 sa, sb = _scales(layer, mode)
-                oa = call(ka, a, b, sa, sb, dtype, bias)
-                ob = call(kb, a, b, sa, sb, dtype, bias)
+                oa, _ = on_device(ka.device, ka, a, b, sa, sb, dtype, bias)
+                ob, _ = on_device(kb.device, kb, a, b, sa, sb, dtype, bias)
                 stats = compare(oa, ob, fmt)
                 rows.append({**base, "scale_mode": mode, "comparison": "pair", "impl_a": pa["name"],
                              "impl_b": pb["name"], **stats, "bitwise_equal": stats["differing"] == 0, **alibi})

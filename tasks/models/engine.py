@@ -434,7 +434,7 @@ def build_model(
 
         _install(hf, from_float)
         if attention is not None:
-            from tasks.attention.hf import use_attention
+            from tasks.models.hf_attention import use_attention
 
             use_attention(hf, attention)
         return W8A8Model(hf, model=model, source="seeded", scales=scales, seed=seed, out_dtype=odt,
@@ -444,7 +444,7 @@ def build_model(
     ck = read_checkpoint(Path(model))
     hf, notes = _from_checkpoint(ck, make, scales, reductions)
     if attention is not None:
-        from tasks.attention.hf import use_attention
+        from tasks.models.hf_attention import use_attention
 
         use_attention(hf, attention)
     source = "compressed-tensors" if ck.quantized else "float-checkpoint"

@@ -10,7 +10,7 @@ fused attention) need only numpy and are exported here.  See docs/numerics.md.
 """
 
 from .attention import AttentionAlgorithm, AttentionResult, GradResult
-from .formats import FORMATS, FloatFormat, get_format
+from .formats import FORMATS, INT8_MAX_K, FloatFormat, get_format
 from .rounding import (
     NEAREST_AWAY,
     NEAREST_EVEN,
@@ -32,6 +32,7 @@ __all__ = [
     "GradResult",
     "FORMATS",
     "FloatFormat",
+    "INT8_MAX_K",
     "get_format",
     "round_to_format",
     "round_fraction",

@@ -29,7 +29,8 @@ import torch
 
 from tasks.attention.registry import get_attention, repeat_kv
 
-__all__ = ["CALLS", "CapturedAttention", "capturing", "implementation", "use_attention"]
+__all__ = ["CALLS", "CapturedAttention", "attention_calls", "capturing", "implementation", "require_attention_calls",
+           "use_attention"]
 
 #: attention kernel name -> layer calls made through :func:`use_attention` in this process.
 CALLS: Counter[str] = Counter()
@@ -129,3 +130,18 @@ def capturing(hf: Any) -> Iterator[list[CapturedAttention]]:
         yield records
     finally:
         hf.set_attn_implementation(before)
+
+
+def attention_calls() -> dict[str, int]:
+    """Layer calls per attention kernel made through the engine in this process so far."""
+    return dict(CALLS)
+
+
+def require_attention_calls(name: str, arm: str, before: dict[str, int] | None = None) -> None:
+    """Raise unless the attention kernel ``name`` ran since ``before`` (:func:`attention_calls`): the
+    evidence that a run tested the attention it claims (the default float64 path is the engine's own)."""
+    from tasks.attention import DEFAULT_ATTENTION
+
+    if name != DEFAULT_ATTENTION and CALLS[name] <= (before or {}).get(name, 0):
+        raise RuntimeError(f"attention evidence does not match the arm {arm!r}: attention kernel {name!r} "
+                           "was configured but never called")
