@@ -24,8 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from reports import agreement, conformance, noise_floor, predictions
-from reports.figures import all_figures
+from reports import conformance, spacing
 
 if TYPE_CHECKING:
     from storage.catalog import Catalog
@@ -49,12 +48,14 @@ def verdict_rows(cat: Catalog, sweep: str | None) -> tuple[str, list[dict[str, A
         source, rows = "certificate", list(cert.summary_rows(cert.certificates(cat, sweep)))
     else:
         source, rows = "conformance", evidence_view(conformance.conformance(cat, sweep))
-    return source, _not_run(rows)
+    return source, not_run(rows)
 
 
 #: How the verdict table's columns read in the documents (JSON keeps the rows as they are).
-VERDICT_COLUMNS = {"max_spacing": "max spacings", "verdicts_by_scale": "per scale mode",
-                   "max_spacing_beyond_reference_error": "max spacings beyond the reference's own error"}
+VERDICT_COLUMNS = {"max_spacing_significant": spacing.NORMAL, "near_zero_beyond": spacing.NEAR_ZERO,
+                   "max_spacing": spacing.RAW, "verdicts_by_scale": "per scale mode",
+                   "max_spacing_significant_beyond_reference_error": f"{spacing.NORMAL} beyond the reference's own error",
+                   "max_spacing_beyond_reference_error": f"{spacing.RAW} beyond the reference's own error"}
 
 
 def verdict_view(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -83,23 +84,31 @@ def _g(v: Any, spec: str = ".3g") -> str:
     return "—" if v is None else format(v, spec)
 
 
+def _spacing_text(r: dict[str, Any], prefix: str) -> str:
+    """The normal-range max spacing and the near-zero outputs beyond it of a matrix row's section."""
+    sec = {k[len(prefix):]: v for k, v in r.items() if k.startswith(prefix)}
+    ref = sec.get("max_spacing_significant_beyond_reference_error")
+    return spacing.phrase(sec, ref) if prefix == "kdepth_" else spacing.phrase(sec)
+
+
 def evidence_view(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``report conformance``'s matrix (one row per pair and scale mode) as people read it: each
     experiment's numbers in one cell, "not run" where the experiment did not cover the pair."""
     if not rows or "kdepth_elements" not in rows[0]:
-        return _not_run(rows)
+        return not_run(rows)
     one_sweep = len({r.get("sweep") for r in rows}) == 1
     out = []
     for r in rows:
         kd = NOT_RUN if not r.get("kdepth_elements") else (
             f"{_g(r['kdepth_ppm'])} ppm ({_g(r.get('kdepth_ppm_ci_low'))}–{_g(r.get('kdepth_ppm_ci_high'))}); "
-            f"max {r.get('kdepth_max_spacing')} sp, {r.get('kdepth_max_spacing_beyond_reference_error')} beyond ref.")
+            f"{_spacing_text(r, 'kdepth_')}; raw max {r.get('kdepth_max_spacing')} sp, "
+            f"{r.get('kdepth_max_spacing_beyond_reference_error')} beyond ref.")
         trend = NOT_RUN if not r.get("kdepth_elements") else (
             "no differing outputs" if r.get("k_trend_slope") is None else
             f"K^{_g(r['k_trend_slope'], '.2f')} ({_g(r.get('k_trend_slope_ci_low'), '.2f')} to "
             f"{_g(r.get('k_trend_slope_ci_high'), '.2f')})")
         rp = NOT_RUN if not r.get("replay_layers") else (
-            f"{r['replay_identical_layers']}/{r['replay_layers']} layers identical, max {r.get('replay_max_spacing')} sp")
+            f"{r['replay_identical_layers']}/{r['replay_layers']} layers identical, {_spacing_text(r, 'replay_')}")
         e2e = NOT_RUN if not r.get("e2e_total") else f"{r['e2e_identical']}/{r['e2e_total']} sequences identical"
         out.append({**({} if one_sweep else {"sweep": r.get("sweep")}),
                     "pair": f"{r.get('kernel_a')} vs {r.get('kernel_b')}", "scales": r.get("scale_mode") or NOT_RUN,
@@ -108,7 +117,7 @@ def evidence_view(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _not_run(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def not_run(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: NOT_RUN if v is None or v == "" else v for k, v in r.items()} for r in rows]
 
 
@@ -125,63 +134,37 @@ def _anchor(title: str) -> str:
 def document(cat: Catalog, sweep: str | None = None, *, draw: bool = True) -> dict[str, Any]:
     """The whole report as data: verdicts, sections (figures with captions, tables), provenance.
 
+    One chapter per sweep (``sweep``, or every sweep of the results): each registered report
+    (``reports.registry``) contributes its sections for that sweep alone, so no figure or table
+    pools two sweeps; with several sweeps every section title and id names its sweep.
     ``draw=False`` lists the figures (id, title, caption) without drawing them.
     """
-    source, verdicts = verdict_rows(cat, sweep)
-    figs, flip_rows = all_figures(cat, sweep)
+    from reports.registry import reports
 
-    def section(sid: str, title: str, intro: str, tabs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-        items = [{**f.summary(), "uri": f.draw() if draw else None} for f in figs if f.section == sid]
-        return {"id": sid, "title": title, "intro": intro, "figures": items, "tables": tabs or []}
-
-    sections = [
-        section("kdepth", "K-depth: outputs differing as the reduction grows",
-                "Each kernel multiplies random matrices of growing reduction depth K; how many outputs differ "
-                "between kernels (or from the exact reference), in ppm."),
-        section("replay", "Per-layer replay", "Each layer's captured activations replayed through both kernels."),
-        section("flips", "Flip risk", "Teacher-forced decoding: where the other arm's greedy token differs from "
-                "the reference arm's, and whether the reference arm's logit margin predicts it.",
-                [_table("Flip risk per arm pair", flip_rows)] if flip_rows else []),
-    ]
-    checks = conformance.check_rows(cat, sweep)
-    if checks:
-        sections.append(section("checks", "Kernel checks", "Worst verdict over trials and shapes.",
-                                [_table("Kernel checks (worst verdict over trials and shapes)", checks)]))
-    agree = [_table(t, rows) for t, rows in agreement.summary_tables(cat, sweep)]
-    if agree:
-        sections.append(section("agreement", "End-to-end agreement",
-                                "Greedy sequences compared across cold restarts and across arms.", agree))
-    floor = [_table(t["title"], t["rows"]) for t in noise_floor.document_tables(cat, sweep)]
-    if floor:
-        sections.append(section("noise-floor", "Batch invariance and the noise floor",
-                                "What the same kernel changes by batch shape alone: each kernel's probe row in batches "
-                                "of M rows vs the row alone, and the model's prompts in padded batches and decoded vs "
-                                "scored alone (distinct completions per arm: End-to-end agreement).", floor))
-    from reports import quantize as quantize_report
-
-    qpairs = quantize_report.by_pair(cat, sweep)
-    if qpairs:
-        sections.append(section("quantizer-swaps", "Quantizer swaps",
-                                "Two activation quantizers on the same activations, the GEMM kernel fixed: how "
-                                "often the quantized values and scales differ, and what the GEMM makes of it.",
-                                [_table(quantize_report.DOCUMENT_TITLE,
-                                        _not_run(quantize_report.document_table(qpairs)),
-                                        quantize_report.document_note(qpairs))]))
-    preds = predictions.score_sweeps(cat, sweep)
-    if preds:
-        sections.append(section("predictions", "Pre-registered predictions",
-                                "Hashed into the sweep before any unit ran; scored against the results.",
-                                [_table("Pre-registered predictions", predictions.report_rows(preds))]))
-    if source != "conformance":
-        sections.append(section("evidence", "Conformance evidence", "What every experiment says per kernel pair.",
-                                [_table("Conformance evidence per kernel pair and scale mode", evidence_view(conformance.conformance(cat, sweep)))]))
-    sections = [s for s in sections if s["figures"] or s["tables"]]
+    sweeps = [sweep] if sweep else cat.all_sweeps()
+    several = len(sweeps) > 1
+    source, verdicts = "certificate", []
+    sections: list[dict[str, Any]] = []
+    for sw in sweeps:
+        source, rows = verdict_rows(cat, sw)
+        verdicts += rows
+        for rep in reports():
+            for sec in rep.sections(cat, sw):
+                prefix, ids = (f"{sw}: ", f"{_anchor(sw)}-") if several else ("", "")
+                figs = [{**f.summary(), "id": ids + f.id, "title": prefix + f.title, "sweep": sw,
+                         "uri": f.draw() if draw else None}
+                        for f in sec.figures]
+                tabs = [{**_table(prefix + t["title"], t["rows"], t.get("note", "")), "sweep": sw} for t in sec.tables]
+                if figs or tabs:
+                    sections.append({"id": ids + sec.id, "title": prefix + sec.title, "intro": sec.intro,
+                                     "sweep": sw, "figures": figs, "tables": tabs})
     for n, f in enumerate((f for s in sections for f in s["figures"]), start=1):
         f["number"] = n
     now = datetime.now(UTC)
     return {
         "title": f"swapcheck report{'' if sweep is None else ': ' + sweep}",
         "sweep": sweep,
+        "sweeps": sweeps,
         "generated_at": now.isoformat(timespec="seconds"),
         "generated_date": now.strftime("%Y-%m-%d %H:%M UTC"),
         "verdicts": {"id": "verdicts", "title": "Verdicts per kernel pair", "source": source, "rows": verdicts,
@@ -198,8 +181,10 @@ def json_document(cat: Catalog, sweep: str | None = None) -> dict[str, Any]:
     return {
         "title": doc["title"], "sweep": sweep, "generated_at": doc["generated_at"],
         "certificate": doc["verdicts"],
+        "sweeps": doc["sweeps"],
         "tables": [{"section": s["id"], **t} for s in doc["sections"] for t in s["tables"]],
-        "figures": [{k: f[k] for k in ("id", "section", "title", "caption")} for s in doc["sections"] for f in s["figures"]],
+        "figures": [{**{k: f[k] for k in ("id", "title", "caption", "sweep")}, "section": s["id"]}
+                    for s in doc["sections"] for f in s["figures"]],
         "provenance": doc["provenance"],
     }
 

@@ -547,6 +547,15 @@ class Catalog:
         """The sweeps that have a spec record."""
         return self.store.sweeps()
 
+    def all_sweeps(self) -> list[str]:
+        """Every sweep of the results, sorted: those with a spec record and those that only the
+        partitions of a table name (a tree written without spec records)."""
+        from storage.schemas import TABLES
+
+        known = set(self.sweeps())
+        known.update(s for table in TABLES for s in self.store.sweep_partitions(table))
+        return sorted(known)
+
     def close(self) -> None:
         if self._con is not None:
             self._con.close()

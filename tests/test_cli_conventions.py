@@ -270,7 +270,7 @@ def test_nightly_docs_give_the_results_root() -> None:
     assert "results/nightly/<sweep>/" in docs
 
 
-# -- replay: the sweep column ----------------------------------------------------------------------------
+# -- replay: one section per sweep ----------------------------------------------------------------------------
 
 def _replay_rows(sweep: str) -> dict[str, Any]:
     return {"sweep": sweep, "comparison": "pair", "impl_a": "a", "impl_b": "b", "scale_mode": "real", "layer": "l0.q",
@@ -278,7 +278,7 @@ def _replay_rows(sweep: str) -> dict[str, Any]:
             "max_spacing": 0, "bitwise_equal": True, "accumulators_equal": True}
 
 
-def test_replay_shows_the_sweep_column_for_several_sweeps(results: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_replay_shows_each_sweep_on_its_own(results: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from reports import replay
 
     rows = [_replay_rows(s) for s in SWEEPS]
@@ -286,9 +286,11 @@ def test_replay_shows_the_sweep_column_for_several_sweeps(results: Path, monkeyp
     monkeypatch.setattr(replay, "by_type", lambda cat, sweep: [r for r in rows if sweep in (None, r["sweep"])])
     both = _invoke("report", "replay", "--results", str(results), "--format", "markdown")
     assert both.exit_code == 0, both.output
-    assert both.stdout.count("| sweep | pair |") == 2 and all(s in both.stdout for s in SWEEPS)
+    chapters = both.stdout.split("# sweep ")[1:]
+    assert [c.splitlines()[0] for c in chapters] == list(SWEEPS)
+    assert all(c.count("### replay by layer type") == 1 and c.count("| a vs b | real |") == 2 for c in chapters)
     one = _invoke("report", "replay", "--results", str(results), "--sweep", SWEEPS[0], "--format", "markdown")
-    assert "| sweep |" not in one.stdout
+    assert "# sweep" not in one.stdout and one.stdout.strip() == chapters[0].split("\n", 1)[1].strip()
     data = json.loads(_invoke("report", "replay", "--results", str(results), "--format", "json").stdout)
     assert [r["sweep"] for r in data] == list(SWEEPS)
 

@@ -171,7 +171,7 @@ def test_json_and_markdown_documents(results: Path) -> None:
 
 def test_report_all_json_and_refused_formats(results: Path) -> None:
     from orchestrator.cli.common import DocFormat
-    from orchestrator.cli.report_documents import all_
+    from orchestrator.cli.report import all_
 
     out = results.parent / "all.json"
     all_(results=str(results), sweep=SWEEP, fmt=DocFormat.json, out_file=out)

@@ -41,7 +41,7 @@ def demo(
 
     lines = demo_lines(k)
     if fmt is DemoFormat.json:
-        from orchestrator.cli.report_options import write_json
+        from orchestrator.cli.reading import write_json
 
         write_json({"k": k, **{key: value for key, _, value in lines}})
         return

@@ -12,7 +12,7 @@ from orchestrator.cli.common import (
     emit_rows,
     user_errors,
 )
-from orchestrator.cli.report_options import OutputOpt, output_to
+from orchestrator.cli.reading import OutputOpt, output_to
 
 
 def _params(pairs: list[str], allowed: list[str], name: str) -> dict[str, str]:
@@ -49,7 +49,7 @@ def query(
     Example: swapcheck query --named kdepth_summary --param sweep=kdepth-demo
     """
     with user_errors():  # a refused or failed query (QueryError) exits 2 with its message
-        from orchestrator.cli.report_options import catalog
+        from orchestrator.cli.reading import catalog
         from orchestrator.errors import UsageError
         from storage.catalog import check_read_only, named_queries
 

@@ -1,125 +1,184 @@
-"""``swapcheck report``: the tables people read.
+"""``swapcheck report``: one command per registered report (``reports.registry``), and ``report all``.
 
-Each command parses its options, opens ONE catalog over the results (``report_options.catalog``),
-calls a ``reports`` function and renders what it returns. The commands live here and in
-``report_agreement``, ``report_flips`` and ``report_documents``.
+Every command is generated from its :class:`~reports.registry.Report`: ``--results``, ``--sweep``,
+``--format``, ``-o/--output``, the report's own options (and ``--table`` when it has several
+tables), its help and example. A command builds one view per sweep (``--sweep``, or every sweep of
+the results, each on its own: nothing is pooled) and renders them here, the one renderer of views.
 """
 
 from __future__ import annotations
 
-import typer
+import inspect
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any
 
-from orchestrator.cli import (
-    report_agreement,
-    report_certificate,
-    report_documents,
-    report_flips,
-    report_fuzz,
-    report_noise,
-    report_quantize,
-)
+import typer
+from rich.markup import escape
+
 from orchestrator.cli.common import (
     DEFAULT_RESULTS,
+    DocFormat,
     FormatOpt,
     ResultsOpt,
     SweepOpt,
     TableFormat,
     emit_rows,
+    err,
     out,
     user_errors,
 )
-from orchestrator.cli.report_options import By, OutputOpt, catalog, output_to, with_sweep
+from orchestrator.cli.reading import OutputOpt, catalog, output_to, write_json
+from reports.registry import Report, View, merge_json, reports
 
-app = typer.Typer(help="Reports over the results (tables, JSON for machines).", no_args_is_help=True)
+app = typer.Typer(help="Reports over the results (tables, JSON for machines); one command per registered report.",
+                  no_args_is_help=True)
 
 
-@app.command("kdepth")
-def kdepth(
+def _views(report: Report, results: str, sweep: str | None, opts: dict[str, Any]) -> list[View]:
+    with catalog(results, sweep) as cat:
+        return [report.build(cat, sw, opts) for sw in ([sweep] if sweep else cat.all_sweeps())]
+
+
+def _tagged(views: list[View], rows_of: Any) -> list[Any]:
+    """Each sweep's rows, with a leading ``sweep`` where several sweeps are shown and a row lacks one."""
+    several = len(views) > 1
+    return [[{"sweep": v.sweep, **r} if several and isinstance(r, dict) and "sweep" not in r else r
+             for r in rows_of(v)] if isinstance(rows_of(v), list) else rows_of(v) for v in views]
+
+
+def _machine(report: Report, views: list[View], fmt: TableFormat, table: str) -> None:
+    from orchestrator.errors import UsageError
+
+    if report.tables and fmt is TableFormat.csv and table == "all":
+        raise UsageError(f"--format csv holds one table: add --table {', '.join(report.tables)}")
+    if report.tables and table != "all":
+        rows = merge_json(_tagged(views, lambda v: v.rows[table]))  # type: ignore[call-overload]
+    elif fmt is TableFormat.json:
+        write_json(merge_json(_tagged(views, lambda v: v.json if v.json is not None else v.rows)) if views else [])
+        return
+    else:
+        rows = merge_json(_tagged(views, lambda v: v.rows))
+    emit_rows(rows if views else [], fmt)
+
+
+def _human(report: Report, views: list[View], fmt: TableFormat, table: str) -> None:
+    md = fmt is TableFormat.markdown
+    shown = [v for v in views if v.empty is None] if len(views) > 1 else views
+    if not shown:
+        out.print(views[0].empty if views else f"no results yet for `report {report.name}`", highlight=False)
+    for v in shown:
+        if len(views) > 1:
+            out.print(f"\n# sweep {v.sweep}\n" if md else f"\n[bold underline]sweep {escape(v.sweep)}[/]", highlight=False)
+        if v.empty is not None:
+            out.print(v.empty, highlight=False)
+            continue
+        for b in v.blocks:
+            if b.key is not None and table not in ("all", b.key):
+                continue
+            if b.heading:
+                out.print(f"\n## {b.heading}\n" if md else f"\n[bold]{escape(b.heading)}[/]", highlight=False)
+            for line in b.lines:
+                out.print(f"{line}\n" if md else line, highlight=False, markup=False)
+            if b.rows is not None:
+                emit_rows(b.rows, fmt, title=b.title)
+            for line in b.after:
+                out.print(f"- {line}" if md else f"  {line}", highlight=False, markup=False)
+
+
+def _run(report: Report, results: str, sweep: str | None, fmt: TableFormat, output: Path | None,
+         opts: dict[str, Any]) -> None:
+    opts = {k: getattr(v, "value", v) for k, v in opts.items()}
+    with user_errors():
+        views = _views(report, results, sweep, opts)
+        with output_to(output):
+            show = _machine if fmt in (TableFormat.json, TableFormat.csv) else _human
+            show(report, views, fmt, opts.get("table", "all"))
+    failures = [v.failure for v in views if v.failure]
+    for line in failures:
+        err.print(f"[bold red]error:[/] {escape(line)}", highlight=False)
+    if failures:
+        raise typer.Exit(1)
+
+
+def _param(name: str, annotation: Any, default: Any) -> inspect.Parameter:
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+
+
+def _option(name: str, flags: str, help: str, default: Any, choices: tuple[str, ...] | None) -> inspect.Parameter:
+    kind: Any = Enum(f"{name}_choice", {c: c for c in choices}, type=str) if choices else (
+        type(default) if default is not None else str | None)
+    return _param(name, Annotated[kind, typer.Option(flags, help=help)], kind(default) if choices else default)
+
+
+def _command(report: Report) -> Any:
+    """The typer command of ``report``: a function whose signature typer reads for the options."""
+    own = [_option(o.name, o.flags, o.help, o.default, o.choices) for o in report.options]
+    if report.tables:
+        own.append(_option("table", "--table", f"all, {', '.join(report.tables)} (CSV: one of them).", "all",
+                           ("all", *report.tables)))
+    params = [_param("results", ResultsOpt, DEFAULT_RESULTS), _param("sweep", SweepOpt, None),
+              _param("fmt", FormatOpt, TableFormat.table), *own, _param("output", OutputOpt, None)]
+
+    def command(results: str, sweep: str | None, fmt: TableFormat, output: Path | None, **opts: Any) -> None:
+        _run(report, results, sweep, fmt, output, opts)
+
+    command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    command.__annotations__ = {p.name: p.annotation for p in params}
+    command.__doc__ = report.help + (f"\n\nExample: {report.example}" if report.example else "")
+    command.__name__ = report.name.replace("-", "_")
+    return command
+
+
+def all_(
     results: ResultsOpt = DEFAULT_RESULTS,
     sweep: SweepOpt = None,
-    fmt: FormatOpt = TableFormat.table,
-    long: bool = typer.Option(False, "--long", help="One line per (pair, scale mode, K) with the spacing histogram."),
-    output: OutputOpt = None,
+    fmt: DocFormat = typer.Option(DocFormat.markdown, "--format", help="markdown, html or json."),
+    out_file: Path = typer.Option(None, "--output", "-o", "--out", dir_okay=False,
+                                  help="Write here instead of standard output (required for html)."),
 ) -> None:
-    """The K-depth table by dtype, implementation pair, scale mode and K, summed over seeds.
+    """Everything in one document: verdicts per kernel pair first, then every report's figures and tables.
 
-    By default one line per pair and scale mode, one column per K, each cell `ppm · max`: differing
-    outputs per million and the largest distance in output spacings. `--long` gives one line per K
-    with `max sp >5%` (the largest distance over outputs with |reference| >= 5% of the largest) and
-    the counts of outputs 1, 2 and more than 2 spacings apart. JSON and CSV carry every column.
+    Each sweep has sections of its own (nothing pooled across sweeps); provenance comes last.
 
-    Example: swapcheck report kdepth --results results --format json
+    HTML is one self-contained page (images embedded; a table of contents; each figure with its
+    question and caption; the date in the header and the provenance at the end). Markdown carries
+    the same tables for terminals and PRs; JSON is one object: the certificate rows, every table,
+    the list of figures (title and caption), each with its sweep, the provenance and generated_at.
+    Rates are in ppm. `--out` is an alias of `-o/--output`.
+
+    Example: swapcheck report all --results results --format html -o report.html
     """
-    with user_errors(), catalog(results, sweep) as cat, output_to(output):
-        from reports import kdepth as kd
+    with user_errors():
+        from orchestrator.errors import UsageError
 
-        rows = kd.summary(cat, sweep)
-        if fmt in (TableFormat.json, TableFormat.csv):
-            emit_rows(rows, fmt)
-            return
-        if not rows:
-            out.print("no kdepth results yet")
-        for title, table in kd.tables(rows, long=long):
-            emit_rows(table, fmt, title=title)
+        if fmt is DocFormat.html and out_file is None:
+            raise UsageError("--format html needs --output FILE")
+        with catalog(results, sweep) as cat:
+            from reports.render import html_document, json_document, markdown_document
 
+            if fmt is DocFormat.json:
+                import json
 
-@app.command("units")
-def units(
-    results: ResultsOpt = DEFAULT_RESULTS,
-    sweep: SweepOpt = None,
-    fmt: FormatOpt = TableFormat.table,
-    output: OutputOpt = None,
-) -> None:
-    """The ledger: units per sweep and status, attempts, rows, time, and an example error.
+                from orchestrator.cli.common import _json_default
 
-    Example: swapcheck report units --results results
-    """
-    with user_errors(), catalog(results, sweep) as cat, output_to(output):
-        emit_rows(cat.named("unit_status", sweep=sweep), fmt, title="units")
+                text = json.dumps(json_document(cat, sweep), default=_json_default, indent=1) + "\n"
+            else:
+                text = html_document(cat, sweep) if fmt is DocFormat.html else markdown_document(cat, sweep)
+    if out_file is None:
+        typer.echo(text, nl=False)
+    else:
+        out_file.write_text(text, encoding="utf-8")
+        out.print(f"wrote {out_file}")
 
 
-@app.command("replay")
-def replay(
-    results: ResultsOpt = DEFAULT_RESULTS,
-    sweep: SweepOpt = None,
-    fmt: FormatOpt = TableFormat.table,
-    by: By = typer.Option(By.both, "--by", help="type, layer or both (tables); JSON is always per layer."),
-    output: OutputOpt = None,
-) -> None:
-    """Per-layer operand replay: bitwise agreement of each kernel pair on identical captured operands.
-
-    Per layer type: how many layers are bit-identical, the differing fraction and the largest
-    distance in output spacings; per layer: the same plus the integer alibi (the int32 accumulators
-    of both kernels agree). `capture` rows check that the capture kernel reproduces the model's own
-    outputs from the saved operands. When several sweeps are shown, every table has a `sweep` column
-    (JSON and CSV always do).
-
-    Example: swapcheck report replay --results results --format json
-    """
-    with user_errors(), catalog(results, sweep) as cat, output_to(output):
-        from reports import replay as rp
-
-        per_layer = rp.by_layer(cat, sweep)
-        if fmt in (TableFormat.json, TableFormat.csv):
-            emit_rows(per_layer, fmt)
-            return
-        if not per_layer:
-            out.print("no replay results yet")
-            return
-        if by in (By.type, By.both):
-            by_type = rp.by_type(cat, sweep)
-            emit_rows(with_sweep(by_type, rp.type_table(by_type)), fmt, title="replay by layer type")
-        if by in (By.layer, By.both):
-            emit_rows(with_sweep(per_layer, rp.layer_table(per_layer)), fmt, title="replay by layer")
+def _register() -> None:
+    for report in reports():
+        app.command(report.name)(_command(report))
+        if report.name == "quantize":  # `report all` sits where `report --help` has always listed it
+            app.command("all")(all_)
+    if "all" not in {c.name for c in app.registered_commands}:
+        app.command("all")(all_)
 
 
-# The remaining commands, in the order `swapcheck report --help` lists them.
-app.command("predictions")(report_documents.predictions)
-app.command("agreement")(report_agreement.agreement)
-app.command("flips")(report_flips.flips)
-app.command("quantize")(report_quantize.quantize)
-app.command("all")(report_documents.all_)
-app.command("conformance")(report_documents.conformance)
-app.command("certificate")(report_certificate.certificate)
-app.command("noise-floor")(report_noise.noise_floor)
-app.command("fuzz")(report_fuzz.fuzz)
+_register()

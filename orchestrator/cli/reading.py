@@ -1,50 +1,17 @@
-"""Choices and the catalog of ``swapcheck report`` commands (light: imported when the CLI starts)."""
+"""Reading results from a command: the one catalog (warnings first, ``--sweep`` checked), ``-o/--output``
+and one JSON object on standard output. Light: imported when the CLI starts."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager, redirect_stdout
-from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 if TYPE_CHECKING:
     from storage.catalog import Catalog
-
-
-class By(str, Enum):
-    """``report replay --by``: tables per layer type, per layer, or both."""
-
-    type = "type"
-    layer = "layer"
-    both = "both"
-
-
-class Bins(str, Enum):
-    """``report flips --bins``: fixed decades or quantile bins of the margin."""
-
-    decades = "decades"
-    quantile = "quantile"
-
-
-class CiUnit(str, Enum):
-    """``report flips --ci-unit``: what the bootstrap resamples."""
-
-    sequence = "sequence"
-    position = "position"
-
-
-class AgreementTable(str, Enum):
-    """``report agreement --table``: which table to show."""
-
-    all = "all"
-    self = "self"
-    cross = "cross"
-    divergence = "divergence"
-    positions = "positions"
-    distinct = "distinct"
 
 
 #: ``-o/--output FILE``: where a command that writes a report writes it (default: standard output).
@@ -82,16 +49,11 @@ def check_sweep(cat: Catalog, sweep: str | None) -> None:
     """A usage error (exit 2) naming the sweeps that exist when ``--sweep`` names none of them."""
     from orchestrator.errors import UsageError
 
-    if sweep is None:
+    if sweep is None or sweep in cat.sweeps():
         return
-    known = set(cat.sweeps())
-    if sweep in known:
-        return
-    from storage.schemas import TABLES  # a tree written without spec records: its partitions count
-
-    known.update(s for table in TABLES for s in cat.store.sweep_partitions(table))
+    known = cat.all_sweeps()
     if sweep not in known:
-        listed = ", ".join(sorted(known)) or "none yet (run `swapcheck sweep launch` first)"
+        listed = ", ".join(known) or "none yet (run `swapcheck sweep launch` first)"
         raise UsageError(f"--sweep {sweep}: no such sweep in {cat.results}; sweeps: {listed}")
 
 
@@ -128,10 +90,3 @@ def write_json(obj: object) -> None:
 
     sys.stdout.write(json.dumps(obj, default=_json_default, indent=1) + "\n")
 
-
-def with_sweep(rows: list[dict[str, Any]], table: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``table`` (one line per row of ``rows``) with a leading ``sweep`` column when ``rows`` come from
-    several sweeps, so that lines of two sweeps are never shown as repeats of each other."""
-    if len({r.get("sweep") for r in rows}) <= 1:
-        return table
-    return [{"sweep": r.get("sweep"), **t} for r, t in zip(rows, table, strict=True)]
