@@ -1,0 +1,130 @@
+"""``batch_invariance`` at the kernel level, GEMM kernels (table ``batch_invariance``): one probe row
+alone and at each position of batches of M rows (the package docstring, "Kernel level").
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import TYPE_CHECKING, Any
+
+from tasks.comparison import compare
+from tasks.kinds.base import Rows
+from tasks.kinds.batch_invariance.spec import BatchInvarianceExperiment, probe_row
+from tasks.kinds.fields import (
+    Resources,
+    axis_values,
+    gemm_unit_memory_bytes,
+    impl_payload,
+    kernel_problem,
+    memory_problem,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+
+def kernel_dtype(kernel: Any, dtype: str) -> str:
+    """The operand dtype a kernel runs on here: its own, or the spec's for a kernel taking either."""
+    return str(kernel.operand_dtype) if kernel.operand_dtype != "any" else dtype
+
+
+def problems(base: str, exp: BatchInvarianceExperiment, ms: list[int]) -> list[str]:
+    """The GEMM kernels of a kernel-level experiment: each must run every M of the axis here, within
+    the int32 no-overflow bound for int8, and the largest batch's operands must fit."""
+    from tasks.kernels import get_kernel
+    from tasks.numerics import INT8_MAX_K
+
+    out: list[str] = []
+    if exp.kernels:
+        p = memory_problem(f"{base}.m/n/k", f"M={max(ms)} N={exp.n} K={exp.k}",
+                           gemm_unit_memory_bytes(max(ms), exp.n, exp.k, 2), exp.resources)
+        out += [p] if p else []
+    names: list[str] = []
+    for i, impl in enumerate(exp.impls()):
+        field = f"{base}.kernels[{i}]"
+        names.append(impl.name)
+        p = kernel_problem(field, impl)
+        if p:
+            out.append(p)
+            continue
+        kernel = get_kernel(impl.kernel, **impl.params)
+        dtype = kernel_dtype(kernel, exp.dtype)
+        if dtype == "int8" and exp.k > INT8_MAX_K:
+            out.append(f"{field}: K={exp.k} exceeds the int32 no-overflow bound for int8 products (K <= {INT8_MAX_K})")
+        bad = [m for m in ms for ok, _ in [kernel.supports(m, exp.n, exp.k, m, exp.n, False)] if not ok]
+        if bad:
+            why = kernel.supports(bad[0], exp.n, exp.k, bad[0], exp.n, False)[1]
+            out.append(f"{field}: kernel {impl.kernel!r} cannot run M={bad[0]} N={exp.n} K={exp.k}: {why}")
+    dupes = sorted({x for x in names if names.count(x) > 1})
+    if dupes:
+        out.append(f"{base}.kernels: duplicate kernel names {dupes}; give each a distinct `label`")
+    return out
+
+
+def expand(exp: BatchInvarianceExperiment) -> list[tuple[dict[str, Any], Resources]]:
+    """One unit per GEMM kernel and seed: its parameters and resources."""
+    from tasks.kernels import get_kernel
+
+    units: list[tuple[dict[str, Any], Resources]] = []
+    for impl, seed in itertools.product(exp.impls(), exp.seed_values()):
+        kernel = get_kernel(impl.kernel, **impl.params)
+        params = {"level": "kernel", "kernel": impl_payload(impl), "dtype": kernel_dtype(kernel, exp.dtype),
+                  "m": axis_values(exp.m), "positions": list(exp.positions), "k": exp.k, "n": exp.n, "seed": seed,
+                  "scale_mode": exp.scale_mode, "out_dtype": exp.out_dtype,
+                  "tolerance_spacings": exp.tolerance_spacings}
+        units.append((params, exp.resources.with_gpu(kernel.device == "cuda")))
+    return units
+
+
+def describe(p: dict[str, Any]) -> str:
+    ms = p["m"]
+    return (f"batch invariance of {p['kernel']['name']} ({p['dtype']}, K={p['k']} N={p['n']}, seed {p['seed']}): "
+            f"probe at {'/'.join(p['positions'])} of M={ms[0]}..{ms[-1]} ({len(ms)} sizes)")
+
+
+def _call(kernel: Any, a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor,
+          out_dtype: torch.dtype) -> tuple[torch.Tensor, float]:
+    import torch
+
+    args = [a, b, sa, sb]
+    if kernel.device == "cuda":  # GPU kernels take their operands on the device
+        args = [x.cuda() for x in args]
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    out = kernel(*args, out_dtype)
+    if kernel.device == "cuda":
+        torch.cuda.synchronize()
+    return out.cpu(), time.perf_counter() - t0
+
+
+def run_kernel(params: dict[str, Any]) -> dict[str, Rows]:
+    """One kernel and seed: the probe alone, then at each position of each batch size."""
+    import torch
+
+    from tasks.kernels import get_kernel
+    from tasks.models.operands import draw_operands
+    from tasks.numerics import get_format
+
+    impl = params["kernel"]
+    kernel = get_kernel(impl["kernel"], **impl["params"])
+    fmt = get_format(params["out_dtype"])
+    ms = list(params["m"])
+    # Row 0 is the probe, rows 1.. its neighbours (per-token scales: each row quantized alone).
+    ops = draw_operands(params["dtype"], max(ms), params["n"], params["k"], params["seed"], params["scale_mode"])
+    a, sa, b, sb = ops["a"], ops["scale_a"], ops["b"], ops["scale_b"]
+    ref, ref_seconds = _call(kernel, a[:1], sa[:1], b, sb, fmt.torch_dtype)
+    base = {"kernel": impl["name"], "kernel_name": impl["kernel"], "kernel_version": impl["version"],
+            "device": kernel.device, "dtype": params["dtype"], "out_dtype": params["out_dtype"],
+            "scale_mode": params["scale_mode"], "k": params["k"], "n": params["n"], "seed": params["seed"],
+            "tolerance_spacings": params["tolerance_spacings"], "seconds_reference": ref_seconds}
+    rows = []
+    for m in ms:
+        for position in params["positions"]:
+            r = probe_row(m, position)
+            order = torch.cat([torch.arange(1, r + 1), torch.zeros(1, dtype=torch.long), torch.arange(r + 1, m)])
+            out, seconds = _call(kernel, a[order].contiguous(), sa[order].contiguous(), b, sb, fmt.torch_dtype)
+            stats = compare(out[r: r + 1], ref, fmt)
+            rows.append({**base, "m": m, "position": position, "row_index": r, **stats,
+                         "bitwise_equal": stats["differing"] == 0, "seconds": seconds})
+    return {"batch_invariance": rows}
