@@ -37,7 +37,8 @@ class Registry(Generic[T]):
     ``error`` is the exception class raised for an unknown or duplicate name, or a lazy entry that
     cannot be loaded: :class:`RegistryError` or a layer's own input error (a subclass of
     :class:`~common.errors.InputError`, so that every registry maps to exit code 2 through one base).
-    ``validate(name, entry)`` runs when a lazy entry is loaded and may raise ``error``.
+    ``validate(name, entry)`` runs when a lazy entry is loaded and may raise ``error``.  An entry
+    is never a ``str`` itself: a string is the ``"module:attr"`` of a lazy entry.
     """
 
     def __init__(self, what: str, *, error: type[InputError] = RegistryError,

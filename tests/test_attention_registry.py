@@ -267,10 +267,24 @@ def test_drawn_inputs_are_seeded_and_the_reference_is_float64() -> None:
 def test_cpu_kernels_stay_within_the_algorithms_that_describe_them(b: int, h: int, length: int, s: int, d: int,
                                                                     kind: str, seed: int) -> None:
     """Hypothesis-drawn shapes, masks and large logits: every fp32 output and logsumexp of each CPU
-    kernel lies within its algorithm's bounds (`plain`, or `flash-cpu` for the flash kernel)."""
+    kernel of the registry lies within the bounds of the algorithm it declares (``algorithm``:
+    `plain`, or `flash-cpu` for the flash kernel)."""
     q, k, v, mask, causal = draw((b, h, length, s, d), kind, torch.float32, seed)
-    for name, algorithm in (("sdpa-math", "plain"), ("eager", "plain"), ("fp64", "plain"),
-                            ("sdpa-flash-cpu", "flash-cpu")):
-        out, lse = get_attention(name)(q, k, v, attn_mask=mask, is_causal=causal)
-        cover = parse_algorithm(algorithm)[1].covers(out, q, k, v, mask, causal, None, logsumexp=lse)
-        assert cover.all(), (name, algorithm, int((~np.asarray(cover.out)).sum()), int((~np.asarray(cover.logsumexp)).sum()))
+    for kernel in _callable_cpu_kernels():
+        assert kernel.algorithm, f"{kernel.name}: a callable kernel names the algorithm that describes it"
+        out, lse = kernel(q, k, v, attn_mask=mask, is_causal=causal)
+        cover = parse_algorithm(kernel.algorithm)[1].covers(out, q, k, v, mask, causal, None, logsumexp=lse)
+        assert cover.all(), (kernel.name, kernel.algorithm, int((~np.asarray(cover.out)).sum()),
+                             int((~np.asarray(cover.logsumexp)).sum()))
+
+
+def _callable_cpu_kernels() -> list[AttentionKernel]:
+    """Every registered CPU kernel callable on its own (an engine backend is not)."""
+    return [kern for kern in (get_attention(n) for n in attention_names())
+            if kern.device == "cpu" and kern.compute is not None and kern.available()[0]]
+
+
+def test_every_callable_cpu_kernel_is_held_to_its_algorithm() -> None:
+    kernels = _callable_cpu_kernels()
+    assert {k.name for k in kernels} >= set(CPU)
+    assert all(k.algorithm for k in kernels), [k.name for k in kernels if not k.algorithm]

@@ -124,25 +124,29 @@ def test_flat_in_k():
 # -- no false alarm: every correct kernel passes both checks -------------------------------------
 
 
+def _builtin_cpu_kernels() -> list[dict]:
+    """The registry's rows of built-in CPU kernels: every one is checked, no list of names here."""
+    return [r for r in list_kernels() if r["source"] == "builtin" and r["device"] == "cpu"]
+
+
 def _correct_kernels():
+    """Every built-in CPU kernel, once per operand format it takes, and a plain matmul per dtype."""
     cases = []
-    for row in list_kernels():
-        if row["device"] == "cpu" and row["available"] and ":" not in row["name"] and row["name"] in _BUILTINS:
-            cases.append((row["name"], torch.bfloat16, None))
-    cases.append(("exact", torch.bfloat16, "fp8_e4m3"))
+    for row in _builtin_cpu_kernels():
+        formats = ["int8", "fp8_e4m3"] if row["operand_dtype"] == "any" else [None]
+        cases += [(row["name"], torch.bfloat16, operands) for operands in formats]
     cases += [("_planted_kernels:torch_matmul", d, None) for d in (torch.float32, torch.bfloat16, torch.float16)]
     return cases
 
 
-_BUILTINS = {
-    "exact", "fp8-blocked", "fp8-pairwise", "fp8-sequential", "fp8-torch-scaled-mm",
-    "int8-cutlass-order", "int8-onednn", "int8-torch-channelwise", "int8-triton-order",
-}  # fmt: skip
 CORRECT = _correct_kernels()
 
 
 def test_every_builtin_is_covered():
-    assert {name for name, _, _ in CORRECT} >= _BUILTINS
+    rows = _builtin_cpu_kernels()
+    assert rows
+    assert all(row["available"] for row in rows), [(r["name"], r["reason"]) for r in rows if not r["available"]]
+    assert {name for name, _, _ in CORRECT} >= {row["name"] for row in rows}
 
 
 @pytest.mark.parametrize("ref,dtype,operands", CORRECT, ids=[f"{r}-{d}-{o}" for r, d, o in CORRECT])
@@ -161,7 +165,7 @@ def test_correct_kernel_passes_both_checks(ref, dtype, operands):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
-@pytest.mark.parametrize("ref", sorted(_BUILTINS))
+@pytest.mark.parametrize("ref", sorted(row["name"] for row in _builtin_cpu_kernels()))
 def test_correct_builtin_other_output_dtypes_and_bigger_shapes(ref, dtype):
     s = load_subject(ref)
     shapes = [(127, 4096, 65), (1, 2049, 33)]

@@ -172,17 +172,32 @@ def _experiments_by_kind() -> dict[str, list[tuple[str, Any]]]:
     return found
 
 
-@pytest.mark.parametrize("name", ["batch_invariance", "bounds", "exact_match", "fuzz", "generate", "kdepth", "quantize", "replay", "teacher_forced"])
-def test_every_kind_keeps_the_contract(name: str) -> None:
-    kind = get_kind(name)
-    assert kind.name == name and kind.version and kind.doc.strip()
-    assert kind.tables and all(t in TABLES for t in kind.tables)
+def _own_example(kind: Kind) -> Any:
+    """The kind's own example (``Kind.example``), validated, resolved (relative paths as from a spec
+    under sweeps/) and free of problems: what a spec holding it would pass."""
+    assert kind.spec is not None and kind.example is not None
+    exp = kind.resolve(kind.spec.model_validate(dict(kind.example)), lambda p: (REPO / "sweeps" / p).resolve())
+    assert kind.problems(f"{kind.name}.example", exp) == [], f"{kind.name}: its example has problems"
+    return exp
+
+
+def check_kind_contract(kind: Kind, others: list[Kind]) -> None:
+    """The contract every kind keeps, on its own example (``Kind.example``) and on every experiment of
+    its kind under sweeps/ (at least one of them); a kind without a spec model (planned by another) on
+    the units the examples of ``others`` plan for it."""
+    name = kind.name
+    assert get_kind(name) is kind
+    assert kind.version and kind.doc.strip(), f"{name}: a version, and a doc (its module docstring)"
+    assert kind.tables and all(t in TABLES for t in kind.tables), f"{name}: tables declared in storage.schemas"
+    sweeps = _experiments_by_kind()
     if kind.spec is None:  # planned by another kind: its units come out of that kind's expand()
-        units = [u for exps in _experiments_by_kind().values() for _, e in exps
-                 for u in get_kind(e.kind).expand("e", e) if u.kind == name]
+        assert kind.example is None, f"{name}: an example needs a spec model"
+        planners = [(k, e) for k in others if k.spec is not None
+                    for e in ([_own_example(k)] if k.example is not None else []) + [e for _, e in sweeps.get(k.name, [])]]
+        units = [u for k, e in planners for u in k.expand("e", e) if u.kind == name]
     else:
-        examples = _experiments_by_kind().get(name, [])
-        assert examples, f"no spec under sweeps/ uses kind {name!r}"
+        examples = ([(f"{name}.example", _own_example(kind))] if kind.example is not None else []) + sweeps.get(name, [])
+        assert examples, f"kind {name!r}: no example to test (Kind.example, or a spec under sweeps/ using it)"
         units = []
         for where, exp in examples:
             # The spec model round-trips through plain data (what a TOML file holds).
@@ -190,13 +205,46 @@ def test_every_kind_keeps_the_contract(name: str) -> None:
             first, second = kind.expand("e", exp), kind.expand("e", exp)
             assert [u.id for u in first] == [u.id for u in second], f"{where}: expand() is not deterministic"
             units += [u for u in first if u.kind == name]
-    assert units
+    assert units, f"{name}: no example plans a unit of this kind"
     for u in units:
         assert u.id == unit_id(name, u.params)
         assert u.describe().strip()
         # VERSION feeds the unit id: a new version of the computation is new work.
         assert content_id(name, kind.version + "+1", u.params) != u.id
     json.dumps([u.params for u in units])  # parameters are plain JSON
+
+
+@pytest.mark.parametrize("name", kind_names())
+def test_every_kind_keeps_the_contract(name: str) -> None:
+    check_kind_contract(get_kind(name), [get_kind(n) for n in kind_names()])
+
+
+def test_the_kind_template_in_the_docs_keeps_the_contract(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The template of docs/architecture.md ("How to add an experiment kind"), copied verbatim into a
+    module, registers and keeps the contract (with its table declared, as the doc says next)."""
+    import re
+    import sys
+    import types
+
+    doc = (REPO / "docs" / "architecture.md").read_text()
+    section = doc[doc.index("## How to add an experiment kind"):]
+    source = re.search(r"```python\n(.*?)```", section, re.S)
+    assert source and "# tasks/kinds/mykind.py" in source.group(1)
+    module = types.ModuleType("mykind_from_the_docs")
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    exec(compile(source.group(1), "docs/architecture.md", "exec"), module.__dict__)  # noqa: S102
+    kind = module.KIND
+    assert kind.doc.strip() == (module.__doc__ or "").strip() != ""
+    monkeypatch.setitem(TABLES, "mykind", pa.schema([("unit_id", pa.string()), ("experiment", pa.string()),
+                                                     ("size", pa.int64()), ("differing", pa.int64())]))
+    register_kind(kind)
+    try:
+        check_kind_contract(kind, [kind])
+        assert kind_ref("mykind") == "mykind_from_the_docs:KIND"
+    finally:
+        from tasks.kinds import unregister_kind
+
+        unregister_kind("mykind")
 
 
 @pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.name)

@@ -20,6 +20,10 @@ field           what it is
                 dicts or a ``pyarrow.Table`` (columns: the fast path for many rows); either
                 way without ``unit_id``/``experiment``, which the worker adds
 ``resolve``     ``resolve(exp, resolve_path) -> exp``: make the spec's relative paths absolute
+``doc``         what the kind measures (its module docstring): ``swapcheck`` and the docs show it
+``example``     one experiment table of a spec, as plain data (what TOML holds, ``kind`` included):
+                the contract test (``tests/test_kinds.py``) validates and plans it, besides every
+                experiment of this kind under ``sweeps/``; ``None`` for a kind without a spec model
 ==============  ===================================================================================
 
 Kinds never import ``orchestrator`` or ``storage``: what a unit needs from the results tree (its
@@ -124,6 +128,7 @@ class Kind:
     problems: Callable[[str, Any], list[str]] = _no_problems
     resolve: Callable[[Any, Callable[[str], Path]], Any] = _keep_paths
     doc: str = ""
+    example: Mapping[str, Any] | None = None
 
     def unit(self, experiment: str, params: dict[str, Any], resources: Resources | None = None,
              **options: Any) -> Unit:
