@@ -4,8 +4,8 @@ kernels, quantizers, reports), and the one error base its failures share (exit c
 from __future__ import annotations
 
 import sys
-import types
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -21,39 +21,13 @@ class WidgetError(RegistryError):
 
 
 @pytest.fixture
-def lazy_module() -> Iterator[types.ModuleType]:
-    """A module that only the registry's ``get`` may import (``sys.meta_path`` finds it)."""
-    module = types.ModuleType(LAZY_MODULE)
-    module.WIDGET = ("the widget",)  # type: ignore[attr-defined]
-    module.NOT_A_WIDGET = 42  # type: ignore[attr-defined]
-    imported: list[str] = []
-
-    class Finder:
-        @staticmethod
-        def find_spec(name: str, path: object = None, target: object = None) -> object:
-            if name != LAZY_MODULE:
-                return None
-            import importlib.machinery
-
-            class Loader:
-                @staticmethod
-                def create_module(spec: object) -> types.ModuleType:
-                    imported.append(name)
-                    return module
-
-                @staticmethod
-                def exec_module(mod: types.ModuleType) -> None:
-                    pass
-
-            return importlib.machinery.ModuleSpec(name, Loader())
-
-    sys.meta_path.insert(0, Finder)  # type: ignore[arg-type]
-    module.imported = imported  # type: ignore[attr-defined]
-    try:
-        yield module
-    finally:
-        sys.meta_path.remove(Finder)  # type: ignore[arg-type]
-        sys.modules.pop(LAZY_MODULE, None)
+def lazy_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A module on the path that nothing has imported yet (removed from sys.modules afterwards)."""
+    (tmp_path / f"{LAZY_MODULE}.py").write_text('WIDGET = ("the widget",)\nNOT_A_WIDGET = 42\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop(LAZY_MODULE, None)
+    yield LAZY_MODULE
+    sys.modules.pop(LAZY_MODULE, None)
 
 
 def test_register_and_get_and_a_duplicate_is_refused() -> None:
@@ -125,19 +99,19 @@ def test_the_registries_of_swapcheck_are_registries() -> None:
         assert isinstance(module._REGISTRY, Registry), module.__name__
 
 
-def test_a_lazy_entry_is_imported_only_on_get(lazy_module: types.ModuleType) -> None:
+def test_a_lazy_entry_is_imported_only_on_get(lazy_module: str) -> None:
     reg: Registry[tuple[str]] = Registry("widget", error=WidgetError)
     reg.register("w", f"{LAZY_MODULE}:WIDGET")
     assert reg.names() == ["w"] and "w" in reg and not reg.is_loaded("w")
     assert reg.ref("w") == f"{LAZY_MODULE}:WIDGET"
-    assert LAZY_MODULE not in sys.modules and lazy_module.imported == []  # type: ignore[attr-defined]
+    assert LAZY_MODULE not in sys.modules  # listing, membership and ref import nothing
     assert reg.get("w") == ("the widget",)
-    assert lazy_module.imported == [LAZY_MODULE]  # type: ignore[attr-defined]
+    assert LAZY_MODULE in sys.modules
     assert reg.is_loaded("w") and reg.ref("w") is None
-    assert reg.get("w") == ("the widget",) and lazy_module.imported == [LAZY_MODULE]  # type: ignore[attr-defined]
+    assert reg.get("w") is sys.modules[LAZY_MODULE].WIDGET
 
 
-def test_a_lazy_entry_is_validated_and_a_broken_one_names_itself(lazy_module: types.ModuleType) -> None:
+def test_a_lazy_entry_is_validated_and_a_broken_one_names_itself(lazy_module: str) -> None:
     def validate(name: str, entry: object) -> None:
         if not isinstance(entry, tuple):
             raise WidgetError(f"{name}: not a widget")
