@@ -89,7 +89,8 @@ def _results_root(value: str) -> str:
 
 ResultsOpt = Annotated[str, typer.Option("--results", help="Results directory or URI (the Parquet tree).",
                                          callback=_results_root)]
-SweepOpt = Annotated[str | None, typer.Option("--sweep", help="Only this sweep (default: all; an unknown one exits 2).")]
+SweepOpt = Annotated[str | None, typer.Option(
+    "--sweep", help="Only this sweep (default: every sweep, each on its own; an unknown one exits 2).")]
 FormatOpt = Annotated[TableFormat, typer.Option("--format", help="table, json, csv or markdown.")]
 
 
@@ -145,11 +146,11 @@ def emit_rows(rows: list[dict[str, Any]], fmt: TableFormat | str, title: str | N
         sys.stdout.write(buf.getvalue())
         return
     if fmt is TableFormat.markdown:
+        from reports.render import md_table  # the one Markdown table writer (cells escaped)
+
         if title:
             sys.stdout.write(f"### {title}\n\n")
-        sys.stdout.write("| " + " | ".join(cols) + " |\n|" + "|".join("---" for _ in cols) + "|\n")
-        for r in rows:
-            sys.stdout.write("| " + " | ".join(cell(k, r[k]) for k in cols) + " |\n")
+        sys.stdout.write(md_table(rows, cell))
         return
     from rich.table import Table
 
