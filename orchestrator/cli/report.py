@@ -53,7 +53,7 @@ def _machine(report: Report, views: list[View], fmt: TableFormat, table: str) ->
     if report.tables and fmt is TableFormat.csv and table == "all":
         raise UsageError(f"--format csv holds one table: add --table {', '.join(report.tables)}")
     if report.tables and table != "all":
-        rows = merge_json(_tagged(views, lambda v: v.rows[table]))  # type: ignore[call-overload]
+        rows = merge_json(_tagged(views, lambda v: v.rows[table]))
     elif fmt is TableFormat.json:
         write_json(merge_json(_tagged(views, lambda v: v.json if v.json is not None else v.rows)) if views else [])
         return
