@@ -16,8 +16,9 @@ import pytest
 import torch
 
 import tasks.models.engine as engine
+from tasks.attention.registry import repeat_kv
 from tasks.models import build_model
-from tasks.models.invariance import FP64_ATTENTION, _repeat_kv, fp64_attention, kv_cache
+from tasks.models.invariance import FP64_ATTENTION, fp64_attention, kv_cache
 from tasks.models.predictions import _top_sorted, predict
 
 # Unequal lengths: the batch is left-padded, so the cache holds masked pad positions too.
@@ -73,7 +74,7 @@ def test_pow2_and_other_head_counts(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _reference_keys(steps: list[torch.Tensor], n_rep: int) -> torch.Tensor:
-    return _repeat_kv(torch.cat(steps, dim=-2), n_rep).to(torch.float64)
+    return repeat_kv(torch.cat(steps, dim=-2), n_rep).to(torch.float64)
 
 
 @pytest.mark.parametrize("capacity", [0, 5, 40])

@@ -11,8 +11,9 @@ name                  what it computes                                          
 ``eager``             transformers' eager attention: ``q kᵀ * scale + mask`` and         computed alongside
                       ``p v`` in the input dtype, ``softmax`` in float32 then cast to
                       the input dtype
-``fp64``              the tiny model's attention today (:func:`tasks.models.invariance   computed alongside
-                      .fp64_attention`): every step in float64, rounded once
+``fp64``              :func:`attend_fp64`, the one float64 attention (the tiny         computed with the
+                      model's default, ``models.invariance.fp64_attention``, calls     output in float64
+                      it too): every step in float64, rounded once
 ====================  ===============================================================  ==================
 
 "Computed alongside": those backends do not return a logsumexp, so it is computed from the same
@@ -35,7 +36,7 @@ from tasks.attention.registry import AttentionKernel, register_attention
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["EAGER", "FP64", "SDPA_FLASH_CPU", "SDPA_MATH", "additive_mask", "logsumexp_alongside"]
+__all__ = ["EAGER", "FP64", "SDPA_FLASH_CPU", "SDPA_MATH", "additive_mask", "attend_fp64", "logsumexp_alongside"]
 
 ALONGSIDE = "computed alongside in float64, rounded once to float32 (the backend returns none)"
 
@@ -109,17 +110,31 @@ def _eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.T
     return torch.matmul(w, v), logsumexp_alongside(q, k, attn_mask, is_causal, scale)
 
 
+def attend_fp64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The one float64 attention: ``scores = q·kᵀ * scale + mask``, ``softmax``, ``probs·v``, every
+    step in float64 (operands and mask converted exactly; a float64 tensor is used as it is).
+
+    ``q`` ``[..., L, D]``, ``k``/``v`` ``[..., S, D]`` with as many heads as ``q`` (repeat key/value
+    heads first), ``mask`` additive and broadcastable to ``[..., L, S]`` or None.  Returns
+    ``(out, scores)`` in float64, unrounded: the ``fp64`` entry rounds ``out`` once to the inputs'
+    dtype and takes the logsumexp of ``scores``; the tiny model's default attention
+    (:func:`tasks.models.invariance.fp64_attention`) rounds ``out`` in transformers' layout.
+    """
+    import torch
+
+    scores = torch.matmul(q.to(torch.float64), k.to(torch.float64).transpose(-2, -1)) * scale
+    if mask is not None:
+        scores = scores + mask.to(torch.float64)
+    probs = torch.softmax(scores, dim=-1)
+    return torch.matmul(probs, v.to(torch.float64)), scores
+
+
 def _fp64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None, is_causal: bool,
           scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     import torch
 
-    # The operations of tasks.models.invariance.fp64_attention, in its order.
-    scores = torch.matmul(q.to(torch.float64), k.to(torch.float64).transpose(2, 3)) * scale
-    mask = additive_mask(q, k.shape[-2], attn_mask, is_causal, torch.float64)
-    if mask is not None:
-        scores = scores + mask
-    probs = torch.softmax(scores, dim=-1)
-    out = torch.matmul(probs, v.to(torch.float64))
+    out, scores = attend_fp64(q, k, v, additive_mask(q, k.shape[-2], attn_mask, is_causal, torch.float64), scale)
     return out.to(q.dtype), torch.logsumexp(scores, dim=-1).to(torch.float32)
 
 
@@ -137,7 +152,7 @@ EAGER = AttentionKernel(
 FP64 = AttentionKernel(
     name="fp64", device="cpu", compute=_fp64, gqa=False, algorithm="plain",
     logsumexp="computed in float64 with the output, rounded once to float32",
-    description="the tiny model's default (tasks.models.invariance.fp64_attention): float64 throughout, rounded once")
+    description="the tiny model's default (tasks.attention.cpu.attend_fp64): float64 throughout, rounded once")
 
 for _k in (SDPA_MATH, SDPA_FLASH_CPU, EAGER, FP64):
     register_attention(_k)

@@ -54,18 +54,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from tasks.attention.cpu import attend_fp64
+from tasks.attention.registry import repeat_kv
+
 __all__ = ["REDUCTIONS", "FP64_ATTENTION", "Fp64Linear", "fp64_attention", "kv_cache", "register", "apply"]
 
 FP64_ATTENTION = "swapcheck_fp64"
 #: ``reductions=`` choice of build_model -> transformers ``attn_implementation``.
 REDUCTIONS = {"fp64": FP64_ATTENTION, "fp32": "eager"}
-
-
-def _repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
-    if n_rep == 1:
-        return x
-    b, kv, s, d = x.shape
-    return x[:, :, None, :, :].expand(b, kv, n_rep, s, d).reshape(b, kv * n_rep, s, d)
 
 
 def fp64_attention(
@@ -85,19 +81,14 @@ def fp64_attention(
     """
     if dropout:
         raise ValueError("the W8A8 engine runs inference only (attention dropout must be 0)")
-    q = query.to(torch.float64)
     if key.dtype == torch.float64 and key.shape[1] == query.shape[1]:
         k, v = key, value  # from Fp64KVCache: already repeated to every query head and in float64
     else:
         n_rep = int(getattr(module, "num_key_value_groups", 1))
-        k = _repeat_kv(key, n_rep).to(torch.float64)
-        v = _repeat_kv(value, n_rep).to(torch.float64)
-    scores = torch.matmul(q, k.transpose(2, 3)) * scaling
-    if attention_mask is not None:
-        scores = scores + attention_mask[:, :, :, : k.shape[-2]].to(torch.float64)
-    probs = torch.softmax(scores, dim=-1)
-    out = torch.matmul(probs, v).transpose(1, 2).contiguous()
-    return out.to(query.dtype), None
+        k, v = repeat_kv(key, n_rep), repeat_kv(value, n_rep)
+    mask = None if attention_mask is None else attention_mask[:, :, :, : k.shape[-2]]
+    out, _ = attend_fp64(query, k, v, mask, scaling)
+    return out.transpose(1, 2).contiguous().to(query.dtype), None
 
 
 def kv_cache(config: Any, capacity: int = 0) -> Any:
