@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from reports import spacing
+
 if TYPE_CHECKING:
     from storage.catalog import Catalog
 
@@ -29,6 +31,9 @@ __all__ = ["ACTIVATION_DTYPE", "NOT_RUN", "answer_detail", "arm_pairs", "bound_c
 #: The dtype the tiny W8A8 model's attention runs in (its activations between layers are fp32).
 ACTIVATION_DTYPE = "float32"
 NOT_RUN = "not run"
+#: The near-zero fields (reports/spacing.py) beside the normal-range max, as in a GEMM pair's sections.
+NEAR_ZERO_KEYS = ("near_zero_beyond", "near_zero_beyond_exact", "near_zero_max_spacing", "near_zero_worst_abs_error",
+                  "max_abs_error")
 
 
 def replay_rows(cat: Catalog, sweep: str) -> list[dict[str, Any]]:
@@ -80,23 +85,28 @@ def replay_section(replay: list[dict[str, Any]], key: tuple[str, str]) -> dict[s
     layers = sum(r["layers"] for r in own)
     elements = sum(r["elements"] for r in own)
     differing = sum(r["differing"] for r in own)
+    sp = spacing.empty()
+    for r in own:
+        spacing.add(sp, r)
     return {"status": "run", "dtypes": sorted({r["dtype"] for r in own}), "layers": layers,
             "identical_layers": sum(r["identical_layers"] for r in own), "elements": elements,
             "differing": differing, "ppm": 1e6 * differing / elements if elements else None,
             "max_spacing": max(r["max_spacing"] for r in own),
-            "max_spacing_significant": max(r["max_spacing_significant"] for r in own), "accumulators_equal": None,
+            "max_spacing_significant": max(r["max_spacing_significant"] for r in own),
+            **{k: sp[k] for k in NEAR_ZERO_KEYS}, "accumulators_equal": None,
             "lse_differing": sum(r["lse_differing"] for r in own), "lse_elements": sum(r["lse_elements"] for r in own),
             "lse_max_spacing": max(r["lse_max_spacing"] for r in own)}
 
 
-def beyond_reference(replay: list[dict[str, Any]], key: tuple[str, str]) -> int | None:
-    """The pair's largest replay distance beyond either kernel's own from float64 (module docstring)."""
+def beyond_reference(replay: list[dict[str, Any]], key: tuple[str, str], column: str = "max_spacing") -> int | None:
+    """The pair's largest replay distance beyond either kernel's own from float64 (module docstring);
+    ``column`` ``max_spacing`` (raw) or ``max_spacing_significant`` (the normal range)."""
     pair = [r for r in _pair_rows(replay, key) if r["dtype"] == ACTIVATION_DTYPE]
-    refs = {r["impl_a"]: r["max_spacing"] for r in replay
+    refs = {r["impl_a"]: r[column] for r in replay
             if r["comparison"] == "reference" and r["dtype"] == ACTIVATION_DTYPE}
     if not pair or key[0] not in refs or key[1] not in refs:
         return None
-    return max(0, int(max(r["max_spacing"] for r in pair)) - int(max(refs[key[0]], refs[key[1]])))
+    return max(0, int(max(r[column] for r in pair)) - int(max(refs[key[0]], refs[key[1]])))
 
 
 def per_dtype(replay: list[dict[str, Any]], key: tuple[str, str]) -> list[dict[str, Any]]:
@@ -107,23 +117,31 @@ def per_dtype(replay: list[dict[str, Any]], key: tuple[str, str]) -> list[dict[s
         out.append({"dtype": r["dtype"], "layers": r["layers"], "identical_layers": r["identical_layers"],
                     "elements": r["elements"], "differing": r["differing"], "max_spacing": r["max_spacing"],
                     "max_spacing_significant": r["max_spacing_significant"],
+                    **{k: r.get(k) for k in NEAR_ZERO_KEYS},
                     "lse_differing": r["lse_differing"], "lse_elements": r["lse_elements"],
                     "lse_max_spacing": r["lse_max_spacing"],
-                    "reference_max_spacing": {k: refs[k]["max_spacing"] for k in key if k in refs}})
+                    "reference_max_spacing": {k: refs[k]["max_spacing"] for k in key if k in refs},
+                    "reference_max_spacing_significant": {k: refs[k]["max_spacing_significant"]
+                                                          for k in key if k in refs}})
     return out
 
 
-def answer_detail(section: dict[str, Any] | None, dtypes: list[dict[str, Any]]) -> str:
-    """What an attention pair's answer adds to a GEMM pair's: the replay's largest distance among
-    outputs of at least 5% of the largest (spacing counts near zero run through tiny binades), each
-    kernel's own largest distance from float64, and the logsumexp differences."""
+def answer_detail(section: dict[str, Any] | None, dtypes: list[dict[str, Any]],
+                  algorithms: dict[str, str] | None = None) -> str:
+    """What an attention pair's answer adds to a GEMM pair's (whose replay clause already gives the
+    normal-range max and the near-zero outputs beyond it, reports/spacing.py): each kernel's own
+    normal-range max distance from float64 -- the yardstick of the pair's --, and the logsumexp
+    differences."""
     if section is None:
         return ""
     row = next((d for d in dtypes if d["dtype"] in section["dtypes"]), None)
-    own = "" if row is None else ", ".join(f"{k} {v} sp" for k, v in row["reference_max_spacing"].items())
-    return (f"; replay {'/'.join(section['dtypes'])}: max {section['max_spacing_significant']} sp among outputs "
-            f">= 5% of the largest; each kernel vs float64: {own or 'not run'}; logsumexp "
-            f"{section['lse_differing']}/{section['lse_elements']} differ (max {section['lse_max_spacing']} fp32 sp)")
+    own = "" if row is None else ", ".join(
+        f"{k} {v} sp" for k, v in row.get("reference_max_spacing_significant", row["reference_max_spacing"]).items())
+    why = "; ".join(f"{k} within the bounds of {v}" for k, v in sorted((algorithms or {}).items()))
+    return (f"; replay {'/'.join(section['dtypes'])}, each kernel vs float64 (normal range): {own or 'not run'}"
+            + (f" (the verdict's reason: {why})" if why else "") + "; "
+            f"logsumexp {section['lse_differing']}/{section['lse_elements']} differ "
+            f"(max {section['lse_max_spacing']} fp32 sp)")
 
 
 def bound_checks(replay: list[dict[str, Any]], key: tuple[str, str]) -> tuple[dict[str, dict[str, str]], dict[str, str]]:

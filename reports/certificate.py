@@ -4,9 +4,12 @@ One certificate per (sweep, kernel A, kernel B), for every pair of the kernels a
 matrix, kernels of one input format), with one section per scale mode. Each section holds:
 
 * ``kdepth`` (``kdepth_summary``): outputs, differing, ppm with an exact (Clopper-Pearson) interval,
-  ``max_spacing`` (the largest distance in output spacings, the SQL max), ``max_spacing_beyond_reference_error``
-  (see :func:`kdepth_section`), one row per K, and the K-trend (:func:`k_trend`);
-* ``replay`` (``replay_by_type`` summed by ``reports.replay.pair_totals``): layers identical n/N, max spacing;
+  ``max_spacing_significant`` (the normal-range max spacing: THE max spacing of the answer, the evidence
+  and every other report), the near-zero outputs beyond it (``near_zero_*``), ``max_spacing`` (raw,
+  near-zero outputs included; reports/spacing.py), ``max_spacing_beyond_reference_error`` (see
+  :func:`kdepth_section`), one row per K, and the K-trend (:func:`k_trend`);
+* ``replay`` (``replay_by_type`` summed by ``reports.replay.pair_totals``): layers identical n/N, the
+  same spacing fields;
 * ``end_to_end`` (``cross_arm``, ``self_reproducibility``, ``teacher_forced_pairs``): per arm pair whose
   arms ran the two kernels under this scale mode, sequences identical n/N, each arm's
   self-reproducibility, and the flips of each teacher-forced (ref_arm, arm) pair read alone
@@ -26,7 +29,7 @@ from itertools import combinations
 from typing import TYPE_CHECKING, Any
 
 from reports import attention as attention_swap
-from reports import fliprisk, kdepth, noise_floor, quantizer_swap, replay
+from reports import fliprisk, kdepth, noise_floor, quantizer_swap, replay, spacing
 from reports.agreement import self_cell
 
 if TYPE_CHECKING:
@@ -163,35 +166,56 @@ def _ppm(d: int, n: int) -> float | None:
     return 1e6 * d / n if n else None
 
 
-def kdepth_section(rows: list[dict[str, Any]], refs: dict[tuple[str, int], int | None],
+#: The near-zero fields (reports/spacing.py) a section carries beside its spacing maxima.
+NEAR_ZERO_KEYS = ("near_zero_beyond", "near_zero_beyond_exact", "near_zero_max_spacing", "near_zero_worst_abs_error",
+                  "max_abs_error")
+
+
+def _ref(refs: dict[tuple[str, int], tuple[int | None, int | None]], a: str, b: str, k: int, i: int) -> int | None:
+    """The larger of kernel a's and b's own distance from exact at K (raw: i = 0; normal range: 1)."""
+    ra, rb = refs.get((a, k)), refs.get((b, k))
+    va, vb = (None if r is None else r[i] for r in (ra, rb))
+    return None if va is None or vb is None else max(va, vb)
+
+
+def _beyond(pair: int | None, ref: int | None) -> int | None:
+    return None if pair is None or ref is None else max(0, pair - ref)
+
+
+def kdepth_section(rows: list[dict[str, Any]], refs: dict[tuple[str, int], tuple[int | None, int | None]],
                    a: str, b: str) -> dict[str, Any]:
     """K-depth evidence of one pair and scale mode from its ``kdepth_summary`` rows.
 
     ``max_spacing_beyond_reference_error``: over K, the largest ``pair max_spacing at K - max(max_spacing
     of a vs exact at K, of b vs exact at K)``, floored at 0: how many spacings the pair's largest
     difference exceeds the larger of the two kernels' own largest errors against the exact result at
-    the same K. None when a K lacks either reference row.
+    the same K. None when a K lacks either reference row. ``max_spacing_significant_beyond_reference_error``:
+    the same over the normal-range maxima (``max_spacing_significant``).
     """
     if not rows:
         return {"status": NOT_RUN}
     per_k: dict[int, dict[str, Any]] = {}
     for t in kdepth.pair_totals(rows, keys=("k",)):
-        ra, rb = refs.get((a, t["k"])), refs.get((b, t["k"]))
-        ref = None if ra is None or rb is None else max(ra, rb)
+        ref, ref_sig = (_ref(refs, a, b, t["k"], i) for i in (0, 1))
         per_k[t["k"]] = {"k": t["k"], "elements": t["elements"], "differing": t["differing"],
                          "ppm": _ppm(t["differing"], t["elements"]), "max_spacing": t["max_spacing"],
                          "reference_max_spacing": ref,
-                         "beyond_reference_error": None if ref is None or t["max_spacing"] is None
-                         else max(0, t["max_spacing"] - ref)}
+                         "beyond_reference_error": _beyond(t["max_spacing"], ref),
+                         "max_spacing_significant": t["max_spacing_significant"],
+                         "reference_max_spacing_significant": ref_sig,
+                         "beyond_reference_error_significant": _beyond(t["max_spacing_significant"], ref_sig)}
     (tot,) = kdepth.pair_totals(rows, keys=())
     ci = exact_ci(tot["differing"], tot["elements"])
     beyond = [r["beyond_reference_error"] for r in per_k.values()]
+    beyond_sig = [r["beyond_reference_error_significant"] for r in per_k.values()]
     return {"status": "run", "out_dtype": rows[0]["out_dtype"], "seeds": max(r["seeds"] for r in rows),
             "elements": tot["elements"], "differing": tot["differing"],
             "ppm": _ppm(tot["differing"], tot["elements"]),
             "ppm_ci_low": None if ci is None else 1e6 * ci[0], "ppm_ci_high": None if ci is None else 1e6 * ci[1],
             "max_spacing": tot["max_spacing"], "max_spacing_significant": tot["max_spacing_significant"],
+            **{k: tot[k] for k in NEAR_ZERO_KEYS},
             "max_spacing_beyond_reference_error": None if None in beyond else max(beyond),
+            "max_spacing_significant_beyond_reference_error": None if None in beyond_sig else max(beyond_sig),
             "per_k": [per_k[k] for k in sorted(per_k)],
             "trend": k_trend([(r["k"], r["differing"], r["elements"]) for r in per_k.values()])}
 
@@ -202,7 +226,8 @@ def replay_section(rows: list[dict[str, Any]]) -> dict[str, Any]:
     (t,) = replay.pair_totals(rows, keys=())
     return {"status": "run", "layers": t["layers"], "identical_layers": t["identical_layers"],
             "elements": t["elements"], "differing": t["differing"], "ppm": _ppm(t["differing"], t["elements"]),
-            "max_spacing": t["max_spacing"], "accumulators_equal": t["accumulators_equal"]}
+            "max_spacing": t["max_spacing"], "max_spacing_significant": t["max_spacing_significant"],
+            **{k: t[k] for k in NEAR_ZERO_KEYS}, "accumulators_equal": t["accumulators_equal"]}
 
 
 def flip_figures(cat: Catalog, sweep: str, ref_arm: str, arm: str) -> dict[str, Any]:
@@ -300,13 +325,12 @@ def answer(cert: dict[str, Any]) -> str:
         if s["verdict"] == "IDENTICAL":
             text = f"bit-identical under {name}"
         elif kd["status"] == "run":
-            beyond = kd["max_spacing_beyond_reference_error"]
-            text = (f"{kd['ppm']:.3g} ppm differ under {name} (max {kd['max_spacing']} sp"
-                    + ("" if beyond is None else f", {beyond} beyond the reference's own error")
-                    + f"), {trend_phrase(kd['trend'])}")
+            text = (f"{kd['ppm']:.3g} ppm differ under {name} "
+                    f"({spacing.phrase(kd, kd.get('max_spacing_significant_beyond_reference_error'))}), "
+                    f"{trend_phrase(kd['trend'])}")
         elif s["replay"]["status"] == "run":
             rp = s["replay"]
-            text = f"{rp['identical_layers']}/{rp['layers']} replayed layers identical under {name} (max {rp['max_spacing']} sp)"
+            text = f"{rp['identical_layers']}/{rp['layers']} replayed layers identical under {name} ({spacing.phrase(rp)})"
         else:
             text = f"under {name}"
         if e2e["status"] == "run" and s["verdict"] != "IDENTICAL":
@@ -319,6 +343,21 @@ def answer(cert: dict[str, Any]) -> str:
 
 def _unordered(a: str, b: str) -> tuple[str, str]:
     return (a, b) if a <= b else (b, a)
+
+
+def _spacing_facts(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The certificate's normal-range max spacing and near-zero fields over ``rows`` (the pair's
+    ``kdepth_summary`` rows, or its one replay section): reports/spacing.py. Near-zero fields are None
+    where the rows do not measure them (a quantizer pair's downstream GEMM)."""
+    if not rows:
+        return {"max_spacing_significant": None, **{k: None for k in NEAR_ZERO_KEYS}}
+    if any("hist_1" not in r for r in rows):  # replay sections (one per certificate: real scales)
+        one = rows[0] if len(rows) == 1 else {}
+        return {"max_spacing_significant": max((r["max_spacing_significant"] for r in rows
+                                                 if r.get("max_spacing_significant") is not None), default=None),
+                **{k: one.get(k) for k in NEAR_ZERO_KEYS}}
+    (t,) = kdepth.pair_totals(rows, keys=())
+    return {"max_spacing_significant": t["max_spacing_significant"], **{k: t[k] for k in NEAR_ZERO_KEYS}}
 
 
 def _provenance(cat: Catalog, sweep: str) -> tuple[dict[str, Any], dict[str, list[str]]]:
@@ -339,7 +378,7 @@ def _provenance(cat: Catalog, sweep: str) -> tuple[dict[str, Any], dict[str, lis
 
 def _sweep_certificates(cat: Catalog, sweep: str) -> list[dict[str, Any]]:
     kd_rows = kdepth.summary(cat, sweep)
-    refs = {(t["impl_a"], t["scale_mode"], t["k"]): t["max_spacing"]
+    refs = {(t["impl_a"], t["scale_mode"], t["k"]): (t["max_spacing"], t["max_spacing_significant"])
             for t in kdepth.pair_totals([r for r in kd_rows if r["comparison"] == "reference"],
                                         keys=("impl_a", "scale_mode", "k"))}
     rp_rows = [r for r in replay.by_type(cat, sweep) if r["comparison"] == "pair"]
@@ -391,11 +430,15 @@ def _sweep_certificates(cat: Catalog, sweep: str) -> list[dict[str, Any]]:
             sections.append({**sec, "verdict": section_verdict(sec, checks)})
         kd_run = [s["kdepth"] for s in sections if s["kdepth"]["status"] == "run"]
         beyond = [x["max_spacing_beyond_reference_error"] for x in kd_run]
+        beyond_sig = [x["max_spacing_significant_beyond_reference_error"] for x in kd_run]
         cert: dict[str, Any] = {
             "sweep": sweep, "kernel_a": a, "kernel_b": b, "dtype": dtype.get(a) or dtype.get(b),
             "verdict": _overall(sections), "answer": "",
             "max_spacing": max((x["max_spacing"] for x in kd_run), default=None),
             "max_spacing_beyond_reference_error": None if not beyond or None in beyond else max(beyond),
+            **_spacing_facts(kd),
+            "max_spacing_significant_beyond_reference_error": None if not beyond_sig or None in beyond_sig
+            else max(beyond_sig),
             "scale_modes": sections,
             "checks_a": checks[a], "checks_b": checks[b],
             "noise_floor": noise_floor.certificate_section(floor, sweep, (a, b)),
@@ -437,6 +480,9 @@ def _attention_certificates(cat: Catalog, sweep: str, qarms: dict[str, str | Non
             "verdict": _overall(sections), "answer": "",
             "max_spacing": max((x["max_spacing"] for x in replayed), default=None),
             "max_spacing_beyond_reference_error": attention_swap.beyond_reference(rp, key),
+            **_spacing_facts(replayed),
+            "max_spacing_significant_beyond_reference_error": attention_swap.beyond_reference(
+                rp, key, "max_spacing_significant"),
             "scale_modes": sections, "checks_a": checks[a], "checks_b": checks[b], "algorithms": algorithms,
             "attention_replay": attention_swap.per_dtype(rp, key),
             # The floor beside an attention swap: the model's with either attention kernel (and the arms' GEMM kernel).
@@ -446,8 +492,9 @@ def _attention_certificates(cat: Catalog, sweep: str, qarms: dict[str, str | Non
                            "weights_sha256": sorted({w for c in xs for arm in (c["arm_a"], c["arm_b"])
                                                      for w in (arms.get(arm) or {}).get("weights_sha256") or []})},
         }
-        cert["answer"] = answer(cert) + attention_swap.answer_detail(replayed[0] if replayed else None,
-                                                                     cert["attention_replay"])
+        cert["answer"] = answer(cert) + attention_swap.answer_detail(
+            replayed[0] if replayed else None, cert["attention_replay"],
+            algorithms if cert["verdict"] == "WITHIN_ALGORITHM_BOUND" else None)
         certs.append(cert)
     return certs
 
@@ -492,6 +539,8 @@ def _quantizer_certificates(cat: Catalog, sweep: str, qarms: dict[str, str | Non
             "verdict": _overall(sections), "answer": "",
             "max_spacing": max((x["max_spacing"] for x in replayed), default=None),
             "max_spacing_beyond_reference_error": None,
+            **_spacing_facts(replayed),
+            "max_spacing_significant_beyond_reference_error": None,
             "scale_modes": sections, "checks_a": not_run, "checks_b": not_run, "gemm_checks": gemm_checks,
             "quantize": summary,
             # A quantizer has no floor of its own: the floor of the fixed GEMM kernel, named as such.
@@ -518,7 +567,9 @@ def summary_rows(certs: list[dict[str, Any]]) -> list[dict[str, Any]]:
              "kernel_b": c["kernel_b"], "scales": ", ".join(s["scale_mode"] for s in c["scale_modes"]),
              "verdict": c["verdict"],
              "verdicts_by_scale": "; ".join(f"{s['scale_mode']}: {s['verdict']}" for s in c["scale_modes"]),
-             "answer": c["answer"], "max_spacing": c["max_spacing"],
+             "answer": c["answer"], "max_spacing_significant": c.get("max_spacing_significant"),
+             "near_zero_beyond": c.get("near_zero_beyond"), "max_spacing": c["max_spacing"],
+             "max_spacing_significant_beyond_reference_error": c.get("max_spacing_significant_beyond_reference_error"),
              "max_spacing_beyond_reference_error": c["max_spacing_beyond_reference_error"]} for c in certs]
 
 
@@ -537,10 +588,16 @@ def matrix_rows(certs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                         "kdepth_ppm": kd.get("ppm"), "kdepth_ppm_ci_low": kd.get("ppm_ci_low"),
                         "kdepth_ppm_ci_high": kd.get("ppm_ci_high"), "kdepth_max_spacing": kd.get("max_spacing"),
                         "kdepth_max_spacing_beyond_reference_error": kd.get("max_spacing_beyond_reference_error"),
+                        "kdepth_max_spacing_significant": kd.get("max_spacing_significant"),
+                        "kdepth_max_spacing_significant_beyond_reference_error":
+                            kd.get("max_spacing_significant_beyond_reference_error"),
+                        **{f"kdepth_{k}": kd.get(k) for k in NEAR_ZERO_KEYS},
                         "k_trend_slope": t.get("slope"), "k_trend_slope_ci_low": t.get("slope_ci_low"),
                         "k_trend_slope_ci_high": t.get("slope_ci_high"),
                         "replay_identical_layers": rp.get("identical_layers"), "replay_layers": rp.get("layers"),
                         "replay_max_spacing": rp.get("max_spacing"),
+                        "replay_max_spacing_significant": rp.get("max_spacing_significant"),
+                        **{f"replay_{k}": rp.get(k) for k in NEAR_ZERO_KEYS},
                         "e2e_arm_pairs": len(pairs),
                         "e2e_identical": sum(p["identical"] for p in pairs) if pairs else None,
                         "e2e_total": sum(p["total"] for p in pairs) if pairs else None})
@@ -571,13 +628,18 @@ def evidence_rows(cert: dict[str, Any]) -> list[dict[str, Any]]:
                 "ppm per K": " ".join(f"{r['k']}:{r['ppm']:.3g}" for r in kd["per_k"]),
                 "K-trend slope [95%]": trend_phrase(t) if t["kind"] in ("identical", "single_k") else
                 f"{_num(t['slope'], '.2f')} {_interval(t['slope_ci_low'], t['slope_ci_high'], '.2f')} ({trend_phrase(t)})",
-                "max spacing": kd["max_spacing"],
-                "max spacing beyond reference error": _num(kd["max_spacing_beyond_reference_error"], "d"),
+                spacing.NORMAL: kd["max_spacing_significant"],
+                f"{spacing.NORMAL} beyond reference error": _num(kd.get("max_spacing_significant_beyond_reference_error"), "d"),
+                spacing.NEAR_ZERO: spacing.near_zero_cell(kd),
+                spacing.RAW: kd["max_spacing"],
+                f"{spacing.RAW} beyond reference error": _num(kd["max_spacing_beyond_reference_error"], "d"),
             })
         else:
             row.update({"K-depth ppm [95% exact]": NOT_RUN, "ppm per K": NOT_RUN, "K-trend slope [95%]": NOT_RUN,
-                        "max spacing": NOT_RUN, "max spacing beyond reference error": NOT_RUN})
-        row["replay layers identical"] = (f"{rp['identical_layers']}/{rp['layers']} (max {rp['max_spacing']} sp)"
+                        spacing.NORMAL: NOT_RUN, f"{spacing.NORMAL} beyond reference error": NOT_RUN,
+                        spacing.NEAR_ZERO: NOT_RUN, spacing.RAW: NOT_RUN,
+                        f"{spacing.RAW} beyond reference error": NOT_RUN})
+        row["replay layers identical"] = (f"{rp['identical_layers']}/{rp['layers']} ({spacing.phrase(rp)})"
                                           if rp["status"] == "run" else NOT_RUN)
         pairs = e2e.get("arm_pairs", [])
         row["sequences identical"] = "; ".join(

@@ -1,8 +1,9 @@
 """What every experiment says about swapping one kernel for another: the matrix view of the certificates.
 
 ``report conformance`` is one row per (sweep, kernel pair, scale mode) of ``reports.certificate``:
-the section's verdict and its numbers (K-depth ppm with its exact interval, max spacing raw and beyond
-the reference's own error, the K-trend slope and interval, replay layers identical, sequences
+the section's verdict and its numbers (K-depth ppm with its exact interval, the normal-range max
+spacing with the near-zero outputs beyond it and the raw max, each beyond the reference's own error
+(reports/spacing.py), the K-trend slope and interval, replay layers identical, sequences
 identical), beside the certificate's one-line answer. The check verdicts (``check_verdicts``, the
 worst verdict over trials and shapes, also a nightly metric) are defined in ``reports.certificate``
 and re-exported here.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from reports import spacing
 from reports.certificate import (
     VERDICT_ORDER,
     certificates,
@@ -37,6 +39,11 @@ def conformance(cat: Catalog, sweep: str | None) -> list[dict[str, Any]]:
     return matrix_rows(certificates(cat, sweep))
 
 
+def _unprefix(r: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """A matrix row's ``<prefix>*`` cells under their section names (``kdepth_max_spacing`` -> ``max_spacing``)."""
+    return {k[len(prefix):]: v for k, v in r.items() if k.startswith(prefix)}
+
+
 def table_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The matrix for a terminal: one short line per (pair, scale mode); JSON and CSV keep every number."""
     def count(k: Any, n: Any, what: str) -> str:
@@ -57,7 +64,8 @@ def table_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out.append({
             "pair": f"{r['kernel_a']} vs {r['kernel_b']}", "scales": r["scale_mode"] or "", "verdict": r["verdict"],
             "K-depth ppm": f"{r['kdepth_ppm']:.3g}" if ran else "not run",
-            "max sp": r["kdepth_max_spacing"] if ran else "not run",
+            spacing.NORMAL: spacing.normal_cell(_unprefix(r, "kdepth_")) if ran else "not run",
+            spacing.RAW: r["kdepth_max_spacing"] if ran else "not run",
             "K-trend (slope, 95%)": trend,
             "replay": count(r["replay_identical_layers"], r["replay_layers"], "layers identical"),
             "end to end": count(r["e2e_identical"], r["e2e_total"], "sequences identical"),

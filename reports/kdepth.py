@@ -3,14 +3,17 @@
 Every K-depth number of every report comes from ONE named query, ``kdepth_summary``
 (``storage/queries/kdepth_summary.sql``: summed over seeds, one row per sweep, dtype, pair, scale
 mode and K). :func:`pair_totals` sums it over K (and seeds) per kernel pair, so ``report
-conformance``, the HTML curves and the nightly metrics show the same ``max_spacing`` (the true
-largest distance in output spacings) and ``max_spacing_significant`` as ``report kdepth``.
+conformance``, the HTML curves and the nightly metrics show the same ``max_spacing_significant``
+(the normal-range max spacing, THE max spacing of every report), near-zero outputs beyond it
+(``near_zero_*``) and raw ``max_spacing`` as ``report kdepth`` (reports/spacing.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
+
+from reports import spacing
 
 if TYPE_CHECKING:
     from storage.catalog import Catalog
@@ -34,20 +37,18 @@ def _key(values: Iterable[Any]) -> tuple[tuple[bool, Any], ...]:
 def pair_totals(rows: Iterable[dict[str, Any]], keys: Sequence[str] = PAIR_KEYS) -> list[dict[str, Any]]:
     """``kdepth_summary`` rows summed over K (and whatever else is not in ``keys``), sorted by ``keys``.
 
-    Each total carries ``keys``, ``elements`` and ``differing`` (sums), ``max_spacing`` and
-    ``max_spacing_significant`` (maxima).
+    Each total carries ``keys``, ``elements`` and ``differing`` (sums), and the spacing fields of
+    :func:`reports.spacing.add`: ``max_spacing`` (raw), ``max_spacing_significant`` (normal range),
+    ``near_zero_beyond`` (summed), ``near_zero_max_spacing``, ``near_zero_worst_abs_error``, ``max_abs_error``.
     """
     out: dict[tuple[Any, ...], dict[str, Any]] = {}
     for r in rows:
         k = tuple(r[c] for c in keys)
-        t = out.setdefault(k, {**{c: r[c] for c in keys}, "elements": 0, "differing": 0,
-                               "max_spacing": None, "max_spacing_significant": None})
+        t = out.setdefault(k, {**{c: r[c] for c in keys}, "elements": 0, "differing": 0, **spacing.empty()})
         t["elements"] += r["elements"] or 0
         t["differing"] += r["differing"] or 0
-        for m in ("max_spacing", "max_spacing_significant"):
-            if r[m] is not None and (t[m] is None or r[m] > t[m]):
-                t[m] = r[m]
-    return [out[k] for k in sorted(out, key=_key)]
+        spacing.add(t, r)
+    return [spacing.public(out[k]) for k in sorted(out, key=_key)]
 
 
 def curves(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -65,20 +66,24 @@ def human_row(r: dict[str, Any]) -> dict[str, Any]:
         "outputs": r["elements"],
         "differing": r["differing"],
         "ppm": r["ppm"],
-        "max sp": r["max_spacing"],
-        "max sp >5%": r["max_spacing_significant"],
+        spacing.NORMAL: r["max_spacing_significant"],
+        spacing.NEAR_ZERO: spacing.near_zero_cell(r),
+        spacing.RAW: r["max_spacing"],
         "1 / 2 / >2 sp": f"{r['hist_1']} / {r['hist_2']} / {r['hist_gt2']}",
     }
 
 
 def wide_rows(grp: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One line per pair and scale mode, one column per K, each cell ``ppm · max spacing``."""
+    """One line per pair and scale mode, one column per K, each cell ``ppm · normal-range max spacing``,
+    ``(+n near zero)`` where n near-zero outputs lie farther apart."""
     ks = sorted({r["k"] for r in grp})
     lines: dict[tuple[Any, ...], dict[str, Any]] = {}
     for r in grp:
         line = lines.setdefault((r["impl_a"], r["impl_b"], r["scale_mode"]), {
             "pair": f"{r['impl_a']} vs {r['impl_b']}", "scales": r["scale_mode"], **{f"K={k}": "" for k in ks}})
-        line[f"K={r['k']}"] = f"{r['ppm']:.3g} · {r['max_spacing']}"
+        nz = r.get("near_zero_beyond")
+        line[f"K={r['k']}"] = (f"{r['ppm']:.3g} · {r['max_spacing_significant']}"
+                               + (f" (+{spacing.near_zero_count(r)} near zero)" if nz else ""))
     return list(lines.values())
 
 
@@ -96,5 +101,6 @@ def tables(rows: list[dict[str, Any]], long: bool = False) -> list[tuple[str, li
         if long:
             out.append((title, [human_row(r) for r in grp]))
         else:
-            out.append((title + " — cells: ppm differing · max spacings", wide_rows(grp)))
+            out.append((title + " — cells: ppm differing · max spacings in the normal range (outputs >= 5% of "
+                        "the largest; +n near-zero outputs farther apart)", wide_rows(grp)))
     return out

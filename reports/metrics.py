@@ -7,7 +7,10 @@ a value and a rule:
   prediction's status, a check's verdict): any change is a regression;
 * ``rate`` — fractions of differing outputs or flips: a regression when today's value exceeds the
   baseline by more than ``max(abs_tol, rel_tol * baseline)``; a larger drop is reported as a change;
-* ``max`` — worst-case distances in spacings: a regression when today's value is larger;
+* ``max`` — worst-case distances in spacings (``max_spacing_significant``: the normal-range max, the
+  max spacing every report shows; ``max_spacing``: the raw max, near-zero outputs included) and the
+  count of near-zero outputs beyond the normal-range max (``near_zero_beyond``, reports/spacing.py):
+  a regression when today's value is larger;
 * ``auc`` — the flip-risk ROC-AUC: a change larger than ``abs_tol`` either way is reported, a drop
   larger than it is a regression.
 
@@ -48,6 +51,7 @@ def kdepth_metrics(cat: Catalog, sweep: str) -> dict[str, dict[str, Any]]:
         out[f"{key}/differing_rate"] = _metric(d / e if e else 0.0, "rate",
                                                abs_tol=RATE_ABS_TOL, rel_tol=RATE_REL_TOL)
         out[f"{key}/max_spacing_significant"] = _metric(int(r["max_spacing_significant"]), "max")
+        out[f"{key}/near_zero_beyond"] = _metric(int(r["near_zero_beyond"]), "max")
     return out
 
 
@@ -59,7 +63,10 @@ def replay_metrics(cat: Catalog, sweep: str) -> dict[str, dict[str, Any]]:
         out[f"{key}/identical_layers"] = _metric(f"{r['identical_layers']}/{r['layers']}", "exact")
         out[f"{key}/differing_rate"] = _metric(d / e if e else 0.0, "rate",
                                                abs_tol=RATE_ABS_TOL, rel_tol=RATE_REL_TOL)
-        out[f"{key}/max_spacing"] = _metric(int(r["max_spacing"]), "max")
+        out[f"{key}/max_spacing"] = _metric(int(r["max_spacing"]), "max")  # raw (kept: baselines name it)
+        if r.get("max_spacing_significant") is not None:
+            out[f"{key}/max_spacing_significant"] = _metric(int(r["max_spacing_significant"]), "max")
+            out[f"{key}/near_zero_beyond"] = _metric(int(r["near_zero_beyond"]), "max")
         if r["comparison"] == "pair":
             out[f"{key}/accumulators_equal"] = _metric(bool(r["accumulators_equal"]), "exact")
     return out

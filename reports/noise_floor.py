@@ -139,6 +139,24 @@ def m_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for r in rows if (r["sweep"], r["experiment"], r["kernel"]) in varying]
 
 
+#: The raw maximum of the model table, labelled for what it is (docs/noise-floor.md).
+RAW_LOGIT_SPACING = "max fp32 spacings (raw, any logit; near zero a sign change alone is ~2^31)"
+#: The distance in fp32 spacings from -1.0 to +1.0 (ordered bit patterns, +0 and -0 one apart): a
+#: yardstick for raw distances that cross zero.
+FP32_MINUS_ONE_TO_ONE = 2 * 0x3F800000 + 1
+
+
+def raw_logit_cell(v: int | None) -> str:
+    """A raw logit distance with its yardstick: ``"2,050,785,249 (0.96 x the distance from -1.0 to +1.0)"``
+    (from 2^30 on: a distance that large between two same-sign logits needs a magnitude ratio of 2^128;
+    across zero it is the sum of both sides' distances from zero)."""
+    if v is None:
+        return NOT_RUN
+    if v < 2**30:
+        return f"{v:,}"
+    return f"{v:,} ({v / FP32_MINUS_ONE_TO_ONE:.2g} x the distance from -1.0 to +1.0)"
+
+
 def model_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One line per (kernel, scales, reductions, comparison, batch size)."""
     return [{**_sweep(rows, r), "kernel": r["kernel"], **_attention(rows, r), "scales": r["scales"],
@@ -146,9 +164,10 @@ def model_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
              "sequences with an argmax difference": interval(r["sequences"]),
              "positions with an argmax difference": interval(r["positions_rate"]),
              "positions with any logit differing": f"{r['positions_logits_differ']}/{r['positions']}",
-             "max spacings (fp32, over the vocabulary)": r["max_spacing"],
-             "max spacings (logits >= 5% of the largest)": r["max_spacing_significant"],
-             "max spacings at the argmax": r["max_argmax_spacing"],
+             "max fp32 spacings (normal range: logits >= 5% of the largest)": r["max_spacing_significant"],
+             "max fp32 spacings at the argmax": r["max_argmax_spacing"],
+             "positions whose max is at a near-zero logit": f"{r.get('positions_near_zero_max', 0) or 0}/{r['positions']}",
+             RAW_LOGIT_SPACING: raw_logit_cell(r["max_spacing"]),
              "largest margin at a flip": r["max_flip_margin"]} for r in rows]
 
 

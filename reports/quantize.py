@@ -9,10 +9,31 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+# The certificate's vocabulary and rare fraction (tasks/verdicts.py, mirrored there: reports import no tasks).
+from reports.certificate import NOT_RUN, RARE_FRACTION
+
 if TYPE_CHECKING:
     from storage.catalog import Catalog
 
-__all__ = ["DOCUMENT_TITLE", "document_note", "by_layer", "by_pair", "document_table", "layer_table", "pair_table"]
+__all__ = ["DOCUMENT_TITLE", "document_note", "by_layer", "by_pair", "document_table", "layer_table", "pair_table",
+           "pair_verdict"]
+
+
+def pair_verdict(r: dict[str, Any]) -> str:
+    """The verdict of one ``quantize_by_pair`` row, in the certificate's vocabulary and by the rule a
+    quantizer certificate applies to its downstream replay (docs/quantizers.md, "Verdict per pair"):
+    ``IDENTICAL`` when the downstream GEMM outputs are bit-identical (with no downstream -- FP8 --
+    when the quantized values and scales are); ``EPILOGUE_ROUNDING`` when they differ in at most
+    RARE_FRACTION of outputs by at most 1 spacing (raw: every output); ``DIFFERENT`` otherwise;
+    ``not run`` for an FP8 pair whose values differ (no downstream GEMM to judge)."""
+    if r["out_elements"] is None:
+        return "IDENTICAL" if not r["q_differing"] and not r["scales_differing"] else f"{NOT_RUN} (no downstream GEMM)"
+    if not r["out_differing"]:
+        return "IDENTICAL"
+    if (r["out_frac_differing"] or 0.0) <= RARE_FRACTION and (r["out_max_spacing"] or 0) <= 1:
+        return "EPILOGUE_ROUNDING"
+    return "DIFFERENT"
+
 
 
 def by_pair(cat: Catalog, sweep: str | None) -> list[dict[str, Any]]:
@@ -35,12 +56,13 @@ def pair_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One line per pair: values differing (count, %), max |dq|, scales differing, max scale spacing,
     and downstream through the fixed GEMM (outputs differing, ppm, max output spacing, identical layers)."""
     return [{"experiment": r["experiment"], "pair": f"{r['reference']} vs {r['candidate']}",
+             "verdict": pair_verdict(r),
              "acts": r["activation_dtype"], "q": r["q_dtype"], "layers": r["layers"],
              "values": r["elements"], "q differ": r["q_differing"], "q %": _pct(r["q_frac_differing"]),
              "max |dq|": r["q_max_abs_diff"], "scales differ": f"{r['scales_differing']}/{r['tokens']}",
              "scale sp": r["scale_max_spacing"], "scale fmt": r["scale_format"], "gemm": r["gemm_kernel"],
              "out differ": r["out_differing"], "out ppm": _ppm(r["out_frac_differing"]),
-             "out max sp": r["out_max_spacing"], "out max sp >5%": r["out_max_spacing_significant"],
+             "out max sp (normal range)": r["out_max_spacing_significant"], "out max sp (raw)": r["out_max_spacing"],
              "identical layers": None if r["out_elements"] is None else f"{r['identical_out_layers']}/{r['layers']}"}
             for r in rows]
 
@@ -63,15 +85,18 @@ DOCUMENT_TITLE = "Quantizer swaps: per pair, summed over every captured layer ca
 def document_note(rows: list[dict[str, Any]]) -> str:
     """The note under the per-pair table: what each column holds, and the fixed GEMM kernel(s)."""
     gemm = sorted({r["gemm_kernel"] for r in rows if r["out_elements"] is not None})
-    return ("Both quantizers see the same captured activations (rounded to the activation dtype shown). "
+    return ("Verdict (downstream GEMM): IDENTICAL when the GEMM outputs are bit-identical, EPILOGUE_ROUNDING "
+            "when at most 0.1% of them differ, by at most 1 spacing, DIFFERENT otherwise (the certificate's rule); "
+            "an FP8 pair has no downstream GEMM ('not run' unless nothing differs). "
+            "Both quantizers see the same captured activations (rounded to the activation dtype shown). "
             "Quantized values differing: int8 or e4m3 values with q_ref != q_cand, of all values (percent). "
             "Largest abs(q_ref - q_cand): int8 steps (FP8: value). Per-token scales differing: of all tokens, "
             "and the largest distance between two scales in spacings of the scale format. Downstream, both "
             "sides go through the same GEMM kernel and weights"
             + (f" ({', '.join(gemm)})" if gemm else "")
             + ": GEMM output elements differing, of all outputs (ppm); the largest distance between two "
-            "outputs in bf16 spacings, over all outputs and over outputs at least 5% of the layer's largest "
-            "(near zero a spacing is tiny, so the first can be large); layer calls whose outputs are "
+            "outputs in bf16 spacings, over the normal range (outputs at least 5% of the layer's largest) and "
+            "raw, over all outputs (near zero a spacing is tiny, so the raw one can be large); layer calls whose outputs are "
             "bit-identical, of all. Downstream cells read 'not run' for FP8 pairs (the engine's weights are INT8).")
 
 
@@ -96,6 +121,7 @@ def document_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             **({"sweep": r["sweep"]} if many else {}),
             "experiment": r["experiment"],
             "pair (reference vs candidate)": f"{r['reference']} vs {r['candidate']}",
+            "verdict (downstream GEMM)": pair_verdict(r),
             "activations": r["activation_dtype"],
             "quantized values differing (%)": f"{_count(r['q_differing'])} of {_count(r['elements'])} "
             f"({100 * r['q_frac_differing']:.3g} %)" if r["elements"] else None,
@@ -105,8 +131,8 @@ def document_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                         else f" ({r['scale_max_spacing']:,} {r['scale_format']})"),
             "GEMM outputs differing (ppm)": f"{_count(r['out_differing'])} of {_count(r['out_elements'])} "
             f"({_ppm_text(r['out_frac_differing'])})" if down and r["out_elements"] else None,
-            "largest output distance, bf16 spacings (all / outputs >= 5% of largest)":
-            f"{r['out_max_spacing']:,} / {r['out_max_spacing_significant']:,}" if down else None,
+            "largest output distance, bf16 spacings (normal range: outputs >= 5% of largest / raw: all)":
+            f"{r['out_max_spacing_significant']:,} / {r['out_max_spacing']:,}" if down else None,
             "layer calls bit-identical": f"{r['identical_out_layers']} of {r['layers']}" if down else None,
         })
     return out

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib
 import json
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -201,12 +202,21 @@ def fmt_cell(v: Any) -> str:
     return str(v)
 
 
-def md_table(rows: list[dict[str, Any]]) -> str:
+def md_escape(text: str) -> str:
+    """A Markdown table cell: ``|`` escaped, line breaks as spaces (a cell is one line)."""
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\r\n", " ").replace("\n", " ")
+
+
+def md_table(rows: list[dict[str, Any]], cell: Callable[[str, Any], str] | None = None) -> str:
+    """The one Markdown table writer (documents here, ``--format markdown`` of every CLI table through
+    ``orchestrator.cli.common.emit_rows``): header, separator, one line per row, every header and cell
+    escaped (:func:`md_escape`); ``cell(column, value)`` formats a value (default :func:`fmt_cell`)."""
     if not rows:
         return "(no rows)\n"
+    fmt = cell or (lambda _c, v: fmt_cell(v))
     cols = list(rows[0])
-    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
-    lines += ["| " + " | ".join(fmt_cell(r.get(c)).replace("|", "\\|") for c in cols) + " |" for r in rows]
+    lines = ["| " + " | ".join(md_escape(str(c)) for c in cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    lines += ["| " + " | ".join(md_escape(fmt(c, r.get(c))) for c in cols) + " |" for r in rows]
     return "\n".join(lines) + "\n"
 
 

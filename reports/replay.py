@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from reports import spacing
+
 if TYPE_CHECKING:
     from storage.catalog import Catalog
 
@@ -32,13 +34,15 @@ def type_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{"pair": f"{r['impl_a']} vs {r['impl_b']}", "scales": r["scale_mode"], "type": r["layer_type"],
              "identical": f"{r['identical_layers']}/{r['layers']} layers", "outputs": r["elements"],
              "differing": r["differing"], "ppm": round(1e6 * r["frac_differing"], 3),
-             "max sp": r["max_spacing"], "acc equal": _acc(r["accumulators_equal"])}
+             spacing.NORMAL: r.get("max_spacing_significant"), spacing.NEAR_ZERO: spacing.near_zero_cell(r),
+             spacing.RAW: r["max_spacing"], "acc equal": _acc(r["accumulators_equal"])}
             for r in rows]
 
 
 def layer_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{"pair": f"{r['impl_a']} vs {r['impl_b']}", "scales": r["scale_mode"], "layer": r["layer"],
-             "outputs": r["elements"], "differing": r["differing"], "max sp": r["max_spacing"],
+             "outputs": r["elements"], "differing": r["differing"], spacing.NORMAL: r.get("max_spacing_significant"),
+             spacing.NEAR_ZERO: spacing.near_zero_cell(r), spacing.RAW: r["max_spacing"],
              "identical": "yes" if r["bitwise_equal"] else "no", "acc equal": _acc(r["accumulators_equal"])}
             for r in rows]
 
@@ -46,16 +50,17 @@ def layer_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def pair_totals(rows: Iterable[dict[str, Any]],
                 keys: Sequence[str] = ("comparison", "impl_a", "impl_b", "scale_mode")) -> list[dict[str, Any]]:
     """``replay_by_type`` rows summed over layer types: layers, identical_layers, elements, differing,
-    max_spacing (max) and accumulators_equal (False if any layer type's is False), sorted by ``keys``."""
+    the spacing fields of :func:`reports.spacing.add` (``max_spacing`` raw, ``max_spacing_significant``
+    the normal-range max, ``near_zero_*``) and accumulators_equal (False if any layer type's is
+    False), sorted by ``keys``."""
     out: dict[tuple[Any, ...], dict[str, Any]] = {}
     for r in rows:
         k = tuple(r[c] for c in keys)
         t = out.setdefault(k, {**{c: r[c] for c in keys}, "layers": 0, "identical_layers": 0, "elements": 0,
-                               "differing": 0, "max_spacing": None, "accumulators_equal": True})
+                               "differing": 0, **spacing.empty(), "accumulators_equal": True})
         for c in ("layers", "identical_layers", "elements", "differing"):
             t[c] += r[c] or 0
-        if r["max_spacing"] is not None and (t["max_spacing"] is None or r["max_spacing"] > t["max_spacing"]):
-            t["max_spacing"] = r["max_spacing"]
+        spacing.add(t, r)
         if r["accumulators_equal"] is False:
             t["accumulators_equal"] = False
-    return [out[k] for k in sorted(out, key=lambda k: tuple((v is None, 0 if v is None else v) for v in k))]
+    return [spacing.public(out[k]) for k in sorted(out, key=lambda k: tuple((v is None, 0 if v is None else v) for v in k))]

@@ -278,5 +278,6 @@ def test_an_attention_pair_gets_its_own_certificate(attention_certs: list[dict[s
     assert cert["algorithms"] == {"sdpa-math": "plain", "sdpa-flash-cpu": "flash-cpu"}
     # Not identical, beyond one spacing, both kernels within their algorithms' bounds:
     assert rp["max_spacing"] > 1 and cert["verdict"] == "WITHIN_ALGORITHM_BOUND"
-    assert "sdpa-flash-cpu" in cert["answer"] and "among outputs >= 5% of the largest" in cert["answer"]
+    assert "sdpa-flash-cpu" in cert["answer"] and f"max {rp['max_spacing_significant']} sp in the normal range" in cert["answer"]
+    assert "the verdict's reason: sdpa-flash-cpu within the bounds of flash-cpu" in cert["answer"]
     assert cf.evidence_rows(cert)[0]["sequences identical"] == "flash~math 3/4"

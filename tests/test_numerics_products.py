@@ -314,7 +314,10 @@ def test_cli_demo_prints_the_seed_examples() -> None:
 
     res = CliRunner().invoke(app, ["numerics", "demo"])
     assert res.exit_code == 0, res.output
-    assert res.output.splitlines() == [
+    # Each line opens with the seed's text, then says what the value is and what to compare it with.
+    values = [line.split("  -- ")[0] for line in res.output.splitlines()]
+    notes = [line.split("  -- ")[1] for line in res.output.splitlines()]
+    assert values == [
         "reference: [[300.0]]",
         "sequential: [[256.0]]",
         "pairwise: [[300.0]]",
@@ -322,6 +325,9 @@ def test_cli_demo_prints_the_seed_examples() -> None:
         "plain: 1.37e-05",  # the seed prints 1.31e-05: docs/numerics.md, "Attention", says why
         "flash: 0.00544",  # the seed prints 0.00545: docs/numerics.md, "The seed's example"
     ]
+    assert "44 below the reference" in notes[1] and "equal to the reference" in notes[2]
+    assert "K = 64" in notes[3] and "the seed prints 1.31e-05" in notes[4]
+    assert "398 x plain" in notes[5] and "the seed prints 0.00545" in notes[5]
 
 
 @pytest.mark.parametrize("inputs", ["fp32", "bf16"])

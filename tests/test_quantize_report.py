@@ -273,8 +273,13 @@ def test_report_all_has_the_quantizer_section(results: tuple[Path, str], tmp_pat
             continue
         out_n, out_d = sum(r["out_elements"] for r in mine), sum(r["out_differing"] for r in mine)
         assert t["GEMM outputs differing (ppm)"].startswith(f"{out_d:,} of {out_n:,} (")
-        assert t["largest output distance, bf16 spacings (all / outputs >= 5% of largest)"] == \
-            f"{max(r['out_max_spacing'] for r in mine):,} / {max(r['out_max_spacing_significant'] for r in mine):,}"
+        assert t["largest output distance, bf16 spacings (normal range: outputs >= 5% of largest / raw: all)"] == \
+            f"{max(r['out_max_spacing_significant'] for r in mine):,} / {max(r['out_max_spacing'] for r in mine):,}"
+        # The verdict per pair (reports.quantize.pair_verdict), the certificate's rule on the downstream GEMM.
+        rate = out_d / out_n
+        want = ("IDENTICAL" if out_d == 0 else "EPILOGUE_ROUNDING"
+                if rate <= 1e-3 and max(r["out_max_spacing"] for r in mine) <= 1 else "DIFFERENT")
+        assert t["verdict (downstream GEMM)"] == want
         assert t["layer calls bit-identical"] == f"{sum(bool(r['out_bitwise_equal']) for r in mine)} of {len(mine)}"
     md = runner.invoke(app, ["report", "all", "--results", str(root), "--format", "markdown"])
     assert md.exit_code == 0, md.output

@@ -13,7 +13,7 @@ app = typer.Typer(
 
 
 class DemoFormat(str, Enum):
-    """``numerics demo --format``: the six lines, or one JSON object."""
+    """``numerics demo --format``: the six lines (each value with what it is and its yardstick), or one JSON object."""
 
     text = "text"
     json = "json"
@@ -33,7 +33,8 @@ def demo(
     K rounded products is gamma_n * sum |A B| + N * eta (docs/numerics.md derives n = 8, N = 191 for
     K = 64).  Last, the largest output tolerance of two attention algorithms on the seed's q, k, v
     of shape (1, 2, 64, 16): plain (the definition's bounds) and flash (online softmax in blocks of
-    16 keys, bfloat16 weights), to 3 significant digits.
+    16 keys, bfloat16 weights), to 3 significant digits. Each line says what its value is and what to
+    compare it with (the reference sum; the seed's digits; flash against plain); JSON keeps the values.
 
     Example: swapcheck numerics demo --k 4096 --format json
     """
@@ -45,5 +46,9 @@ def demo(
 
         write_json({"k": k, **{key: value for key, _, value in lines}})
         return
+    from tasks.numerics.demo import demo_notes
+
+    notes = demo_notes(lines, k)
     for key, label, value in lines:
-        typer.echo(f"{label}: {value:.3g}" if key.startswith("attention_") else f"{label}: {value}")
+        text = f"{label}: {value:.3g}" if key.startswith("attention_") else f"{label}: {value}"
+        typer.echo(f"{text}  -- {notes[key]}")

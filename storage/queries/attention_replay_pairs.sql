@@ -4,7 +4,10 @@
 -- do not run through tiny binades), and the logsumexp differences (fp32 spacings). comparison 'pair' compares
 -- two kernels; 'reference' compares one kernel with the float64 attention rounded once (impl_b
 -- 'fp64-reference'). On reference rows of a kernel with an algorithm: the algorithm, and the output and
--- logsumexp elements outside its bounds (NULL without one). Parameters: $sweep (NULL for every sweep).
+-- logsumexp elements outside its bounds (NULL without one). hist_*: outputs 1, 2 and more than 2
+-- spacings apart; near_zero_*: the near-zero outputs farther apart than max_spacing_significant, the
+-- normal-range max (_near_zero_totals, docs/schema.md "Spacing distances").
+-- Parameters: $sweep (NULL for every sweep).
 SELECT
     sweep,
     comparison,
@@ -24,7 +27,11 @@ SELECT
     max(lse_max_abs_error)                                     AS lse_max_abs_error,
     string_agg(DISTINCT algorithm, ',' ORDER BY algorithm)     AS algorithm,
     sum(outside_bound)::BIGINT                                 AS outside_bound,
-    sum(lse_outside_bound)::BIGINT                             AS lse_outside_bound
+    sum(lse_outside_bound)::BIGINT                             AS lse_outside_bound,
+    sum(hist_1)::BIGINT                                        AS hist_1,
+    sum(hist_2)::BIGINT                                        AS hist_2,
+    sum(hist_gt2)::BIGINT                                      AS hist_gt2,
+-- include: _near_zero_totals
 FROM attention_replay
 WHERE $sweep IS NULL OR sweep = $sweep
 GROUP BY sweep, comparison, impl_a, impl_b, dtype

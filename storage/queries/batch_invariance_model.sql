@@ -9,7 +9,11 @@
 -- bit-identical; max_spacing: the largest logit distance over the vocabulary in fp32 spacings;
 -- max_spacing_significant: the same over logits of at least 5% of the position's largest |logit|;
 -- max_argmax_spacing: the largest distance of the reference argmax's logit; max_flip_margin: the
--- largest reference top-1/top-2 margin at a position whose argmax differs (NULL: none).
+-- largest reference top-1/top-2 margin at a position whose argmax differs (NULL: none);
+-- positions_near_zero_max: positions whose largest distance lies at a logit below 5% of the largest
+-- (max_spacing > max_spacing_significant): there a logit near zero -- one that changed sign counts
+-- every fp32 value between, up to about 2^31 spacings -- makes max_spacing, so the reports show
+-- max_spacing_significant (the normal range) first and max_spacing labelled raw.
 -- Parameters: $sweep (NULL for every sweep).
 WITH per_prompt AS (
     SELECT
@@ -19,6 +23,7 @@ WITH per_prompt AS (
         count(*) FILTER (WHERE NOT logits_equal)         AS positions_logits_differ,
         max(max_spacing)                                 AS max_spacing,
         max(max_spacing_significant)                     AS max_spacing_significant,
+        count(*) FILTER (WHERE max_spacing > max_spacing_significant) AS positions_near_zero_max,
         max(argmax_spacing)                              AS max_argmax_spacing,
         max(ref_margin) FILTER (WHERE NOT argmax_equal)  AS max_flip_margin,
         sum(nonfinite_mismatch)                          AS nonfinite_mismatch
@@ -36,6 +41,7 @@ SELECT
     sum(positions_logits_differ)::BIGINT                        AS positions_logits_differ,
     max(max_spacing)::BIGINT                                    AS max_spacing,
     max(max_spacing_significant)::BIGINT                        AS max_spacing_significant,
+    sum(positions_near_zero_max)::BIGINT                        AS positions_near_zero_max,
     max(max_argmax_spacing)::BIGINT                             AS max_argmax_spacing,
     max(max_flip_margin)                                        AS max_flip_margin,
     sum(nonfinite_mismatch)::BIGINT                             AS nonfinite_mismatch
