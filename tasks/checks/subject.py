@@ -121,16 +121,15 @@ class Subject:
 
         Exceptions from the kernel propagate: the caller turns them into an ERROR verdict.
         """
-        dev = torch.device(self.device)
+        from tasks.devices import on_device
+
         if self.plain:
             assert isinstance(self.kernel, MatmulKernel)
-            out = self.kernel.matmul(a.to(dev), b.to(dev))
+            out, _ = on_device(self.device, self.kernel.matmul, a, b)
         else:
             assert scale_a is not None and scale_b is not None
-            out = self.kernel(a.to(dev), b.to(dev), scale_a.to(dev), scale_b.to(dev), out_dtype)
-        if isinstance(out, torch.Tensor):
-            return out.detach().to("cpu")  # waits for a CUDA kernel to finish
-        return out
+            out, _ = on_device(self.device, self.kernel, a, b, scale_a, scale_b, out_dtype)
+        return out.detach() if isinstance(out, torch.Tensor) else out
 
 
 def load_subject(

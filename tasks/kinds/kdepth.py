@@ -7,12 +7,12 @@ reference/vllm-kernels.md §2.6); under scale mode ``pow2`` all epilogue orders 
 from __future__ import annotations
 
 import itertools
-import time
 from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
 from tasks.comparison import compare
+from tasks.devices import on_device
 from tasks.kinds.base import Kind, Rows, Unit, UnitContext
 from tasks.kinds.fields import (
     MAX_DIM,
@@ -158,15 +158,9 @@ def run(params: dict[str, Any], context: UnitContext | None = None) -> dict[str,
     outputs: dict[str, tuple[torch.Tensor, float, str]] = {}
     for impl in [*params["implementations"], params["reference"]]:
         kernel = get_kernel(impl["kernel"], **impl["params"])
-        args = [ops["a"], ops["b"], ops["scale_a"], ops["scale_b"], out_dtype, ops["bias"]]
-        if kernel.device == "cuda":  # GPU kernels take their operands on the device
-            args = [x.cuda() if isinstance(x, torch.Tensor) else x for x in args]
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        out = kernel(*args)
-        if kernel.device == "cuda":
-            torch.cuda.synchronize()
-        outputs[impl["name"]] = (out.cpu(), time.perf_counter() - t0, impl["kernel"])
+        out, seconds = on_device(kernel.device, kernel, ops["a"], ops["b"], ops["scale_a"], ops["scale_b"],
+                                 out_dtype, ops["bias"])
+        outputs[impl["name"]] = (out, seconds, impl["kernel"])
 
     base = {
         "dtype": params["dtype"], "out_dtype": params["out_dtype"], "m": params["m"], "n": params["n"],

@@ -6,10 +6,10 @@ one probe batch element's causal attention alone and among B elements (the packa
 from __future__ import annotations
 
 import itertools
-import time
 from typing import Any
 
 from tasks.comparison import compare
+from tasks.devices import on_device
 from tasks.kinds.base import Rows
 from tasks.kinds.batch_invariance.spec import ATTENTION_DTYPES, BatchInvarianceExperiment, probe_row
 from tasks.kinds.fields import Resources, axis_values, memory_problem
@@ -88,15 +88,9 @@ def run_attention(params: dict[str, Any]) -> dict[str, Rows]:
     q, k, v = (torch.randn(shape, generator=g, dtype=torch.float64).to(fmt.torch_dtype) for _ in range(3))
 
     def call(idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
-        args = [x[idx].contiguous() for x in (q, k, v)]
-        if kernel.device == "cuda":
-            args = [x.cuda() for x in args]
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        out, lse = kernel(args[0], args[1], args[2], is_causal=True)
-        if kernel.device == "cuda":
-            torch.cuda.synchronize()
-        return out.cpu(), lse.cpu(), time.perf_counter() - t0
+        (out, lse), seconds = on_device(kernel.device, kernel, *(x[idx].contiguous() for x in (q, k, v)),
+                                        is_causal=True)
+        return out, lse, seconds
 
     ref, ref_lse, ref_seconds = call(torch.zeros(1, dtype=torch.long))
     base = {"kernel": att["name"], "kernel_version": att["version"], "device": kernel.device, "dtype": params["dtype"],

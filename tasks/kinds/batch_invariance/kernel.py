@@ -5,10 +5,10 @@ alone and at each position of batches of M rows (the package docstring, "Kernel 
 from __future__ import annotations
 
 import itertools
-import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tasks.comparison import compare
+from tasks.devices import on_device
 from tasks.kinds.base import Rows
 from tasks.kinds.batch_invariance.spec import BatchInvarianceExperiment, probe_row
 from tasks.kinds.fields import (
@@ -19,9 +19,6 @@ from tasks.kinds.fields import (
     kernel_problem,
     memory_problem,
 )
-
-if TYPE_CHECKING:
-    import torch
 
 
 def kernel_dtype(kernel: Any, dtype: str) -> str:
@@ -83,21 +80,6 @@ def describe(p: dict[str, Any]) -> str:
             f"probe at {'/'.join(p['positions'])} of M={ms[0]}..{ms[-1]} ({len(ms)} sizes)")
 
 
-def _call(kernel: Any, a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor,
-          out_dtype: torch.dtype) -> tuple[torch.Tensor, float]:
-    import torch
-
-    args = [a, b, sa, sb]
-    if kernel.device == "cuda":  # GPU kernels take their operands on the device
-        args = [x.cuda() for x in args]
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    out = kernel(*args, out_dtype)
-    if kernel.device == "cuda":
-        torch.cuda.synchronize()
-    return out.cpu(), time.perf_counter() - t0
-
-
 def run_kernel(params: dict[str, Any]) -> dict[str, Rows]:
     """One kernel and seed: the probe alone, then at each position of each batch size."""
     import torch
@@ -113,7 +95,7 @@ def run_kernel(params: dict[str, Any]) -> dict[str, Rows]:
     # Row 0 is the probe, rows 1.. its neighbours (per-token scales: each row quantized alone).
     ops = draw_operands(params["dtype"], max(ms), params["n"], params["k"], params["seed"], params["scale_mode"])
     a, sa, b, sb = ops["a"], ops["scale_a"], ops["b"], ops["scale_b"]
-    ref, ref_seconds = _call(kernel, a[:1], sa[:1], b, sb, fmt.torch_dtype)
+    ref, ref_seconds = on_device(kernel.device, kernel, a[:1], b, sa[:1], sb, fmt.torch_dtype)
     base = {"kernel": impl["name"], "kernel_name": impl["kernel"], "kernel_version": impl["version"],
             "device": kernel.device, "dtype": params["dtype"], "out_dtype": params["out_dtype"],
             "scale_mode": params["scale_mode"], "k": params["k"], "n": params["n"], "seed": params["seed"],
@@ -123,7 +105,8 @@ def run_kernel(params: dict[str, Any]) -> dict[str, Rows]:
         for position in params["positions"]:
             r = probe_row(m, position)
             order = torch.cat([torch.arange(1, r + 1), torch.zeros(1, dtype=torch.long), torch.arange(r + 1, m)])
-            out, seconds = _call(kernel, a[order].contiguous(), sa[order].contiguous(), b, sb, fmt.torch_dtype)
+            out, seconds = on_device(kernel.device, kernel, a[order].contiguous(), b, sa[order].contiguous(), sb,
+                                     fmt.torch_dtype)
             stats = compare(out[r: r + 1], ref, fmt)
             rows.append({**base, "m": m, "position": position, "row_index": r, **stats,
                          "bitwise_equal": stats["differing"] == 0, "seconds": seconds})
