@@ -53,7 +53,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from storage.errors import QueryError
-from storage.schemas import TABLES, UNITS
+from storage.schemas import TABLES, UNITS, UNMANAGED_TABLES
 from storage.store import ResultStore, open_store
 
 __all__ = [
@@ -77,8 +77,6 @@ __all__ = [
 #: EXPLAIN only of a SELECT and never ANALYZE, checked separately).
 READ_ONLY_STATEMENTS = {"SELECT", "EXPLAIN"}
 
-#: Tables whose files are not a unit's results (no ledger row names them): read whole, minus damage.
-UNMANAGED_TABLES = frozenset({"units", "sweeps", "launches", "preregistrations"})
 
 #: Columns the ``units`` view adds to the ledger: whether a committed unit's files are damaged, and why.
 DAMAGE_COLUMNS = [pa.field("damaged", pa.bool_()), pa.field("damage", pa.string())]

@@ -480,6 +480,10 @@ ATTENTION_REPLAY = pa.schema(
     ]
 )
 
+#: Tables whose files are no unit's results (no ledger row names them): the catalog reads them whole
+#: (minus damage) and ``sweep verify`` does not hold them to the ledger. Defined once, here.
+UNMANAGED_TABLES = frozenset({"units", "sweeps", "launches", "preregistrations"})
+
 TABLES: dict[str, pa.Schema] = {
     "kdepth": KDEPTH,
     "replay": REPLAY,

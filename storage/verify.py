@@ -48,13 +48,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from storage.schemas import TABLES, UNITS
+from storage.schemas import TABLES, UNITS, UNMANAGED_TABLES
 from storage.store import STALE_AFTER_S, ResultStore, utcnow
 
-__all__ = ["Problem", "Repaired", "damaged_units", "present_sweeps", "repair", "verify", "NOT_UNIT_TABLES"]
+__all__ = ["Problem", "Repaired", "damaged_units", "present_sweeps", "repair", "verify", "UNMANAGED_TABLES"]
 
 #: Tables written by the launcher rather than by units: never orphans, never recorded in ``files``.
-NOT_UNIT_TABLES = frozenset({"units", "sweeps", "launches", "preregistrations"})
 
 RECOMPUTE, SET_ASIDE, NONE = "recompute", "set aside", "none"
 
@@ -266,7 +265,7 @@ def verify(store: ResultStore, sweep: str | None = None, *, stale_after_s: float
     are not listed.
     """
     sweeps = [sweep] if sweep is not None else present_sweeps(store)
-    tables = sorted(set(store.table_partitions()) - NOT_UNIT_TABLES)
+    tables = sorted(set(store.table_partitions()) - UNMANAGED_TABLES)
     problems: list[Problem] = []
     for s in sweeps:
         problems += _verify_sweep(store, s, tables)
@@ -305,7 +304,7 @@ def repair(store: ResultStore, sweep: str, units: Iterable[str], *, strays: bool
     """
     found = list(verify(store, sweep) if problems is None else problems) if strays else []
     done = Repaired(quarantine=f"_quarantine/{utcnow().strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}")
-    tables = sorted(set(store.table_partitions()) - NOT_UNIT_TABLES)
+    tables = sorted(set(store.table_partitions()) - UNMANAGED_TABLES)
 
     def move(rel: str) -> None:
         if rel not in done.moved and store.size(rel) is not None:
