@@ -104,12 +104,15 @@ def unit_metrics(cat: Catalog, sweep: str) -> dict[str, dict[str, Any]]:
 
 
 def sweep_metrics(cat: Catalog, sweep: str) -> dict[str, dict[str, Any]]:
-    """Every summary metric of one sweep."""
+    """Every summary metric of one sweep: those each registered report declares (``Report.metrics``)."""
     if not hasattr(cat, "named"):
         raise TypeError(f"sweep_metrics takes a Catalog (storage.catalog.open_catalog(results)), not {cat!r}")
+    from reports.registry import reports
+
     metrics: dict[str, dict[str, Any]] = {}
-    for part in (kdepth_metrics, replay_metrics, generation_metrics, check_metrics, unit_metrics):
-        metrics.update(part(cat, sweep))
+    for report in reports():  # each report declares the metrics of what it shows (a plugin's too)
+        if report.metrics is not None:
+            metrics.update(report.metrics(cat, sweep))
     return dict(sorted(metrics.items()))
 
 

@@ -5,7 +5,8 @@ A :class:`Report` declares its question, its named query (``storage/queries/<que
 what it shows for ONE sweep (a :class:`View`). Everything around it is generic and lives in one
 place: ``swapcheck report NAME`` (options, formats, ``--output``, help) is generated from the
 registry, one view per sweep and never pooled (``orchestrator/cli/report.py``); ``report all``
-iterates the registry for its sections (``reports.render``).
+iterates the registry for its sections (``reports.render``) and the nightly job for the summary
+metrics it compares with its baseline (``metrics``: name -> value and rule, ``reports.metrics``).
 
 Reports are found without a list to edit: every module of ``reports.views`` that defines
 ``REPORT``, and every ``swapcheck.reports`` entry point of an installed package (``name =
@@ -108,6 +109,7 @@ class Report:
     tables: tuple[str, ...] = ()
     columns: dict[str, str] = field(default_factory=dict)
     document: Callable[[Catalog, str], list[Section]] | None = None
+    metrics: Callable[[Catalog, str], dict[str, dict[str, Any]]] | None = None
     order: int = 100
     sql_dir: Path | None = None
 

@@ -125,9 +125,13 @@ def _build(cat, sweep, opts):
     return View(sweep, rows, [Block("toy: units per status", rows)])
 
 
+def _metrics(cat, sweep):
+    return {f"toy/{r['status']}": {"value": r["units"], "rule": "exact"} for r in sql_rows(cat, REPORT, sweep)}
+
+
 REPORT = Report(name="toy", question="How many units of the sweep ended in each status?",
                 help="Units per status (a toy report added with one module and one SQL file).",
-                query="toy_units", build=_build, sql_dir=Path(__file__).parent)
+                query="toy_units", build=_build, metrics=_metrics, sql_dir=Path(__file__).parent)
 '''
 
 TOY_SQL = """-- units per status of one sweep
@@ -147,7 +151,7 @@ def toy_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join([str(root), str(REPO)])}
 
 
-def test_a_toy_report_appears_in_help_its_command_and_report_all(results: Path, toy_env: dict[str, str]) -> None:
+def test_a_toy_report_appears_in_help_its_command_report_all_and_the_nightly(results: Path, toy_env: dict[str, str]) -> None:
     assert "toy" in _cli("report", "--help", env={**toy_env, "COLUMNS": "200"}).stdout
     rows: list[dict[str, Any]] = json.loads(_cli("report", "toy", "--results", str(results), "--format", "json",
                                                   env=toy_env).stdout)
@@ -157,6 +161,12 @@ def test_a_toy_report_appears_in_help_its_command_and_report_all(results: Path, 
     doc = json.loads(_cli("report", "all", "--results", str(results), "--format", "json", env=toy_env).stdout)
     toy = [t for t in doc["tables"] if "toy: units per status" in t["title"]]
     assert [(t["sweep"], t["rows"]) for t in toy] == [(s, [{"sweep": s, "status": "ok", "units": 2}]) for s in SWEEPS]
+    code = ("import json, sys; from storage.catalog import open_catalog; from reports.metrics import sweep_metrics\n"
+            "with open_catalog(sys.argv[1]) as cat: print(json.dumps(sweep_metrics(cat, 'beta')))")
+    nightly = subprocess.run([sys.executable, "-c", code, str(results)], cwd=REPO, capture_output=True, text=True,
+                             env={**os.environ, **toy_env}, check=True)
+    metrics = json.loads(nightly.stdout)
+    assert metrics["toy/ok"] == {"value": 2, "rule": "exact"} and metrics["units/ok"]["value"] == 2, "the nightly too"
 
 
 def test_reports_are_listed_in_one_order() -> None:

@@ -36,6 +36,12 @@ def _document(cat: Any, sweep: str) -> list[Section]:
                     "Greedy sequences compared across cold restarts and across arms.", tabs)] if tabs else []
 
 
+def _metrics() -> Any:
+    from reports import metrics
+
+    return metrics
+
+
 REPORT = Report(
     name="agreement",
     order=50,
@@ -58,5 +64,6 @@ prompts had 1, 2, ... of them). JSON (`--table all`): one object with `self_repr
     example="swapcheck report agreement --results results --sweep e2e-demo --format json",
     columns={"identical": "prompts (k/N)", "first_divergence": "generated position, 0-based"},
     build=_build,
+    metrics=lambda cat, sweep: _metrics().generation_metrics(cat, sweep),
     document=_document,
 )

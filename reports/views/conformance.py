@@ -36,6 +36,12 @@ def _document(cat: Any, sweep: str) -> list[Section]:
     return out
 
 
+def _metrics() -> Any:
+    from reports import metrics
+
+    return metrics
+
+
 REPORT = Report(
     name="conformance",
     order=90,
@@ -48,5 +54,6 @@ per-layer replay (k/N layers identical), end to end (k/N sequences identical acr
 each kernel's check verdicts.""",
     example="swapcheck report conformance --results results --sweep demo",
     build=_build,
+    metrics=lambda cat, sweep: _metrics().check_metrics(cat, sweep),
     document=_document,
 )

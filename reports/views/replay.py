@@ -27,6 +27,12 @@ def _document(cat: Any, sweep: str) -> list[Section]:
                     figures=figs)] if figs else []
 
 
+def _metrics() -> Any:
+    from reports import metrics
+
+    return metrics
+
+
 REPORT = Report(
     name="replay",
     order=30,
@@ -43,5 +49,6 @@ outputs from the saved operands. Each sweep is shown on its own (JSON and CSV ro
     columns={"elements": "outputs compared", "differing": "outputs not bit-identical",
              "max_spacing": "output spacings (ordered bit patterns)"},
     build=_build,
+    metrics=lambda cat, sweep: _metrics().replay_metrics(cat, sweep),
     document=_document,
 )

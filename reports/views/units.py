@@ -12,6 +12,12 @@ def _build(cat: Any, sweep: str, opts: dict[str, Any]) -> View:
     return View(sweep, rows, [Block("units", rows)])
 
 
+def _metrics() -> Any:
+    from reports import metrics
+
+    return metrics
+
+
 REPORT = Report(
     name="units",
     order=20,
@@ -21,5 +27,6 @@ REPORT = Report(
     example="swapcheck report units --results results",
     columns={"units": "units", "attempts": "attempts (Ray retries included)", "seconds": "wall seconds"},
     build=_build,
+    metrics=lambda cat, sweep: _metrics().unit_metrics(cat, sweep),
     document=lambda cat, sweep: [],
 )
