@@ -34,7 +34,7 @@ $(STAMP): pyproject.toml $(LOCK)
 	$(UV) pip install --python $(BIN)/python --require-hashes --compile-bytecode $(TORCH_CPU_FROM) -r $(LOCK)
 	$(UV) pip install --python $(BIN)/python --no-deps --no-build-isolation -e .
 	@$(BIN)/python tools/check_lock.py $(LOCK)
-	@$(BIN)/python -c "import torch, ray, duckdb, orchestrator, tasks, storage"
+	@$(BIN)/python -c "import torch, ray, duckdb, swapcheck_common, orchestrator, tasks, storage, reports"
 	@touch $(STAMP)
 
 install: $(STAMP)
@@ -62,11 +62,11 @@ test: $(STAMP)
 	@command -v chromium >/dev/null || { echo "installing Debian's chromium (the HTML report test renders with it)..."; \
 	    (apt-get update -qq && apt-get install -y -qq chromium) >/dev/null 2>&1 \
 	    || echo "could not install chromium: the report screenshot test will skip and say why"; }
-	@$(BIN)/python -m compileall -q common orchestrator tasks storage reports benchmarks
+	@$(BIN)/python -m compileall -q swapcheck_common orchestrator tasks storage reports benchmarks
 	$(PYTEST) -m "not slow and not gpu"
 
 test-slow: $(STAMP)
-	@$(BIN)/python -m compileall -q common orchestrator tasks storage reports benchmarks
+	@$(BIN)/python -m compileall -q swapcheck_common orchestrator tasks storage reports benchmarks
 	$(PYTEST) -m "slow and not gpu"
 
 test-gpu: $(STAMP)
@@ -82,7 +82,7 @@ bench-quick: $(STAMP)
 
 # ruff, mypy --strict (pyproject.toml) and the import contracts of docs/architecture.md.
 lint: $(STAMP)
-	$(BIN)/ruff check common orchestrator tasks storage reports tests benchmarks tools
+	$(BIN)/ruff check swapcheck_common orchestrator tasks storage reports tests benchmarks tools
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
 

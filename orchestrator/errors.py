@@ -3,7 +3,7 @@
 Every command runs inside :func:`orchestrator.cli.common.user_errors`, the one place that turns an
 exception into ``error: <message>`` on stderr and an exit code, through :func:`exit_code_for`.  The
 library layers keep their own exception classes (``storage`` and ``tasks`` import nothing of
-``orchestrator``), each a subclass of ``common.errors.InputError``, which :func:`exit_code_for`
+``orchestrator``), each a subclass of ``swapcheck_common.errors.InputError``, which :func:`exit_code_for`
 maps to exit code 2 once: no command translates errors itself, and no layer is named here.
 
 =====================================  =========  =========================================================
@@ -19,9 +19,9 @@ class                                  exit code  meaning
 :class:`StorageFailure`                3          the results store failed mid-sweep (permission, disk
                                                   full, unreachable): the sweep stopped; committed units stay
 :class:`Interrupted`                   130/143    SIGINT / SIGTERM stopped the launch; committed units stay
-``common.errors.InputError``           2          bad input refused by a layer below; nothing was changed.
+``swapcheck_common.errors.InputError``           2          bad input refused by a layer below; nothing was changed.
                                                   Its subclasses (each a ``ValueError``):
-``common.registry.RegistryError``      2          an unknown or duplicate name in a registry (did you mean,
+``swapcheck_common.registry.RegistryError``      2          an unknown or duplicate name in a registry (did you mean,
                                                   the allowed names); ``tasks.kinds.KindError``
 ``storage.errors.StorageError``        2          the storage layer refused or failed a request
                                                   (``QueryError``: a bad or failed query)
@@ -41,7 +41,7 @@ judged; 3 the results store failed during a sweep; 130 / 143 interrupted by SIGI
 
 from __future__ import annotations
 
-from common.errors import InputError
+from swapcheck_common.errors import InputError
 from storage.errors import StorageError
 
 __all__ = [

@@ -15,7 +15,7 @@ The envelope (question, name, retries, pre-registrations) is defined here; each 
 its cross-field rules and its path resolution come from its kind (:mod:`tasks.kinds`). Unknown keys,
 wrong types, unknown kernels and impossible parameters are errors that name the file and the field
 path (``experiments.int8.k.stop``); nothing is written when a spec is invalid. Pre-registration files
-are read with the same loader (``common.toml_model.load_toml_model``, through ``storage.prereg.parse``).
+are read with the same loader (``swapcheck_common.toml_model.load_toml_model``, through ``storage.prereg.parse``).
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from common.toml_model import TomlModelError, format_errors
-from common.toml_model import load_toml_model as _load
-from common.toml_model import loc as _loc
+from swapcheck_common.toml_model import TomlModelError, format_errors
+from swapcheck_common.toml_model import load_toml_model as _load
+from swapcheck_common.toml_model import loc as _loc
 from orchestrator.errors import SpecError
 from tasks.kinds.fields import NAME, Strict, expand_env
 
@@ -75,7 +75,7 @@ MAX_SPEC_BYTES = 4 * 2**20
 
 
 def load_toml_model(text: str, path: str, model: type[M]) -> M:
-    """TOML text validated into ``model`` by the one loader (``common.toml_model``); SpecError naming
+    """TOML text validated into ``model`` by the one loader (``swapcheck_common.toml_model``); SpecError naming
     the file and every field path otherwise."""
     try:
         return _load(text, path, model)

@@ -175,8 +175,8 @@ def kdepth_figures(cat: Catalog, sweep: str | None) -> list[Figure]:
             title = f"How far is each {dtype} kernel from the exact reference as K grows?"
         else:
             title = f"How often do two {dtype} kernels disagree as K grows?"
-        caption = (f"One panel per kernel pair ({len(pairs)}). Line and dots: ppm of outputs differing, pooled "
-                   f"over {seeds} seeds; shaded band: lowest to highest seed. Hollow dots on the green "
+        caption = (f"One panel per kernel pair ({len(pairs)}). Line and dots: ppm of outputs differing, summed "
+                   f"over the {seeds} seeds of this sweep; shaded band: lowest to highest seed. Hollow dots on the green "
                    "'0 identical' baseline: every seed bit-identical at that K. Log-log axes, shared y.")
         figs.append(Figure(_slug("kdepth", dtype, comparison), title, caption, "kdepth",
                            functools.partial(_draw_kdepth, comparison, pairs)))

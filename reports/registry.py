@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from common.registry import Registry, RegistryError
+from swapcheck_common.registry import Registry, RegistryError
 
 if TYPE_CHECKING:
     from reports.figures import Figure

@@ -286,15 +286,13 @@ def nightly_markdown(outcome: Any, today: dict[str, Any], base: dict[str, Any] |
         if not changes:
             lines.extend(["No change.", ""])
             return
-        lines.extend(["| metric | rule | before | today | change | regression |", "|---|---|---|---|---|---|"])
-        for c in changes:
-            lines.append(f"| `{c['metric']}` | {c['rule']} | {_fmt(c['baseline'])} | {_fmt(c['today'])} | {c['kind']} | "
-                         f"{'**yes**' if c['regression'] else 'no'} |")
-        lines.append("")
+        lines.append(md_table([{"metric": f"`{c['metric']}`", "rule": c["rule"], "before": _fmt(c["baseline"]),
+                                "today": _fmt(c["today"]), "change": c["kind"],
+                                "regression": "**yes**" if c["regression"] else "no"} for c in changes]))
     if base:
         table("Since the baseline", outcome.changes)
     if outcome.previous:
         table(f"Since the previous night ({outcome.previous})", outcome.since_previous)
-    lines += ["## Today's metrics", "", "| metric | rule | value |", "|---|---|---|"]
-    lines += [f"| `{k}` | {m['rule']} | {_fmt(m['value'])} |" for k, m in today.items()]
+    lines += ["## Today's metrics", "",
+              md_table([{"metric": f"`{k}`", "rule": m["rule"], "value": _fmt(m["value"])} for k, m in today.items()])]
     return "\n".join(lines) + "\n"

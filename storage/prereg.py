@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from common.toml_model import TomlModelError, load_toml_model
+from swapcheck_common.toml_model import TomlModelError, load_toml_model
 from storage.errors import StorageError
 
 __all__ = ["Prediction", "PredictionFile", "PredictionFileError", "parse", "registrations", "sha256"]
@@ -71,7 +71,7 @@ def sha256(text: str) -> str:
 def parse(text: str, path: str) -> PredictionFile:
     """The one parser of prediction files, at registration and when scoring the registered text.
 
-    TOML through the one loader (``common.toml_model``), validated into :class:`PredictionFile`;
+    TOML through the one loader (``swapcheck_common.toml_model``), validated into :class:`PredictionFile`;
     :class:`PredictionFileError` naming the file and every field path otherwise.
     """
     try:

@@ -123,7 +123,7 @@ def test_one_parser_for_registration_and_scoring() -> None:
     names the field path of each problem; at launch its error becomes a SpecError (exit 2)."""
     import pytest
 
-    from common.errors import InputError
+    from swapcheck_common.errors import InputError
     from orchestrator import prereg
     from orchestrator.errors import SpecError
     from reports import predictions

@@ -1,4 +1,4 @@
-"""common.registry.Registry: the one shape of every name -> thing table (kinds, kernels, attention
+"""swapcheck_common.registry.Registry: the one shape of every name -> thing table (kinds, kernels, attention
 kernels, quantizers, reports), and the one error base its failures share (exit code 2)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from common.errors import InputError
-from common.registry import Registry, RegistryError, did_you_mean
+from swapcheck_common.errors import InputError
+from swapcheck_common.registry import Registry, RegistryError, did_you_mean
 from orchestrator.errors import exit_code_for
 
 LAZY_MODULE = "swapcheck_test_registry_lazy"

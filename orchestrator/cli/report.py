@@ -66,7 +66,8 @@ def _human(report: Report, views: list[View], fmt: TableFormat, table: str) -> N
     md = fmt is TableFormat.markdown
     shown = [v for v in views if v.empty is None] if len(views) > 1 else views
     if not shown:
-        out.print(views[0].empty if views else f"no results yet for `report {report.name}`", highlight=False)
+        out.print(views[0].empty if views else "no sweeps in these results yet (run `swapcheck sweep launch` first)",
+                  highlight=False)
     for v in shown:
         if len(views) > 1:
             out.print(f"\n# sweep {v.sweep}\n" if md else f"\n[bold underline]sweep {escape(v.sweep)}[/]", highlight=False)

@@ -10,7 +10,8 @@ from reports.registry import Block, Option, Report, Section, View
 def _build(cat: Any, sweep: str, opts: dict[str, Any]) -> View:
     from reports import quantize as qr
 
-    per_layer = qr.by_layer(cat, sweep)
+    per_layer = [{**r, "verdict": qr.pair_verdict({**r, "out_frac_differing": (
+        r["out_differing"] / r["out_elements"] if r["out_elements"] else None)})} for r in qr.by_layer(cat, sweep)]
     blocks = []
     if per_layer:
         blocks.append(Block("quantizer pairs (all layer calls)", qr.pair_table(qr.by_pair(cat, sweep))))
@@ -44,7 +45,8 @@ the quantized values that differ (count and percent of all values), the largest 
 spacings of the scale format, and downstream, with both sides fed through the SAME GEMM kernel
 and weights: output elements that differ (count and parts per million), the largest distance in
 output spacings, and how many layer calls stay bit-identical. Downstream columns are empty for
-FP8 pairs. JSON and CSV: one object per layer call and pair (`quantize_by_layer`).""",
+FP8 pairs. JSON and CSV: one object per layer call and pair (`quantize_by_layer`), each with the
+`verdict` of that layer call by the same rule as the pair's (docs/quantizers.md).""",
     example="swapcheck report quantize --results results --sweep quantize-demo",
     options=(Option("layers", "Also one line per layer call and pair.", False),),
     build=_build,

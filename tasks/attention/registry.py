@@ -1,6 +1,6 @@
 """The registry of attention kernels: one call, lazy entries, did-you-mean, a failure listed as a row.
 
-A :class:`common.registry.Registry` (the shape of every registry of swapcheck).  Every attention
+A :class:`swapcheck_common.registry.Registry` (the shape of every registry of swapcheck).  Every attention
 kernel shares one call, the arguments of ``torch.nn.functional.scaled_dot_product_attention``::
 
     out, logsumexp = attn(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False)
@@ -34,8 +34,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from common.errors import InputError
-from common.registry import Registry
+from swapcheck_common.errors import InputError
+from swapcheck_common.registry import Registry
 
 if TYPE_CHECKING:
     import torch

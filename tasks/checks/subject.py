@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from common.errors import InputError
+from swapcheck_common.errors import InputError
 from tasks.kernels import Kernel, KernelError, MatmulKernel, get_kernel
 from tasks.numerics.formats import FORMATS, torch_dtype
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from common.errors import InputError
+from swapcheck_common.errors import InputError
 
 
 class KernelError(InputError):

@@ -1,11 +1,11 @@
 """The registry of scaled-GEMM implementations ("kernels").
 
-One :class:`common.registry.Registry` (the shape every registry of swapcheck shares), with the
+One :class:`swapcheck_common.registry.Registry` (the shape every registry of swapcheck shares), with the
 kernels' own rules on top:
 
 * ``@register_kernel("name")`` on a :class:`Kernel` subclass (or a factory returning a Kernel);
 * ``register_kernel("name", "package.module:attr")`` registers a lazy entry, imported on first use;
-* duplicate names are refused (:class:`KernelError`, an :class:`~common.errors.InputError`: exit 2);
+* duplicate names are refused (:class:`KernelError`, an :class:`~swapcheck_common.errors.InputError`: exit 2);
 * an unknown name is answered with "did you mean ..." and the list of valid names;
 * installed distributions add kernels through the entry-point group ``swapcheck.kernels``
   (``name = "package.module:attr"``), discovered lazily and never allowed to shadow a built-in;
@@ -63,7 +63,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from common.registry import Registry
+from swapcheck_common.registry import Registry
 
 from .errors import KernelError
 

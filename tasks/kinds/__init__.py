@@ -1,10 +1,10 @@
 """The one registry of experiment kinds: the only list of kind names in the code.
 
-A :class:`common.registry.Registry` of :class:`Kind`: each built-in kind is a lazy ``"module:attr"``
+A :class:`swapcheck_common.registry.Registry` of :class:`Kind`: each built-in kind is a lazy ``"module:attr"``
 entry, imported on first use (so ``swapcheck --help`` and spec parsing import nothing heavy);
 :func:`register_kind` adds another (a plugin, or a kind a test defines); a duplicate name is
 refused; an unknown name is answered with "did you mean ..." and the valid names (:class:`KindError`,
-a :class:`~common.registry.RegistryError`: exit code 2).
+a :class:`~swapcheck_common.registry.RegistryError`: exit code 2).
 
 Adding a kind is one new module under ``tasks/kinds/`` that builds a :class:`Kind`, its entry
 below, its tables in ``storage/schemas.py``, and its tests (docs/architecture.md).
@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from common.registry import Registry, RegistryError
+from swapcheck_common.registry import Registry, RegistryError
 from tasks.kinds.base import Kind, Rows, Unit, UnitContext, canonical_json, content_id
 
 __all__ = [

@@ -1,6 +1,6 @@
 """The registry of activation quantizers: one call ``quantizer(x) -> (q, scale)``.
 
-A :class:`common.registry.Registry` (the shape of every registry of swapcheck): built-in entries are lazy ``"module:attr"``
+A :class:`swapcheck_common.registry.Registry` (the shape of every registry of swapcheck): built-in entries are lazy ``"module:attr"``
 targets with preset parameters, imported on first use; :func:`register_quantizer` adds one (a
 duplicate name is refused); an unknown name is answered with "did you mean ..." and the valid names;
 :func:`list_quantizers` builds each entry with its defaults, and an entry that cannot be built (a
@@ -20,8 +20,8 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from common.errors import InputError
-from common.registry import Registry
+from swapcheck_common.errors import InputError
+from swapcheck_common.registry import Registry
 
 if TYPE_CHECKING:
     import torch

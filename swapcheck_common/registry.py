@@ -14,7 +14,7 @@ import importlib
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
-from common.errors import InputError
+from swapcheck_common.errors import InputError
 
 __all__ = ["Registry", "RegistryError", "did_you_mean"]
 
@@ -36,7 +36,7 @@ class Registry(Generic[T]):
 
     ``error`` is the exception class raised for an unknown or duplicate name, or a lazy entry that
     cannot be loaded: :class:`RegistryError` or a layer's own input error (a subclass of
-    :class:`~common.errors.InputError`, so that every registry maps to exit code 2 through one base).
+    :class:`~swapcheck_common.errors.InputError`, so that every registry maps to exit code 2 through one base).
     ``validate(name, entry)`` runs when a lazy entry is loaded and may raise ``error``.  An entry
     is never a ``str`` itself: a string is the ``"module:attr"`` of a lazy entry.
     """

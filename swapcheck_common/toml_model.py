@@ -2,7 +2,7 @@
 
 Sweep specs (``orchestrator.spec``) and pre-registered prediction files (``storage.prereg``) both
 load through :func:`load_toml_model`; it lives here, below every layer, so that each may use it
-(``common`` imports nothing of swapcheck). A failure is a :class:`TomlModelError` naming the file
+(``swapcheck_common`` imports nothing of swapcheck). A failure is a :class:`TomlModelError` naming the file
 and each problem (``experiments.int8.k.stop: ...``); callers turn it into their own error
 (``orchestrator.spec`` into ``SpecError``) or let it through (exit 2, an ``InputError``).
 """
@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from common.errors import InputError
+from swapcheck_common.errors import InputError
 
 __all__ = ["MAX_NESTING", "TomlModelError", "format_errors", "load_toml_model", "loc"]
 
