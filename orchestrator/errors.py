@@ -41,8 +41,8 @@ judged; 3 the results store failed during a sweep; 130 / 143 interrupted by SIGI
 
 from __future__ import annotations
 
-from swapcheck_common.errors import InputError
 from storage.errors import StorageError
+from swapcheck_common.errors import InputError
 
 __all__ = [
     "SwapcheckError",

@@ -26,10 +26,10 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from orchestrator.errors import SpecError
 from swapcheck_common.toml_model import TomlModelError, format_errors
 from swapcheck_common.toml_model import load_toml_model as _load
 from swapcheck_common.toml_model import loc as _loc
-from orchestrator.errors import SpecError
 from tasks.kinds.fields import NAME, Strict, expand_env
 
 __all__ = ["LoadedSpec", "SweepSpec", "load_spec", "load_toml_model", "parse_spec"]

@@ -14,8 +14,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from swapcheck_common.toml_model import TomlModelError, load_toml_model
 from storage.errors import StorageError
+from swapcheck_common.toml_model import TomlModelError, load_toml_model
 
 __all__ = ["Prediction", "PredictionFile", "PredictionFileError", "parse", "registrations", "sha256"]
 

@@ -123,11 +123,11 @@ def test_one_parser_for_registration_and_scoring() -> None:
     names the field path of each problem; at launch its error becomes a SpecError (exit 2)."""
     import pytest
 
-    from swapcheck_common.errors import InputError
     from orchestrator import prereg
     from orchestrator.errors import SpecError
     from reports import predictions
     from storage.prereg import PredictionFileError, parse
+    from swapcheck_common.errors import InputError
 
     assert predictions.parse is parse and prereg.parse is parse
     assert predictions.PredictionFile is prereg.PredictionFile

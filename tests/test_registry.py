@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.errors import exit_code_for
 from swapcheck_common.errors import InputError
 from swapcheck_common.registry import Registry, RegistryError, did_you_mean
-from orchestrator.errors import exit_code_for
 
 LAZY_MODULE = "swapcheck_test_registry_lazy"
 
