@@ -206,11 +206,11 @@ def test_scaled_mm_close_to_exact(layout, with_bias):
     assert (d != 0).mean() < 0.01  # numerics.md §5.4: 0.02-0.05 % at M = N = 512
 
 
-#: torch._scaled_mm on the CPU where cpu_scaled_mm_path() reports the emulated path: whether it computes
-#: the pre-scaled formula rn(fl(fl(a*sa) @ fl(b*sb)) + bias) bit for bit, and whether use_fast_accum
-#: leaves the bits alone.  Checked on torch 2.13.0+cpu, on an AVX512 CPU with AMX-INT8, where torch
-#: 2.13 runs a oneDNN f8 matmul (ONEDNN_VERBOSE=1 shows it) although cpu_scaled_mm_path reports the
-#: emulated path: its AMX probe, torch._C._cpu._is_amx_tile_supported, is not in torch 2.13.
+#: torch._scaled_mm on the CPU: whether it computes the pre-scaled formula rn(fl(fl(a*sa) @ fl(b*sb)) + bias)
+#: bit for bit, and whether use_fast_accum leaves the bits alone.  Checked on torch 2.13.0+cpu on an
+#: AVX512 CPU with AMX-INT8, where torch 2.13 runs a oneDNN f8 matmul (ONEDNN_VERBOSE=1 shows it, and
+#: cpu_scaled_mm_path() names it); the emulated path of a CPU without AMX is the same formula by
+#: construction (ATen's _scaled_mm_out_cpu_emulated pre-scales the fp32 operands).
 TORCH_CPU_SCALED_MM = {">=2.13,<2.14": {"pre-scaled formula": True, "use_fast_accum ignored": True}}
 
 
@@ -236,8 +236,6 @@ def test_scaled_mm_expanded_per_tensor_within_one_spacing_of_per_tensor():
 
 @needs_scaled_mm
 def test_scaled_mm_use_fast_accum_ignored_on_the_cpu():
-    if not cpu_scaled_mm_path().startswith("emulated"):
-        pytest.skip("AMX machine: torch dispatches _scaled_mm to oneDNN")
     rec = fact("torch", TORCH_CPU_SCALED_MM, what="CPU torch._scaled_mm with use_fast_accum=True")
     a, b, _, _ = _quantized(32, 4096, 40, seed=4)
     sa = torch.rand(32, 1) * 0.01
@@ -249,9 +247,7 @@ def test_scaled_mm_use_fast_accum_ignored_on_the_cpu():
 
 @needs_scaled_mm
 def test_scaled_mm_is_the_documented_prescaled_formula():
-    if not cpu_scaled_mm_path().startswith("emulated"):
-        pytest.skip("AMX machine: torch dispatches _scaled_mm to oneDNN")
-    rec = fact("torch", TORCH_CPU_SCALED_MM, what="the formula CPU torch._scaled_mm computes")
+    rec = fact("torch", TORCH_CPU_SCALED_MM, what=f"the formula CPU torch._scaled_mm computes ({cpu_scaled_mm_path()})")
     a, b, sa, sb = _quantized(48, 512, 24, seed=5)
     bias = torch.randn(24).to(torch.bfloat16)
     got = scaled_mm(a, b, sa, sb, torch.bfloat16, bias)

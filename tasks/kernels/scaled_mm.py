@@ -38,9 +38,10 @@ _PROBE: tuple[bool, str | None] | None = None
 
 def cpu_scaled_mm_path() -> str:
     """Which CPU implementation ``torch._scaled_mm`` takes in this process (ATen dispatch rule)."""
+    probe = getattr(torch.cpu, "_is_amx_tile_supported", None) or getattr(torch._C._cpu, "_is_amx_tile_supported", None)
     try:
-        amx = bool(torch._C._cpu._is_amx_tile_supported())  # type: ignore[attr-defined]
-    except Exception:
+        amx = bool(probe()) if probe is not None else False
+    except RuntimeError:
         amx = False
     if amx and torch.backends.mkldnn.is_available():
         return "onednn-amx (mkldnn_scaled_mm)"
