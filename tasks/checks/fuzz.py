@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tasks.numerics import get_format
+from tasks.numerics import INT8_MAX_K, get_format
 from tasks.seeds import stable_seed
 from tasks.verdicts import Verdict, worst
 
@@ -78,8 +78,9 @@ MAX_WORK = 2**23
 #: Exact-match draws expect at most this fraction of outputs above the exact range (the check's
 #: default is 0.01): sparse enough that a trial of a few outputs is practically never INCONCLUSIVE.
 EXACT_MATCH_OVERFLOW = 1e-6
-#: The largest K for which int8 sums (|a| <= 127, |b| <= 128) cannot overflow int32.
-INT8_NO_OVERFLOW_K = 132104
+#: The largest K for which int8 sums (|a| <= 127, |b| <= 128) cannot overflow int32 (defined once, in
+#: tasks.numerics.formats).
+INT8_NO_OVERFLOW_K = INT8_MAX_K
 
 #: Value recipes (bounds check): what each stresses.
 RECIPES = {

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tasks.kernels.cuda import cuda_reason, vllm_reason, vllm_version
+from tasks.devices import cuda_reason, vllm_reason, vllm_version
 
 from .predictions import GenerationResult, ScoreResult
 from .vllm_rows import (

@@ -22,7 +22,8 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from tasks.kernels.cuda import ALIGNMENT, TRITON_SCALED_MM_MODULE, parse_version
+from tasks.devices import parse_version
+from tasks.kernels.cuda import ALIGNMENT, TRITON_SCALED_MM_MODULE
 from tasks.models.evidence import kernel_evidence
 
 __all__ = [
