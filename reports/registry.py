@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from reports.figures import Figure
     from storage.catalog import Catalog
 
-__all__ = ["Block", "Option", "Report", "ReportError", "Section", "View", "merge_json", "report_registry",
+__all__ = ["Block", "Option", "Report", "ReportError", "Section", "View", "lazy", "merge_json", "report_registry",
            "reports", "sql_rows"]
 
 
@@ -144,6 +144,20 @@ def sql_rows(cat: Catalog, report: Report, sweep: str, **params: Any) -> list[di
     sql = (report.sql_dir / f"{report.query}.sql").read_text(encoding="utf-8")
     bound = {p: {"sweep": sweep, **params}.get(p) for p in sql_params(sql)}
     return cat.query(sql, **bound).to_pylist()  # type: ignore[no-any-return]
+
+
+def lazy(ref: str) -> Callable[..., Any]:
+    """The function ``"module:attr"``, imported when first called: a view module stays light at import
+    (``swapcheck --help`` imports no DuckDB or numpy) yet names the function that does the work."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        import importlib
+
+        module, _, attr = ref.partition(":")
+        return getattr(importlib.import_module(module), attr)(*args, **kwargs)
+
+    call.__qualname__ = call.__name__ = ref
+    return call
 
 
 def _valid(name: str, entry: Report) -> None:

@@ -1,5 +1,5 @@
 """CLI conventions: formats per command, unknown sweeps, --version, -o, plurals, full width when piped,
-progress without a terminal, nightly paths and messages, the replay sweep column, named queries.
+progress without a terminal, nightly paths and messages, each sweep of a report on its own, named queries.
 
 Results are small and real: units of the tiny spec run in-process (``execute_unit``), no Ray.
 """

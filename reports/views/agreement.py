@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from reports.registry import Block, Report, Section, View
+from reports.registry import Block, Report, Section, View, lazy
 
 
 def _build(cat: Any, sweep: str, opts: dict[str, Any]) -> View:
@@ -36,12 +36,6 @@ def _document(cat: Any, sweep: str) -> list[Section]:
                     "Greedy sequences compared across cold restarts and across arms.", tabs)] if tabs else []
 
 
-def _metrics() -> Any:
-    from reports import metrics
-
-    return metrics
-
-
 REPORT = Report(
     name="agreement",
     order=50,
@@ -64,6 +58,6 @@ prompts had 1, 2, ... of them). JSON (`--table all`): one object with `self_repr
     example="swapcheck report agreement --results results --sweep e2e-demo --format json",
     columns={"identical": "prompts (k/N)", "first_divergence": "generated position, 0-based"},
     build=_build,
-    metrics=lambda cat, sweep: _metrics().generation_metrics(cat, sweep),
+    metrics=lazy("reports.metrics:generation_metrics"),
     document=_document,
 )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from reports.registry import Block, Report, Section, View
+from reports.registry import Block, Report, Section, View, lazy
 
 
 def _build(cat: Any, sweep: str, opts: dict[str, Any]) -> View:
@@ -36,12 +36,6 @@ def _document(cat: Any, sweep: str) -> list[Section]:
     return out
 
 
-def _metrics() -> Any:
-    from reports import metrics
-
-    return metrics
-
-
 REPORT = Report(
     name="conformance",
     order=90,
@@ -54,6 +48,6 @@ per-layer replay (k/N layers identical), end to end (k/N sequences identical acr
 each kernel's check verdicts.""",
     example="swapcheck report conformance --results results --sweep demo",
     build=_build,
-    metrics=lambda cat, sweep: _metrics().check_metrics(cat, sweep),
+    metrics=lazy("reports.metrics:check_metrics"),
     document=_document,
 )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from reports.registry import Block, Option, Report, Section, View
+from reports.registry import Block, Option, Report, Section, View, lazy
 
 
 def _build(cat: Any, sweep: str, opts: dict[str, Any]) -> View:
@@ -24,12 +24,6 @@ def _document(cat: Any, sweep: str) -> list[Section]:
                     "between kernels (or from the exact reference), in ppm.", figures=figs)] if figs else []
 
 
-def _metrics() -> Any:
-    from reports import metrics
-
-    return metrics
-
-
 REPORT = Report(
     name="kdepth",
     order=10,
@@ -46,6 +40,6 @@ the counts of outputs 1, 2 and more than 2 spacings apart. JSON and CSV carry ev
     columns={"elements": "outputs compared", "differing": "outputs not bit-identical",
              "max_spacing": "output spacings (ordered bit patterns)", "seeds": "seeds summed"},
     build=_build,
-    metrics=lambda cat, sweep: _metrics().kdepth_metrics(cat, sweep),
+    metrics=lazy("reports.metrics:kdepth_metrics"),
     document=_document,
 )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from reports.registry import Block, Option, Report, Section, View
+from reports.registry import Block, Option, Report, Section, View, lazy
 
 
 def _build(cat: Any, sweep: str, opts: dict[str, Any]) -> View:
@@ -27,12 +27,6 @@ def _document(cat: Any, sweep: str) -> list[Section]:
                     figures=figs)] if figs else []
 
 
-def _metrics() -> Any:
-    from reports import metrics
-
-    return metrics
-
-
 REPORT = Report(
     name="replay",
     order=30,
@@ -49,6 +43,6 @@ outputs from the saved operands. Each sweep is shown on its own (JSON and CSV ro
     columns={"elements": "outputs compared", "differing": "outputs not bit-identical",
              "max_spacing": "output spacings (ordered bit patterns)"},
     build=_build,
-    metrics=lambda cat, sweep: _metrics().replay_metrics(cat, sweep),
+    metrics=lazy("reports.metrics:replay_metrics"),
     document=_document,
 )

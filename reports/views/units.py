@@ -4,18 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from reports.registry import Block, Report, View
+from reports.registry import Block, Report, View, lazy
 
 
 def _build(cat: Any, sweep: str, opts: dict[str, Any]) -> View:
     rows = cat.named("unit_status", sweep=sweep)
     return View(sweep, rows, [Block("units", rows)])
-
-
-def _metrics() -> Any:
-    from reports import metrics
-
-    return metrics
 
 
 REPORT = Report(
@@ -27,6 +21,6 @@ REPORT = Report(
     example="swapcheck report units --results results",
     columns={"units": "units", "attempts": "attempts (Ray retries included)", "seconds": "wall seconds"},
     build=_build,
-    metrics=lambda cat, sweep: _metrics().unit_metrics(cat, sweep),
+    metrics=lazy("reports.metrics:unit_metrics"),
     document=lambda cat, sweep: [],
 )
