@@ -1,0 +1,108 @@
+"""The smaller faults of issue #24 (item 7): each a clear exit 2 naming the file and the field, nothing changed.
+
+- ``swapcheck db --out`` never replaces a file it did not write (unless ``--force``) and never writes
+  inside the results tree;
+- a spec error echoes at most a bounded excerpt of the offending value;
+- names that become paths refuse control characters and newlines;
+- values that look like secrets or environment references are never echoed;
+- a replay artifact with a wrong operand dtype is bad input (exit 2), naming the file and the field;
+- a relaunch over damaged files that has nothing to run says how to repair.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import duckdb
+import pytest
+from typer.testing import CliRunner
+
+from orchestrator.cli.main import app
+from orchestrator.plan import make_plan
+from orchestrator.spec import parse_spec
+from orchestrator.worker import execute_unit
+from tests.conftest import tiny_spec_text
+
+cli = CliRunner()
+
+
+def tree_hash(root: Path) -> str:
+    """SHA-256 over every path and every file's bytes under ``root``."""
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*")):
+        h.update(str(p.relative_to(root)).encode() + b"\0")
+        if p.is_file() and not p.is_symlink():
+            h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small results tree: one sweep, two committed units."""
+    from orchestrator.runner import write_sweep_record
+    from storage.store import open_store
+
+    root = tmp_path_factory.mktemp("small") / "results"
+    spec = parse_spec(tiny_spec_text(name="small-faults", seeds=1))
+    plan = make_plan(spec)
+    write_sweep_record(open_store(root), spec, plan)
+    for u in plan.units[:2]:
+        assert execute_unit({**u.to_payload(), "description": u.describe()}, str(root), plan.sweep, spec.sha256)["status"] == "ok"
+    return root
+
+
+# -- a. swapcheck db --out -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name,content", [
+    ("README.md", b"# my notes\n"),
+    ("notes.sql", b"SELECT 1;\n"),
+    ("data.duckdb", b"not a database at all, but named like one\n"),
+])
+def test_db_refuses_to_overwrite_a_foreign_file(results: Path, tmp_path: Path, name: str, content: bytes) -> None:
+    out = tmp_path / name
+    out.write_bytes(content)
+    before = tree_hash(tmp_path), tree_hash(results)
+    res = cli.invoke(app, ["db", "--results", str(results), "--out", str(out)])
+    assert res.exit_code == 2, res.output
+    assert name in res.output and "--force" in res.output and "nothing was written" in res.output
+    assert (tree_hash(tmp_path), tree_hash(results)) == before
+    res = cli.invoke(app, ["db", "--results", str(results), "--out", str(out), "--force"])
+    assert res.exit_code == 0, res.output
+    assert out.read_bytes() != content
+
+
+def test_db_refuses_a_duckdb_database_with_tables(results: Path, tmp_path: Path) -> None:
+    out = tmp_path / "mine.duckdb"
+    con = duckdb.connect(str(out))
+    con.execute("CREATE TABLE precious AS SELECT 42 AS answer")
+    con.close()
+    before = out.read_bytes()
+    res = cli.invoke(app, ["db", "--results", str(results), "--out", str(out)])
+    assert res.exit_code == 2, res.output
+    assert "table" in res.output and "mine.duckdb" in res.output
+    assert out.read_bytes() == before
+
+
+@pytest.mark.parametrize("suffix", [".duckdb", ".sql"])
+def test_db_replaces_its_own_export(results: Path, tmp_path: Path, suffix: str) -> None:
+    out = tmp_path / f"views{suffix}"
+    for _ in range(2):
+        res = cli.invoke(app, ["db", "--results", str(results), "--out", str(out)])
+        assert res.exit_code == 0, res.output
+
+
+@pytest.mark.parametrize("rel", ["views.duckdb", "table=kdepth/views.sql", "."])
+def test_db_refuses_out_inside_the_results_tree(results: Path, rel: str) -> None:
+    before = tree_hash(results)
+    for force in ([], ["--force"]):
+        res = cli.invoke(app, ["db", "--results", str(results), "--out", str(results / rel), *force])
+        assert res.exit_code == 2, res.output
+        assert tree_hash(results) == before
+        if rel != ".":  # a directory is refused by the option itself
+            assert "inside the results tree" in res.output
+
+
+def test_db_help_says_what_it_replaces() -> None:
+    res = cli.invoke(app, ["db", "--help"], terminal_width=200)
+    assert "--force" in res.output and "replaced only" in res.output
