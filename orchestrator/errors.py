@@ -67,9 +67,11 @@ class SpecError(SwapcheckError):
     exit_code = 2
 
     def __init__(self, path: str, problems: list[str]):
+        from swapcheck_common.echo import scrub
+
         self.path = path
-        self.problems = problems
-        lines = "\n".join(f"  - {p}" for p in problems)
+        self.problems = [scrub(p) for p in problems]  # bounded, and never a value that looks like a secret
+        lines = "\n".join(f"  - {p}" for p in self.problems)
         super().__init__(f"{path}: invalid sweep spec; nothing was written.\n{lines}")
 
 

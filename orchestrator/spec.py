@@ -52,6 +52,9 @@ class SweepSpec(Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
+        if any(c < " " or c == "\x7f" for c in v):
+            raise ValueError("a name must not contain newlines or other control characters; use letters, "
+                             "digits, '.', '_' or '-' (it names a results partition)")
         if not NAME.match(v):
             raise ValueError("use letters, digits, '.', '_' or '-' (it names a results partition)")
         return v
@@ -101,6 +104,10 @@ def _experiments(sweep: SweepSpec, resolve: Any) -> tuple[dict[str, Any], list[s
     experiments: dict[str, Any] = {}
     for name, body in sweep.experiments.items():
         where = ("experiments", name)
+        if any(c < " " or c == "\x7f" for c in name):
+            problems.append(f"experiments: the experiment name {name!r} contains a newline or another control "
+                            "character; use letters, digits, '.', '_' or '-'")
+            continue
         if not isinstance(body, dict):
             problems.append(f"{_loc(where)}: must be a table")
             continue
@@ -132,7 +139,10 @@ def parse_spec(text: str, path: str = "<string>") -> LoadedSpec:
             problems.append(f"preregistration[{i}]: {sweep.preregistration[i]!r} not found (relative to the spec's directory)")
     if not problems:
         for name, exp in experiments.items():
-            problems.extend(get_kind(exp.kind).problems(_loc(("experiments", name)), exp))
+            try:
+                problems.extend(get_kind(exp.kind).problems(_loc(("experiments", name)), exp))
+            except ValidationError as exc:  # a kind's check building a model (a 1 MB kernel name): still bad input
+                problems.extend(format_errors(exc, ("experiments", name)))
     if problems:
         raise SpecError(path, problems)
     return LoadedSpec(path=path, text=text, sha256=hashlib.sha256(text.encode()).hexdigest(), sweep=sweep,

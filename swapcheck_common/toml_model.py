@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from swapcheck_common.echo import echo, scrub
 from swapcheck_common.errors import InputError
 
 __all__ = ["MAX_NESTING", "TomlModelError", "format_errors", "load_toml_model", "loc"]
@@ -34,8 +35,8 @@ class TomlModelError(InputError):
 
     def __init__(self, path: str, problems: list[str]):
         self.path = path
-        self.problems = problems
-        super().__init__(f"{path}: " + "; ".join(problems))
+        self.problems = [scrub(p) for p in problems]
+        super().__init__(f"{path}: " + "; ".join(self.problems))
 
 
 def loc(where: tuple[Any, ...]) -> str:
@@ -44,13 +45,14 @@ def loc(where: tuple[Any, ...]) -> str:
 
 
 def format_errors(err: ValidationError, prefix: tuple[Any, ...] = ()) -> list[str]:
-    """One ``field.path: message (got ...)`` line per problem, each once."""
+    """One ``field.path: message (got ...)`` line per problem, each once; the value shown is a bounded
+    excerpt, and never one that looks like a secret (``swapcheck_common.echo``)."""
     problems = []
     for e in err.errors(include_url=False):
         where = tuple(p for p in prefix + tuple(e["loc"]) if not _UNION_MEMBER.match(str(p)))
         msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
         problems.append(f"{loc(where)}: required field is missing" if e["type"] == "missing"
-                        else f"{loc(where) or '<top level>'}: {msg} (got {e.get('input')!r})")
+                        else f"{loc(where) or '<top level>'}: {msg} (got {echo(e.get('input'), where)})")
     return list(dict.fromkeys(problems))
 
 

@@ -49,7 +49,7 @@ __all__ = [
     "register_attention",
 ]
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*\Z")
 DEVICES = ("cpu", "cuda")
 
 #: The signature every kernel's ``compute`` has: validated operands (keys repeated to the query's

@@ -18,7 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 #: Names that become partitions, arms or labels: letters, digits, '.', '_' or '-'.
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")  # \Z: "$" would let a trailing newline through
 
 # -- limits on what a spec may ask for (docs/specs.md, "Limits") -----------------------------------
 #: Largest M, N or K of one GEMM.

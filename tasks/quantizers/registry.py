@@ -35,7 +35,7 @@ __all__ = [
     "register_quantizer",
 ]
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*\Z")
 INPUT_DTYPES = ("float32", "bfloat16", "float16")
 
 

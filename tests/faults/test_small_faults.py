@@ -106,3 +106,91 @@ def test_db_refuses_out_inside_the_results_tree(results: Path, rel: str) -> None
 def test_db_help_says_what_it_replaces() -> None:
     res = cli.invoke(app, ["db", "--help"], terminal_width=200)
     assert "--force" in res.output and "replaced only" in res.output
+
+
+# -- b, c, d. what a spec error echoes; names that become paths --------------------------------------
+
+HEAD = 'question = "q?"\nname = "small-faults"\n'
+KDEPTH = HEAD + """
+[experiments.int8]
+kind = "kdepth"
+dtype = "int8"
+implementations = ["int8-cutlass-order", "int8-triton-order"]
+m = 16
+n = 24
+seeds = 1
+"""
+
+
+def _refused(tmp_path: Path, text: str, names: str, env: dict[str, str] | None = None) -> str:
+    spec = tmp_path / "spec.toml"
+    spec.write_text(text)
+    results = tmp_path / "results"
+    before = tree_hash(tmp_path)
+    outs = []
+    for cmd in (["sweep", "validate", str(spec)], ["sweep", "plan", str(spec)],
+                ["sweep", "launch", str(spec), "--results", str(results), "--no-progress"]):
+        res = cli.invoke(app, cmd, env=env)
+        assert res.exit_code == 2, res.output
+        assert "spec.toml" in res.output and names in res.output and "nothing was written" in res.output, res.output
+        outs.append(res.output)
+    assert tree_hash(tmp_path) == before and not results.exists()
+    return "\n".join(outs)
+
+
+def test_a_huge_list_is_echoed_as_a_bounded_excerpt(tmp_path: Path) -> None:
+    out = _refused(tmp_path, KDEPTH + "k = [" + ", ".join(["64"] * 300_000) + "]\n", "experiments.int8.k")
+    assert "(300000 values)" in out
+    assert len(out) < 3 * 2000, len(out)
+
+
+def test_a_huge_string_is_echoed_as_a_bounded_excerpt(tmp_path: Path) -> None:
+    out = _refused(tmp_path, KDEPTH + "k = 64\nreference = \"" + "x" * 1_000_000 + "\"\n", "experiments.int8")
+    assert len(out) < 3 * 2500, len(out)
+
+
+@pytest.mark.parametrize("line,names", [
+    ('name = "x\\n"', "name: "),
+    ('name = "x\\r"', "name: "),
+    ('name = "x\\u0000y"', "name: "),
+    ('name = "a\\tb"', "name: "),
+])
+def test_sweep_names_refuse_control_characters(tmp_path: Path, line: str, names: str) -> None:
+    out = _refused(tmp_path, KDEPTH.replace('name = "small-faults"', line) + "k = 64\n", names)
+    assert "control character" in out
+
+
+def test_experiment_names_refuse_control_characters(tmp_path: Path) -> None:
+    out = _refused(tmp_path, KDEPTH.replace("[experiments.int8]", '[experiments."a\\nb"]') + "k = 64\n", "experiments")
+    assert "control character" in out
+
+
+SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+
+
+@pytest.mark.parametrize("extra,names", [
+    ('reference = "${AWS_SECRET_ACCESS_KEY}"', "experiments.int8.reference"),
+    ('reference = "$AWS_SECRET_ACCESS_KEY"', "experiments.int8.reference"),
+    ('bogus = "${AWS_SECRET_ACCESS_KEY}"', "experiments.int8.bogus"),
+    (f'bogus = "{SECRET}"', "experiments.int8.bogus"),
+    ('bogus = "AKIAIOSFODNN7EXAMPLE"', "experiments.int8.bogus"),
+    ('api_key = "hunter2"', "experiments.int8.api_key"),
+    ('password = ["hunter2"]', "experiments.int8.password"),
+    ('implementations = ["int8-cutlass-order", "${AWS_SECRET_ACCESS_KEY}"]', "experiments.int8.implementations[1]"),
+    ('m = "${AWS_SECRET_ACCESS_KEY}"', "experiments.int8.m"),
+])
+def test_secrets_and_environment_references_are_never_echoed(tmp_path: Path, extra: str, names: str) -> None:
+    text = KDEPTH.replace("m = 16\n", "") if extra.startswith("m =") else KDEPTH
+    text = text.replace('implementations = ["int8-cutlass-order", "int8-triton-order"]\n', "") \
+        if extra.startswith("implementations") else text
+    out = _refused(tmp_path, text + "k = 64\n" + extra + "\n", names,
+                   env={"AWS_SECRET_ACCESS_KEY": SECRET})
+    for leak in ("AWS_SECRET_ACCESS_KEY", SECRET, "AKIAIOSFODNN7EXAMPLE", "hunter2", "${"):
+        assert leak not in out, out
+    assert "not shown" in out
+
+
+def test_the_sweep_name_is_never_echoed_when_it_is_an_environment_reference(tmp_path: Path) -> None:
+    out = _refused(tmp_path, KDEPTH.replace('name = "small-faults"', 'name = "${AWS_SECRET_ACCESS_KEY}"') + "k = 64\n",
+                   "name: ")
+    assert "AWS_SECRET" not in out and "not shown" in out
