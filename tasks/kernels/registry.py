@@ -31,7 +31,11 @@ class, ``subprocess:Popen``, ...)         is called
 Trust model (docs/specs.md): resolving ``"package.module:attr"`` imports ``package.module``, which
 runs its top-level code, and reads the attribute (through modules and classes only); nothing else
 is called until the target is known to be a kernel.  Modules of the standard library and of
-torch / numpy (:data:`NEVER_KERNEL_MODULES`) are refused before any import.  User kernels
+torch / numpy (:data:`NEVER_KERNEL_MODULES`) are refused before any import, and so is any module
+the user-code rule refuses (:func:`_user_code_refusal`, docs/kernels.md): a dotted path with a
+``__main__`` component (a program's entry point: importing it runs the program), and a module of an
+installed distribution (found in site-packages) that does not declare the ``swapcheck.kernels``
+entry-point group; your own modules (found elsewhere) are allowed.  User kernels
 (``module:attr`` names and entry points) can be turned off for the whole process and its Ray
 workers: :func:`set_user_kernels` (``False``) sets ``SWAPCHECK_USER_KERNELS=0`` in the environment,
 which :func:`user_kernels_enabled` reads at every resolution.
@@ -535,6 +539,120 @@ def _refused_module(module_name: str) -> str | None:
     return None
 
 
+# ---------------------------------------------------------------------------------------------
+# the user-code rule: which modules a 'module:attr' name may import (docs/kernels.md)
+
+#: The distribution of swapcheck itself: its own modules may always be named (built-in lazy entries).
+OWN_DISTRIBUTION = "swapcheck"
+USER_CODE_RULE = (
+    "a 'module:attr' name may import only your own modules (found outside site-packages) or a module "
+    f"of an installed distribution that declares the entry-point group {ENTRY_POINT_GROUP!r}, and "
+    "never a __main__ module (docs/kernels.md, 'Which modules a name may import')"
+)
+
+
+def _norm_dist(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _site_dirs() -> list[str]:
+    """Where installed distributions live: site-packages / dist-packages (real paths)."""
+    import site
+    import sysconfig
+
+    dirs: list[str] = []
+    with contextlib.suppress(Exception):
+        dirs += site.getsitepackages()
+    with contextlib.suppress(Exception):
+        dirs.append(site.getusersitepackages())
+    for key in ("purelib", "platlib"):
+        with contextlib.suppress(Exception):
+            dirs.append(sysconfig.get_paths()[key])
+    dirs += [p for p in sys.path if os.path.basename(p.rstrip(os.sep)) in ("site-packages", "dist-packages")]
+    return sorted({os.path.realpath(d) for d in dirs if d})
+
+
+def _installed_location(top: str) -> str | None:
+    """The site-packages folder holding top-level package/module ``top``, or None when ``top`` is
+    found elsewhere (your own code: the current directory, PYTHONPATH, an editable install's source
+    tree) or not at all.  Uses ``importlib.util.find_spec`` on the top-level name only, which runs
+    no code of the package."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    places = list(spec.submodule_search_locations or [])
+    if spec.origin and spec.has_location:
+        places.append(spec.origin)
+    site_dirs = _site_dirs()
+    for place in places:
+        real = os.path.realpath(place)
+        for d in site_dirs:
+            if real == d or real.startswith(d + os.sep):
+                return d
+    return None
+
+
+@functools.cache
+def _top_level_distributions() -> dict[str, list[str]]:
+    try:
+        return {k: list(v) for k, v in metadata.packages_distributions().items()}
+    except Exception:  # a broken installation: nothing is known to provide anything
+        return {}
+
+
+def _kernel_distributions() -> set[str]:
+    """Normalised names of the distributions that declare swapcheck kernels (and swapcheck's own)."""
+    names = {_norm_dist(OWN_DISTRIBUTION)}
+    try:
+        eps = metadata.entry_points(group=ENTRY_POINT_GROUP)
+    except Exception:
+        return names
+    for ep in eps:
+        dist = getattr(getattr(ep, "dist", None), "name", None)
+        if dist:
+            names.add(_norm_dist(dist))
+    return names
+
+
+def _main_refusal(module_name: str) -> str | None:
+    """The __main__ rule, from the name alone: no component of the dotted path is ``__main__``."""
+    if "__main__" in module_name.split("."):
+        return (
+            f"module {module_name!r} is a __main__ module, the entry point of a program "
+            "(`python -m ...`): importing it runs that program (the __main__ rule)"
+        )
+    return None
+
+
+def _user_code_refusal(module_name: str) -> str | None:
+    """Why the user-code rule refuses to import ``module_name`` (None: allowed).  Decided before
+    anything is imported: the name itself (:func:`_main_refusal`), then where its top-level package
+    is found (the installed-package rule)."""
+    main = _main_refusal(module_name)
+    if main is not None:
+        return main
+    top = module_name.split(".")[0]
+    where = _installed_location(top)
+    if where is None:
+        return None  # your own code (or not found: the import then fails, running nothing)
+    dists = _top_level_distributions().get(top, [])
+    allowed = _kernel_distributions()
+    if any(_norm_dist(d) in allowed for d in dists):
+        return None
+    shown = ", ".join(sorted(set(dists))) or "no known distribution"
+    return (
+        f"module {module_name!r} belongs to an installed package ({top!r} in {where}, from "
+        f"{shown}) that does not declare swapcheck kernels (entry-point group "
+        f"{ENTRY_POINT_GROUP!r}); installed third-party code is never imported from a kernel name "
+        "(the installed-package rule)"
+    )
+
+
 def _import_target(spec: str, what: str) -> Any:
     """The object ``"package.module:attr"`` names: import the module (its top-level code runs),
     then read the attribute through modules and classes only.  Nothing is called."""
@@ -545,11 +663,21 @@ def _import_target(spec: str, what: str) -> Any:
         raise KernelError(
             f"{what}: expected 'package.module:attr' with dotted Python names, got {spec!r}"
         )
-    refused = _refused_module(module_name)
-    if refused is not None:
+    # The user-code rule (docs/kernels.md), before anything is imported: the __main__ rule from the
+    # name alone, then the packages that never hold kernels, then where the top-level package lives.
+    refusal = _main_refusal(module_name)
+    if refusal is None:
+        refused = _refused_module(module_name)
+        if refused is not None:
+            raise KernelError(
+                f"{what}: module {module_name!r} belongs to {refused}, which holds no swapcheck "
+                f"kernels; it was not imported and nothing was called. Name {ALLOWED_TARGETS}"
+            )
+        refusal = _user_code_refusal(module_name)
+    if refusal is not None:
         raise KernelError(
-            f"{what}: module {module_name!r} belongs to {refused}, which holds no swapcheck "
-            f"kernels; it was not imported and nothing was called. Name {ALLOWED_TARGETS}"
+            f"{what}: refused by the user-code rule: {refusal}; it was not imported and nothing "
+            f"was called. Rule: {USER_CODE_RULE}"
         )
     try:
         obj: Any = importlib.import_module(module_name)
