@@ -16,7 +16,9 @@ footer is readable, its row count is the recorded ``rows`` and its schema fits t
 A file that fails is skipped and its unit marked: the ``units`` view adds ``damaged`` (bool) and
 ``damage`` (the first problem) to the ledger columns; a unit whose ledger file itself is unreadable
 is a row with only ``unit_id``, ``sweep``, ``status = 'damaged'`` and those two.
-A file no ``ok`` ledger row names (an orphan) is not read. Every problem is one line of
+A record whose path leaves its partition ``table=<t>/sweep=<s>/`` (``..``, absolute, a URI, a
+symlink out of the root, another sweep or table: ``ResultStore.recorded``) is never bound: a
+warning, and its unit is marked damaged. A file no ``ok`` ledger row names (an orphan) is not read. Every problem is one line of
 :attr:`Catalog.warnings` naming the file and ``swapcheck sweep verify``; nothing is read silently.
 The checks are metadata only: content checksums are ``swapcheck sweep verify``'s job. Tables that
 are not a unit's results (``units``, ``sweeps``, ``launches``, ``preregistrations``), and sweeps
@@ -52,7 +54,7 @@ import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from storage.errors import QueryError
+from storage.errors import PathEscape, QueryError
 from storage.schemas import TABLES, UNITS, UNMANAGED_TABLES
 from storage.store import ResultStore, open_store
 
@@ -282,15 +284,17 @@ class _Binder:
                 if records is None:
                     records = [{"table": tb, "path": f"table={tb}/sweep={row['sweep']}/{row['unit_id']}.parquet",
                                 "rows": None, "bytes": None} for tb in row["tables"] or []]
-                for rec in records:
+                for i, rec in enumerate(records):
                     table, rel = rec.get("table"), str(rec.get("path") or "")
-                    m = re.fullmatch(r"table=([^/]+)/sweep=([^/]+)/[^/]+\.parquet", rel)
-                    if table not in out or m is None or m.group(1) != table or ".." in rel.split("/"):
-                        self.out.damaged.setdefault(unit, f"{rel}: not a result file path")
-                        self._warn(rel or "(empty path)", f"ledger record of table {table!r} is not a result file path",
-                                   f"unit {unit[1]} of sweep {unit[0]} is marked damaged")
+                    try:  # the one check of a recorded path (storage.store.ResultStore.recorded): never followed
+                        self.store.recorded(row["sweep"], rec)
+                    except PathEscape as exc:
+                        self.out.damaged.setdefault(unit, f"{rel}: path_escape: {exc.why}")
+                        field_name = f"files[{i}].path" if row["files"] is not None else "tables"
+                        self._warn(rel or "(empty path)", f"ledger row of unit {unit[1]}, {field_name}: path_escape: {exc}",
+                                   f"not read, unit {unit[1]} of sweep {unit[0]} is marked damaged")
                         continue
-                    out[table].append(_Want(rel, table, m.group(2), unit, rec.get("rows"), rec.get("bytes")))
+                    out[table].append(_Want(rel, table, row["sweep"], unit, rec.get("rows"), rec.get("bytes")))
         return out
 
     def bind(self) -> _Bound:

@@ -27,3 +27,17 @@ class StorageFault(StorageError):
 
     def __str__(self) -> str:
         return f"storage fault at {self.path}: {self.detail}"
+
+
+class PathEscape(StorageError):
+    """A path read from a record (a ledger row's ``files``, an artifact's path) that leaves the folder
+    it must stay in: ``..``, an absolute path, a URI, a symlink out of a local root, another
+    partition. An integrity problem of the record: the path is never followed (read, moved, deleted)."""
+
+    def __init__(self, path: object, why: str) -> None:
+        super().__init__(path, why)
+        self.path = path
+        self.why = why
+
+    def __str__(self) -> str:
+        return f"path {self.path!r} {self.why}; not followed"

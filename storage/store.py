@@ -59,8 +59,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from storage.errors import StorageFault
-from storage.schemas import TABLES, UNITS
+from storage.errors import PathEscape, StorageFault
+from storage.schemas import TABLES, UNITS, UNMANAGED_TABLES
 
 __all__ = ["COMPRESS_FROM_BYTES", "STALE_AFTER_S", "FileRecord", "ResultStore", "is_uri", "open_store", "to_table",
            "utcnow"]
@@ -196,6 +196,30 @@ def _is_marker(path: str) -> bool:
     return path.endswith((".attempt", ".json")) and not _TEMPORARY.match(path.rsplit("/", 1)[-1])
 
 
+#: ``scheme:`` at the start of a path: a URI (``s3://``, ``file:``), or a drive (``C:``).
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
+
+
+def _lexical_escape(path: object, under: str) -> str | None:
+    """Why ``path`` is not a normalized relative path inside ``under`` (see ResultStore.inside), or None."""
+    if not isinstance(path, str) or not path:
+        return "is empty or not a path"
+    if "\0" in path:
+        return "holds a NUL character"
+    if "://" in path or _SCHEME.match(path):
+        return "is a URI (another scheme, bucket or drive), not a path under the results root"
+    if path.startswith(("/", "\\")):
+        return "is absolute, not relative to the results root"
+    parts = path.split("/")
+    if ".." in parts:
+        return "has a '..' component: it leaves the results root"
+    if any(p in ("", ".") for p in parts):
+        return "is not normalized (an empty or '.' component)"
+    if under and not path.startswith(under.rstrip("/") + "/"):
+        return f"is outside {under.rstrip('/')}/, where the record must point"
+    return None
+
+
 @dataclass(frozen=True)
 class FileRecord:
     """One written result file, as the ledger records it (``storage.schemas.FILE_RECORD``).
@@ -296,6 +320,49 @@ class ResultStore:
         self.fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
         with self.fs.open_output_stream(path) as out:  # one put: atomic on an object store
             out.write(data)
+
+    def inside(self, path: object, under: str = "", *, follow: bool = True) -> str:
+        """``path`` (relative to the root, as a record names it) when it stays inside the root, and
+        inside ``under`` (a folder relative to the root) if given; else raises :class:`PathEscape`.
+
+        The one check every path read from a record (a ledger row's ``files``, an artifact path, any
+        ``relpath`` the methods below take) goes through before it is joined to the root. Refused: an
+        empty path, a NUL, a URI (``s3://other-bucket/...``: another scheme or bucket), an absolute
+        path, a ``..``, ``.`` or empty component (the store writes only normalized paths), a path
+        outside ``under``; locally also a path whose directories or file resolve (symlinks) outside
+        the root or ``under``; with ``follow=False`` the file itself may be a symlink (a rename moves
+        the link, never its target). Nothing is read, created or followed to check it.
+        """
+        why = _lexical_escape(path, under)
+        if why is None and self.local:
+            why = self._link_escape(str(path), under, follow)
+        if why is not None:
+            raise PathEscape(path, why)
+        return str(path)
+
+    def _link_escape(self, path: str, under: str, follow: bool = True) -> str | None:
+        """Why the local file ``path`` resolves outside the root or ``under`` (symlinks), or None."""
+        parent, name = f"{self.base}/{path}".rsplit("/", 1)
+        real = f"{os.path.realpath(parent)}/{name}"
+        if follow and os.path.islink(real):
+            real = os.path.realpath(real)
+        fences = [(self.base, "the results root")] + ([(f"{self.base}/{under}", under.rstrip("/") + "/")] if under else [])
+        for folder, what in fences:
+            if not real.startswith(os.path.realpath(folder).rstrip("/") + "/"):
+                return f"resolves through a symlink to {real}, outside {what}"
+        return None
+
+    def recorded(self, sweep: str, record: Mapping[str, Any]) -> str:
+        """The path of a ledger ``files`` record of ``sweep`` (``{"table", "path", ...}``), checked by
+        :meth:`inside`: it must be a result file of the record's own partition,
+        ``table=<table>/sweep=<sweep>/<name>.parquet``, of a result table. Raises :class:`PathEscape`."""
+        table, path = record.get("table"), record.get("path")
+        if table not in TABLES or table in UNMANAGED_TABLES:
+            raise PathEscape(path, f"is recorded for table {table!r}, not a result table")
+        rel = self.inside(path, f"table={table}/sweep={sweep}")
+        if rel.count("/") != 2 or not rel.endswith(".parquet"):
+            raise PathEscape(path, f"is not a result file of its partition table={table}/sweep={sweep}/<name>.parquet")
+        return rel
 
     def _where(self, relpath: str) -> str:
         """A path under the root as messages name it."""
@@ -411,17 +478,19 @@ class ResultStore:
 
     def put_bytes(self, relpath: str, data: bytes) -> str:
         """A file under the results root (reports, artifacts), written atomically; returns where it is."""
-        self._put(self._p(relpath), data)
+        self._put(self._p(self.inside(relpath)), data)
         return f"{self.uri}/{relpath}" if self.uri is not None else str(self.root / relpath)
 
     def write_text(self, relpath: str, text: str) -> str:
         return self.put_bytes(relpath, text.encode())
 
     def move(self, relpath: str, dest_relpath: str) -> None:
-        """Move a file to another path under the root (a rename locally; copy + delete on object stores)."""
-        dest = self._p(dest_relpath)
+        """Move a file to another path under the root (a rename locally; copy + delete on object stores).
+        Locally a symlink is moved as the link (its target is not touched)."""
+        dest = self._p(self.inside(dest_relpath, follow=False))
+        source = self._p(self.inside(relpath, follow=False))
         self.fs.create_dir(dest.rsplit("/", 1)[0], recursive=True)
-        self.fs.move(self._p(relpath), dest)
+        self.fs.move(source, dest)
 
     # -- files by path relative to the root (what ledger records name) ----------------------------
     def relative(self, path: str) -> str:
@@ -429,12 +498,13 @@ class ResultStore:
         return path[len(self.base) + 1:] if path.startswith(self.base + "/") else path
 
     def size(self, relpath: str) -> int | None:
-        """The size in bytes of a file under the root, or None if there is no file there."""
-        info = self.fs.get_file_info(self._p(relpath))
+        """The size in bytes of a file under the root, or None if there is no file there (a symlink's
+        target is stat'ed, never read)."""
+        info = self.fs.get_file_info(self._p(self.inside(relpath, follow=False)))
         return int(info.size) if info.type == pafs.FileType.File and info.size is not None else None
 
     def read_bytes(self, relpath: str) -> bytes:
-        return self._read_bytes(self._p(relpath))
+        return self._read_bytes(self._p(self.inside(relpath)))
 
     def table_partitions(self) -> list[str]:
         """The tables that have a ``table=<table>`` directory under the root (sorted)."""

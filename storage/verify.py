@@ -24,7 +24,12 @@ kind                remedy       meaning
 ``checksum``        recompute    same size, other bytes (SHA-256 differs)
 ``unreadable``      recompute    not readable as Parquet (a legacy file, or a ledger file)
 ``no_records``      recompute    an ``ok`` ledger row names tables/rows but records no files
+``path_escape``     recompute    a ledger record's path leaves its partition ``table=<t>/sweep=<s>/``
+                                 (``..``, absolute, a URI, a symlink out of the root, another sweep or
+                                 table): never read, moved or deleted; the unit is recomputed
 ``duplicate``       recompute    one file named by two ledger rows (each unit is recomputed)
+``path_escape``     set aside    a file listed in a result partition that is a symlink out of the root:
+                                 never read; repair moves the link (not its target) aside
 ``duplicate``       set aside    an unnamed file holding rows of a unit that has its own file
 ``orphan``          set aside    a ``.parquet`` file under a result partition no ledger row names
 ``stale_temporary`` set aside    ``.<name>.tmp-<hex>`` older than ``stale_after_s`` (a killed writer)
@@ -48,6 +53,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from storage.errors import PathEscape
 from storage.schemas import TABLES, UNITS, UNMANAGED_TABLES
 from storage.store import STALE_AFTER_S, ResultStore, utcnow
 
@@ -126,10 +132,24 @@ def _unit_ids(t: pa.Table | None) -> set[str]:
     return {u for u in t.column("unit_id").to_pylist() if u is not None}
 
 
-def _check_record(store: ResultStore, sweep: str, unit: str, rec: dict[str, Any]) -> tuple[Problem | None, set[str]]:
+def _escape(store: ResultStore, sweep: str, unit: str, field: str, rec: dict[str, Any]) -> Problem | None:
+    """A ``path_escape`` problem when the record ``field`` of ``unit``'s ledger row points outside its
+    partition (:meth:`ResultStore.recorded`), else None. The path is not touched."""
+    try:
+        store.recorded(sweep, rec)
+    except PathEscape as exc:
+        return Problem(sweep, unit, rec.get("table"), str(rec.get("path")), "path_escape",
+                       f"ledger row of unit {unit}, {field}: {exc} (the unit is recomputed)")
+    return None
+
+
+def _check_record(store: ResultStore, sweep: str, unit: str, rec: dict[str, Any],
+                  field: str = "files") -> tuple[Problem | None, set[str]]:
     """The one most telling problem of a recorded file (None when it is as committed), and the units
-    whose rows it holds."""
+    whose rows it holds. A record pointing outside its partition is a problem and is never read."""
     rel, table = rec["path"], rec["table"]
+    if (escaped := _escape(store, sweep, unit, field, rec)) is not None:
+        return escaped, set()
 
     def problem(kind: str, detail: str) -> Problem:
         return Problem(sweep, unit, table, rel, kind, detail)
@@ -159,6 +179,9 @@ def _check_legacy(store: ResultStore, sweep: str, unit: str, tables: list[str]) 
     out = []
     for table in tables:
         rel = _rel(table, sweep, unit)
+        if (escaped := _escape(store, sweep, unit, f"tables ({table!r})", {"table": table, "path": rel})) is not None:
+            out.append(escaped)
+            continue
         if store.size(rel) is None:
             out.append(Problem(sweep, unit, table, rel, "missing", "no file (ledger row written before integrity records)"))
             continue
@@ -209,10 +232,14 @@ def _verify_sweep(store: ResultStore, sweep: str, tables: list[str]) -> list[Pro
     ledger = _ledger(store, sweep, problems)
     named: dict[str, list[str]] = {}  # path -> units whose ledger rows name it
     held: set[tuple[str, str]] = set()  # (table, unit) whose rows a recorded file holds
+    escaped: set[str] = set()  # units with a record pointing outside its partition: recomputed
     for unit, row in sorted(ledger.items()):
         ok = row["status"] == "ok"
         if row["files"] is None:  # legacy row: the file names follow from the unit id
             for t in row["tables"] or []:
+                if _escape(store, sweep, unit, "tables", {"table": t, "path": _rel(t, sweep, unit)}) is not None:
+                    escaped.add(unit)
+                    continue
                 named.setdefault(_rel(t, sweep, unit), []).append(unit)
                 held.add((t, unit))
             if ok:
@@ -221,23 +248,32 @@ def _verify_sweep(store: ResultStore, sweep: str, tables: list[str]) -> list[Pro
         if ok and not row["files"] and (row["tables"] or (row["rows"] or 0) > 0):
             problems.append(Problem(sweep, unit, None, _rel("units", sweep, unit), "no_records",
                                     f"ledger row says ok with {row['rows']} rows in {row['tables']} but records no files"))
-        for rec in row["files"]:
-            named.setdefault(rec["path"], []).append(unit)
-            p, ids = _check_record(store, sweep, unit, rec)
+        for i, rec in enumerate(row["files"]):
+            p, ids = _check_record(store, sweep, unit, rec, f"files[{i}].path")
             problems += [p] if p is not None else []
+            if p is not None and p.kind == "path_escape":
+                escaped.add(unit)  # not followed: names no file, holds no rows
+                continue
+            named.setdefault(rec["path"], []).append(unit)
             held |= {(rec["table"], u) for u in ids}
     for rel, units in sorted(named.items()):
         if len(units) > 1:
             problems += [Problem(sweep, u, rel.split("/", 1)[0].removeprefix("table="), rel, "duplicate",
                                  f"one file named by the ledger rows of {len(units)} units {sorted(units)}: rows counted twice")
                          for u in sorted(set(units))]
-    bad_ledger = {p.unit_id for p in problems if p.table == "units" and p.remedy == RECOMPUTE}
+    bad_ledger = {p.unit_id for p in problems if p.table == "units" and p.remedy == RECOMPUTE} | escaped
     for table in tables:
         for path in store.parquet_files(table, sweep):
             rel = store.relative(path)
             stem = rel.rsplit("/", 1)[1][: -len(".parquet")]
             if rel in named or stem in bad_ledger:
-                continue  # named by the ledger, or by an unreadable ledger file: that unit is recomputed
+                continue  # named by the ledger, or by a damaged ledger row: that unit is recomputed
+            try:
+                store.inside(rel)
+            except PathEscape as exc:  # a symlink out of the root: not read; repair moves the link aside
+                problems.append(Problem(sweep, None, table, rel, "path_escape",
+                                        f"a file of the tree that is not a file of the tree: {exc}", SET_ASIDE))
+                continue
             _data, t, err = _read(store, rel)
             holds = sorted(_unit_ids(t))
             twice = [u for u in holds if (table, u) in held]
@@ -307,6 +343,10 @@ def repair(store: ResultStore, sweep: str, units: Iterable[str], *, strays: bool
     tables = sorted(set(store.table_partitions()) - UNMANAGED_TABLES)
 
     def move(rel: str) -> None:
+        try:  # a path that leaves the root is never followed; a link inside it is moved as the link
+            store.inside(rel, follow=False)
+        except PathEscape:
+            return
         if rel not in done.moved and store.size(rel) is not None:
             store.move(rel, f"{done.quarantine}/{rel}")
             done.moved.append(rel)
@@ -320,7 +360,12 @@ def repair(store: ResultStore, sweep: str, units: Iterable[str], *, strays: bool
         if store.size(ledger_file) is not None:
             move(ledger_file)
             done.units.append(unit)
-        recorded = [r["path"] for row in rows for r in row["files"] or []]
+        recorded = []
+        for rec in (r for row in rows for r in row["files"] or []):
+            try:  # only a record inside its own partition is followed; the unit is recomputed either way
+                recorded.append(store.recorded(sweep, rec))
+            except PathEscape:
+                continue
         for rel in [*recorded, *(_rel(t, sweep, unit) for t in tables)]:
             move(rel)
     for p in found:
