@@ -155,6 +155,11 @@ def _need(meta: dict[str, Any], path: str, where: str, kind: type | tuple[type, 
     return cur
 
 
+#: The operand dtypes a kernel takes (tensors ``a`` and ``b``): anything else is a damaged or foreign artifact.
+_OPERAND_DTYPE_NAMES = ("int8", "float8_e4m3fn", "float8_e5m2", "bfloat16", "float16", "float32")
+_OPERAND_DTYPES = frozenset(getattr(torch, n) for n in _OPERAND_DTYPE_NAMES if hasattr(torch, n))
+
+
 def load_artifact(path: str | Path) -> Artifact:
     """Read and validate an artifact.
 
@@ -211,6 +216,13 @@ def load_artifact(path: str | Path) -> Artifact:
             raise ArtifactError(f"{where}: tensors.{name}: missing")
         if tuple(tensors[name].shape) != shape:
             raise ArtifactError(f"{where}: tensors.{name}: shape {list(tensors[name].shape)}, expected {list(shape)}")
+    for name in ("a", "b"):
+        if tensors[name].dtype not in _OPERAND_DTYPES:
+            raise ArtifactError(f"{where}: tensors.{name}: dtype {str(tensors[name].dtype).removeprefix('torch.')} is no "
+                                f"kernel's operand dtype; expected one of {', '.join(_OPERAND_DTYPE_NAMES)}")
+    if tensors["a"].dtype != tensors["b"].dtype:
+        raise ArtifactError(f"{where}: tensors.a / b: dtypes differ ({tensors['a'].dtype} and {tensors['b'].dtype}); "
+                            "a kernel takes both operands in one dtype")
     if ("scale_a" in tensors) != ("scale_b" in tensors):
         raise ArtifactError(f"{where}: tensors.scale_a / scale_b: give both or neither")
     for name in ("expected", "exact"):  # (``actual`` may have any shape: a wrong shape is a failure too)

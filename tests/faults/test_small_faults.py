@@ -194,3 +194,31 @@ def test_the_sweep_name_is_never_echoed_when_it_is_an_environment_reference(tmp_
     out = _refused(tmp_path, KDEPTH.replace('name = "small-faults"', 'name = "${AWS_SECRET_ACCESS_KEY}"') + "k = 64\n",
                    "name: ")
     assert "AWS_SECRET" not in out and "not shown" in out
+
+
+# -- e. a replay artifact with a wrong operand dtype -------------------------------------------------
+
+@pytest.mark.parametrize("a_dtype,b_dtype,names", [
+    ("float64", "float64", "tensors.a: dtype float64"),
+    ("float32", "int64", "tensors.b: dtype int64"),
+    ("int8", "float32", "tensors.a / b: dtypes differ"),
+])
+def test_replay_refuses_an_artifact_with_a_wrong_operand_dtype(tmp_path: Path, a_dtype: str, b_dtype: str, names: str) -> None:
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    from tasks.checks.artifact import FORMAT, FORMAT_VERSION
+
+    meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "kernel": {"ref": "int8-cutlass-order", "params": {}},
+            "check": {"name": "exact_match", "dtype": "fp32", "info": {}},
+            "shape": {"m": 2, "k": 3, "n": 2}, "seed": 0, "trial": 0, "verdict": "INCORRECT"}  # fmt: skip
+    path = tmp_path / "bad.safetensors"
+    save_file({"a": torch.zeros(2, 3, dtype=getattr(torch, a_dtype)), "b": torch.zeros(3, 2, dtype=getattr(torch, b_dtype))},
+              str(path), metadata={"swapcheck": json.dumps(meta)})
+    before = tree_hash(tmp_path)
+    res = cli.invoke(app, ["check", "replay", str(path)])
+    assert res.exit_code == 2, res.output
+    assert "bad.safetensors" in res.output and names in res.output, res.output
+    assert tree_hash(tmp_path) == before
