@@ -410,3 +410,10 @@ def test_user_kernels_switch(monkeypatch, scratch_names):
         get_kernel("_user_kernels:FloatReference")
     reg.set_user_kernels(True)
     assert get_kernel("_user_kernels:FloatReference").name == "_user_kernels:FloatReference"
+
+
+def test_a_kernel_name_with_a_trailing_newline_is_refused() -> None:
+    from tasks.kernels.registry import KernelError, register_kernel
+
+    with pytest.raises(KernelError, match="invalid kernel name"):
+        register_kernel("x\n", lambda *a: None)

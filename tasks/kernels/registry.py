@@ -99,7 +99,7 @@ __all__ = [
 ENTRY_POINT_GROUP = "swapcheck.kernels"
 OPERAND_DTYPES = ("int8", "fp8_e4m3", "any")
 DEVICES = ("cpu", "cuda")
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*\Z")
 _DOTTED_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 #: The environment variable behind :func:`set_user_kernels` ("0" turns user kernels off).
