@@ -57,7 +57,7 @@ from storage.errors import PathEscape
 from storage.schemas import TABLES, UNITS, UNMANAGED_TABLES
 from storage.store import STALE_AFTER_S, ResultStore, utcnow
 
-__all__ = ["Problem", "Repaired", "damaged_units", "present_sweeps", "repair", "verify", "UNMANAGED_TABLES"]
+__all__ = ["Problem", "Repaired", "damaged_units", "present_sweeps", "quick_check", "repair", "verify", "UNMANAGED_TABLES"]
 
 #: Tables written by the launcher rather than by units: never orphans, never recorded in ``files``.
 
@@ -313,6 +313,25 @@ def verify(store: ResultStore, sweep: str | None = None, *, stale_after_s: float
             problems.append(Problem(where, None, table, rel, "stale_temporary",
                                     f"temporary file of a killed writer ({age_text})", SET_ASIDE))
     return problems
+
+
+def quick_check(store: ResultStore, sweep: str) -> list[str]:
+    """The finished units of ``sweep`` whose recorded files are missing, of another size than the
+    ledger records, or outside their partition: a listing, no file read (what a relaunch that skipped
+    every unit can afford to look at; :func:`verify` reads and checks every byte)."""
+    suspects: set[str] = set()
+    for unit, row in _ledger(store, sweep, []).items():
+        if row["status"] != "ok" or not row["files"]:
+            continue
+        for rec in row["files"]:
+            try:
+                store.recorded(sweep, rec)
+            except PathEscape:
+                suspects.add(unit)
+                continue
+            if store.size(rec["path"]) != rec["bytes"]:
+                suspects.add(unit)
+    return sorted(suspects)
 
 
 def damaged_units(store: ResultStore, sweep: str, problems: Iterable[Problem] | None = None) -> set[str]:

@@ -118,6 +118,8 @@ def launch(
         err.print(f"sweep {summary.sweep}: {plural(summary.n_units, 'unit')} — {summary.n_skipped} skipped (done before), "
                   f"{summary.n_ok} ok, {summary.n_failed} failed — sweep time {summary.seconds:.1f} s — "
                   f"results in {summary.results}", highlight=False, markup=False)
+        if not summary.n_ok and not summary.n_failed and summary.n_skipped and not repair:
+            sweep_verify.hint_damage(summary.results, summary.sweep)
         if summary.n_failed:
             raise typer.Exit(1)
 

@@ -12,6 +12,7 @@ from orchestrator.cli.common import (
     TableFormat,
     emit_rows,
     err,
+    plural,
     user_errors,
 )
 
@@ -52,3 +53,17 @@ def verify(results: ResultsOpt = DEFAULT_RESULTS, sweep: SweepOpt = None, fmt: F
         err.print(summary, highlight=False)
     if damage:
         raise typer.Exit(1)
+
+
+def hint_damage(results: str, sweep: str) -> None:
+    """After a relaunch that found every unit done: one warning when finished units' files are missing
+    or of the wrong size (a listing, no read), so "all done" never hides damage."""
+    from storage.store import open_store
+    from storage.verify import quick_check
+
+    suspects = quick_check(open_store(results), sweep)
+    if suspects:
+        err.print(f"[bold yellow]warning:[/] {plural(len(suspects), 'finished unit')} of {sweep} "
+                  f"{'has' if len(suspects) == 1 else 'have'} files missing, of the wrong size or outside "
+                  f"their partition (e.g. {suspects[0]}): run `swapcheck sweep verify --results {results} --sweep "
+                  f"{sweep}`, then relaunch with --repair", highlight=False)
