@@ -191,6 +191,7 @@ def _refused_by_cli(proc: subprocess.CompletedProcess[str], module: str, where: 
         assert mark not in out, out
 
 
+@pytest.mark.slow  # two CLI subprocesses per installed package; get_kernel's refusal runs in the default set
 @pytest.mark.parametrize("name", _cases())
 def test_sweep_validate_and_check_replay_refuse_main_modules(name: str, tmp_path: Path) -> None:
     module = name.partition(":")[0]

@@ -201,6 +201,7 @@ def test_repair_api_never_moves_the_victim(tampered: tuple[Path, str, str, Path,
     assert victim.is_file() and not victim.is_symlink() and victim.read_bytes() == data
 
 
+@pytest.mark.slow  # a real `launch --repair` per case; verify, catalog and the repair API run in the default set
 def test_launch_repair_restores_bit_identical_results(launched: tuple[Path, Path],
                                                       tampered: tuple[Path, str, str, Path, bytes]) -> None:
     spec, clean_root = launched

@@ -7,7 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO, tiny_spec_text
+
+pytestmark = pytest.mark.slow  # three launches in subprocesses (~25 s)
 
 
 def _launch(spec: Path, results: Path) -> subprocess.CompletedProcess[str]:
