@@ -99,6 +99,9 @@ lock: $(STAMP)
 	    --find-links $(TORCH_CPU_WHEELS) $(LOCK_FLAGS) $(UPGRADE) -o $(LOCK)
 	$(UV) pip compile pyproject.toml --extra vllm --extra dev -c requirements/gpu-constraints.txt \
 	    $(LOCK_FLAGS) $(UPGRADE) -o $(GPU_LOCK)
+	@{ echo '# Every exact pin of requirements/cpu.lock, without hashes, written by `make lock` (never by hand):'; \
+	   echo '# `pip install -c constraints.txt ...` puts swapcheck'"'"'s tested versions into an environment of your own.'; \
+	   sed -n 's/^\([A-Za-z0-9_.+-]*==[^ ]*\).*/\1/p' $(LOCK); } > constraints.txt
 
 lock-upgrade:
 	$(MAKE) lock UPGRADE=--upgrade

@@ -141,3 +141,13 @@ def test_make_lock_reproduces_the_committed_lock(which: str, tmp_path: Path) -> 
     res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     assert out.read_text() == path.read_text(), f"{path.name} differs from what `make lock` writes: run `make lock`"
+
+
+def test_root_constraints_are_the_cpu_locks_pins() -> None:
+    """constraints.txt (what `make lock` writes for `pip install -c`) holds exactly the lock's pins."""
+    import re
+
+    lock = (REPO / "requirements" / "cpu.lock").read_text()
+    pins = re.findall(r"^([A-Za-z0-9_.+-]+==\S+)", lock, re.M)
+    lines = [ln for ln in (REPO / "constraints.txt").read_text().splitlines() if not ln.startswith("#")]
+    assert lines == pins and len(pins) > 100 and "torch==2.13.0+cpu" in pins
