@@ -81,7 +81,6 @@ class View:
     json: Any = None
     empty: str | None = None
     failure: str | None = None
-    answer: str | None = None
 
 
 @dataclass

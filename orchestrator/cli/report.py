@@ -42,9 +42,12 @@ def _views(report: Report, results: str, sweep: str | None, opts: dict[str, Any]
 
 def _tagged(views: list[View], rows_of: Any) -> list[Any]:
     """Each sweep's rows, with a leading ``sweep`` where several sweeps are shown and a row lacks one."""
-    several = len(views) > 1
-    return [[{"sweep": v.sweep, **r} if several and isinstance(r, dict) and "sweep" not in r else r
-             for r in rows_of(v)] if isinstance(rows_of(v), list) else rows_of(v) for v in views]
+    def tag(v: View, rows: Any) -> Any:
+        if len(views) == 1 or not isinstance(rows, list):
+            return rows
+        return [{"sweep": v.sweep, **r} if isinstance(r, dict) and "sweep" not in r else r for r in rows]
+
+    return [tag(v, rows_of(v)) for v in views]
 
 
 def _machine(report: Report, views: list[View], fmt: TableFormat, table: str) -> None:
