@@ -18,7 +18,7 @@ UV     := $(BIN)/uv
 LOCK_FLAGS := --python-version 3.11 --python-platform x86_64-manylinux_2_28 --generate-hashes \
               --custom-compile-command "make lock" --quiet
 
-.PHONY: demo kdepth-demo test test-slow test-gpu test-latest lint install lock lock-upgrade clean docs bench bench-quick
+.PHONY: demo kdepth-demo test test-slow test-gpu test-latest lint install lock lock-upgrade clean docs bench bench-quick fault-report
 
 # The venv gets uv at the lock's version and hashes (with pip, the one installer a new venv has), then
 # everything else from the lock with uv, which prints its progress, compiled to bytecode at install
@@ -71,6 +71,11 @@ test-slow: $(STAMP)
 
 test-gpu: $(STAMP)
 	$(BIN)/python -m pytest -q -m gpu
+
+# The fault suite (tests/faults, slow cases included) tallied: cases, clean, rows lost, duplicated,
+# silent wrong answers (the table of docs/reliability.md).
+fault-report: $(STAMP)
+	$(BIN)/python tools/fault_report.py --workers $(TEST_WORKERS)
 
 # Every stage benchmark against its named baseline, measured in the same run (docs/performance.md);
 # writes benchmarks/results.json. Run it on a quiet machine: the figures are ratios, not seconds.

@@ -116,7 +116,7 @@ def test_a_signal_stops_cleanly_and_a_relaunch_finishes(tmp_path: Path, signum: 
 
 
 @pytest.mark.slow
-def test_seeded_driver_sigkills_lose_nothing_and_match_an_uninterrupted_run(tmp_path: Path) -> None:
+def test_seeded_driver_sigkills_lose_nothing_and_match_an_uninterrupted_run(tmp_path: Path, fault_outcome) -> None:
     """Three SIGKILLs of the driver at seeded points, a relaunch after each; then the results equal an
     uninterrupted run's, bit for bit, with no unit missing or duplicated; killed launches read lost."""
     spec = _spec(tmp_path, name="killed", seeds=3)
@@ -143,10 +143,14 @@ def test_seeded_driver_sigkills_lose_nothing_and_match_an_uninterrupted_run(tmp_
     ref = _launch(spec, clean)
     ref.communicate(timeout=300)
     assert ref.returncode == 0
-    assert len(store.done_units("killed")) == total
     dupes = read_only_query(killed, "SELECT unit_id, impl_a, impl_b, count(*) AS c FROM kdepth GROUP BY ALL HAVING c > 1")
+    got, want = _rows(killed), _rows(clean)
+    fault_outcome(lost=total - len(store.done_units("killed")) + sum(1 for r in want if r not in got),
+                  duplicated=sum(int(c) - 1 for c in dupes.column("c").to_pylist()), silent_wrong=0,
+                  stage="driver SIGKILL x3", kills_at=schedule)
+    assert len(store.done_units("killed")) == total
     assert dupes.num_rows == 0
-    assert _rows(killed) == _rows(clean)
+    assert got == want
     statuses = sorted(str(r["status"]) for r in _launches(killed, "killed"))
     # The orphaned workers of the last killed driver may commit every remaining unit before the final
     # launch starts; that launch then has nothing to run, connects to no cluster and records no launch.
