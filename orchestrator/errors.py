@@ -31,17 +31,35 @@ class                                  exit code  meaning
 ``tasks.quantizers.QuantizerError``    2          unknown quantizer, bad parameter or input
 ``tasks.checks.CheckInputError``       2          bad input to a correctness check (shape, dtype, trials,
                                                   kernel)
-anything else                          (none)     not translated: a bug, shown with its traceback (exit 1)
+``storage.errors.StorageFault``        3          the results tree could not be read or written
+                                                  (permission, disk full, store unreachable)
 =====================================  =========  =========================================================
+
+The libraries below raise their own types; a fault of storage or infrastructure that reaches a user
+is classified here by its type (:func:`foreign_exit_code`), never by its message, and shown as one
+line (:func:`user_message`; ``swapcheck -v`` adds the library's whole traceback):
+
+- exit 3, ``OSError`` (pyarrow's ``ArrowIOError`` is one, so are ``TimeoutError`` and
+  ``ConnectionError``): a file system, object store or network call failed (a missing bucket, a
+  refused endpoint, a read-only file system, a full disk, no HDFS library);
+- exit 3, ``ray.exceptions.RayError`` (``RaySystemError``, ``GetTimeoutError``, ``WorkerCrashedError``,
+  ``ObjectLostError``, ``NodeDiedError``, ``OutOfMemoryError``, ...): Ray failed. A ``RayTaskError``
+  is classified by its cause: ``RayTaskError(StorageFault)`` is 3, a worker's bug stays a bug;
+- exit 3, ``duckdb.IOException`` (``HTTPException``), ``OutOfMemoryException``, ``ConnectionException``:
+  DuckDB could not read, allocate or connect;
+- anything else: not translated, a bug, shown with its traceback (exit 1).
 
 Exit codes of a command, in short: 0 it ran and what it judged passed; 1 a result failed (a check's
 verdict, a nightly regression) or an unexpected error; 2 bad input or broken infrastructure, nothing
-judged; 3 the results store failed during a sweep; 130 / 143 interrupted by SIGINT / SIGTERM.
+judged; 3 a storage or infrastructure fault (the results store failed during a sweep; a file system,
+object store, network, Ray or DuckDB failure); 130 / 143 interrupted by SIGINT / SIGTERM.
 """
 
 from __future__ import annotations
 
-from storage.errors import StorageError
+import sys
+
+from storage.errors import StorageError, StorageFault
 from swapcheck_common.errors import InputError
 
 __all__ = [
@@ -53,7 +71,12 @@ __all__ = [
     "StorageFailure",
     "StorageError",
     "exit_code_for",
+    "foreign_exit_code",
+    "user_message",
 ]
+
+#: Most characters of a library's message that the one error line shows.
+MAX_CAUSE = 500
 
 class SwapcheckError(Exception):
     """Base class of every error swapcheck reports to a user."""
@@ -102,9 +125,59 @@ class Interrupted(SwapcheckError):
 
 
 def exit_code_for(exc: BaseException) -> int | None:
-    """The exit code of an error a user should see as a message (table above); None for a bug."""
+    """The exit code of an error a user should see as a message (tables above); None for a bug."""
     if isinstance(exc, SwapcheckError):
         return exc.exit_code
+    if isinstance(exc, StorageFault):  # the results tree failed: a fault of storage, not bad input
+        return 3
     if isinstance(exc, InputError):  # every layer's input errors (StorageError, KernelError, ...)
         return 2
+    return foreign_exit_code(exc)
+
+
+def foreign_exit_code(exc: BaseException) -> int | None:
+    """3 for a storage or infrastructure fault of the libraries below (second table), by type; else None.
+
+    Ray and DuckDB are looked up among the modules already imported (an exception of theirs can only
+    exist once they are), so the CLI never imports them to classify an error.
+    """
+    if isinstance(exc, OSError):
+        return 3
+    ray_exceptions = sys.modules.get("ray.exceptions")
+    if ray_exceptions is not None and isinstance(exc, ray_exceptions.RayError):
+        if isinstance(exc, ray_exceptions.RayTaskError):  # the task's own exception decides
+            cause = exc.cause
+            return exit_code_for(cause) if isinstance(cause, BaseException) else None
+        return 3
+    duckdb = sys.modules.get("duckdb")
+    if duckdb is not None and isinstance(exc, duckdb.IOException | duckdb.OutOfMemoryException
+                                         | duckdb.ConnectionException):
+        return 3
     return None
+
+
+def _origin(exc: BaseException) -> str:
+    """What failed, from the exception's type: "Ray", "DuckDB" or "storage or network"."""
+    module = type(exc).__module__ or ""
+    if module.startswith("ray"):
+        return "Ray failed"
+    if module.startswith("duckdb") or module.startswith("_duckdb"):
+        return "DuckDB failed"
+    return "storage or network failure"
+
+
+def user_message(exc: BaseException) -> str:
+    """The message a user sees for ``exc``: swapcheck's own errors as written (a spec error lists its
+    problems); a library's fault as one line: what failed, the type and the first line of its
+    message (bounded), never a traceback (``-v`` shows it)."""
+    if isinstance(exc, SwapcheckError | InputError):
+        return str(exc)
+    ray_exceptions = sys.modules.get("ray.exceptions")
+    if ray_exceptions is not None and isinstance(exc, ray_exceptions.RayTaskError) and isinstance(exc.cause, BaseException):
+        return user_message(exc.cause)  # a worker's exception, not Ray's wrapping of it (its traceback)
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    first = lines[0] if lines else ""
+    if len(first) > MAX_CAUSE:
+        first = first[:MAX_CAUSE] + f"… ({len(first)} characters)"
+    more = " (more with swapcheck -v)" if len(lines) > 1 or len(lines[0] if lines else "") > MAX_CAUSE else ""
+    return f"{_origin(exc)}: {type(exc).__name__}{': ' + first if first else ''}{more}"

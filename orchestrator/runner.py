@@ -7,17 +7,23 @@ Faults and what they cost:
   records a ``failed`` row naming the crash;
 * the driver dying -> units already committed stay committed; relaunching the same spec skips them
   and recomputes only units without an ``ok`` ledger row. Result files are named by unit id and
-  replaced atomically, so a unit finished twice still has one set of rows.
+  replaced atomically, so a unit finished twice still has one set of rows;
+* SIGINT / SIGTERM, or the results store failing -> the launch stops: it submits nothing more,
+  cancels the units in flight (:func:`_stop_in_flight`), waits a bounded time for them to settle and
+  then counts the committed units from the ledger, so the count it prints is the count that stays.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 import signal
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,28 +35,80 @@ from storage.errors import StorageError
 from storage.store import ResultStore, open_store, utcnow
 from tasks.kinds import kind_ref
 
+log = logging.getLogger("swapcheck.runner")
+
 #: Units in flight at once; Ray queues the rest cheaply, this only bounds driver memory.
 WINDOW = 2000
+#: Longest wait on Ray in one call (seconds): how soon the wait loop sees a signal.
+POLL_S = 0.25
+#: How long a stopping launch waits for the units it cancelled to settle (``SWAPCHECK_STOP_GRACE_S``);
+#: a second SIGINT/SIGTERM stops the wait at once. Below Kubernetes' default 30 s grace period.
+STOP_GRACE_S = 20.0
 
 
 class Terminated(BaseException):
-    """Raised in the main thread by the SIGTERM handler of :func:`stop_on_sigterm`."""
+    """SIGINT or SIGTERM outside Ray's calls: raised in the main thread by :class:`StopSignals`."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
 
 
-def stop_on_sigterm() -> None:
-    """Make SIGTERM stop a launch the way Ctrl-C does (a message, no stack dump, exit 143).
+class StopSignals:
+    """SIGINT and SIGTERM during a launch: a clean stop (a message, no stack dump, exit 130 / 143).
 
-    Called after Ray has started (``ray.init`` installs handlers of its own); main thread only.
+    Outside Ray's calls a signal raises :class:`Terminated` at once, as Ctrl-C raises
+    ``KeyboardInterrupt`` (every write is atomic, so stopping anywhere costs no more than a SIGKILL).
+    While the runner waits on Ray (:meth:`deferred`) the handler only records the signal: an
+    exception raised in a handler that runs inside ``ray.wait`` comes out of Ray's C++ core as a
+    ``SystemError`` stack dump. The wait loop wakes every :data:`POLL_S` and stops when it sees one.
     """
-    import threading
 
-    if threading.current_thread() is not threading.main_thread():
-        return
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self.deferring = False
+        self._previous: dict[int, Any] = {}
 
-    def handler(signum: int, frame: Any) -> None:
-        raise Terminated()
+    @property
+    def signum(self) -> int | None:
+        """The first signal received, or None."""
+        return self.received[0] if self.received else None
 
-    signal.signal(signal.SIGTERM, handler)
+    def install(self) -> None:
+        """Take SIGINT and SIGTERM (after ``ray.init``, which installs handlers of its own); main thread only."""
+        import threading
+
+        if self._previous or threading.current_thread() is not threading.main_thread():
+            return
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            self._previous[signum] = signal.signal(signum, self._handle)
+
+    def restore(self) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.received.append(signum)
+        if not self.deferring:
+            raise Terminated(signum)
+
+    @contextmanager
+    def deferred(self) -> Iterator[None]:
+        """Signals are only recorded inside: the caller looks at :attr:`signum` often."""
+        before, self.deferring = self.deferring, True
+        try:
+            yield
+        finally:
+            self.deferring = before
+
+
+def stop_grace_s() -> float:
+    """:data:`STOP_GRACE_S`, or ``SWAPCHECK_STOP_GRACE_S`` when it holds a number of seconds >= 0."""
+    try:
+        return max(0.0, float(os.environ.get("SWAPCHECK_STOP_GRACE_S", STOP_GRACE_S)))
+    except ValueError:
+        return STOP_GRACE_S
 
 
 @dataclass
@@ -62,6 +120,8 @@ class LaunchSummary:
     n_ok: int = 0
     n_failed: int = 0
     seconds: float = 0.0
+    #: Units cancelled by a stop that had not settled within the grace period (they may still commit).
+    n_unsettled: int = 0
     failures: list[tuple[str, str]] = field(default_factory=list)
 
 
@@ -193,45 +253,78 @@ def launch(
             # The embedded instance has this machine's GPUs only: refuse before writing anything.
             check_gpu_resources(pending, Connection(True, "embedded", 0), have_gpus=0)
     conn = None
-    if pending or repair:
-        conn = connect(address, num_cpus, timeout_s=connect_timeout_s)
-        emit("cluster", conn.info())
-        stop_on_sigterm()
-        check_gpu_resources(pending, conn)
-        check_placeable(pending, _node_resources(), conn)
-
-    t0 = time.perf_counter()
-    lock = LaunchLock(store.fs, store.base, plan.sweep, local=store.local, where=str(results))
-    lock.acquire()
+    stop = StopSignals()
     try:
-        # Under the lock: nobody else can change the partition between these checks and the run.
-        check_sweep_identity(store, plan)
-        try:
-            _mark_lost_launches(store, plan.sweep)
-            store.remove_stale_temporaries()
-            if repair:
-                from storage import verify
+        if pending or repair:
+            conn = connect(address, num_cpus, timeout_s=connect_timeout_s)
+            emit("cluster", conn.info())
+            stop.install()
+            check_gpu_resources(pending, conn)
+            check_placeable(pending, _node_resources(), conn)
 
-                verify.repair(store, plan.sweep, verify.damaged_units(store, plan.sweep))
-            write_sweep_record(store, spec, plan)
-            prereg.write_registrations(store, plan.sweep, prereg_rows)
-            done = store.done_units(plan.sweep)
-        except OSError as exc:
-            raise StorageFailure(f"cannot write under {store.root}: {exc}. Nothing was run.") from None
-        pending = [u for u in plan.units if u.id not in done]
-        summary = LaunchSummary(plan.sweep, str(results), len(plan.units), len(plan.units) - len(pending))
-        emit("start", {"total": len(plan.units), "pending": len(pending), "skipped": summary.n_skipped})
-        if pending:
-            if conn is None:
-                conn = connect(address, num_cpus, timeout_s=connect_timeout_s)
-                emit("cluster", conn.info())
-                stop_on_sigterm()
-            _run_launch(spec, plan, store, pending, str(results), summary, emit, conn)
-        summary.seconds = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        lock = LaunchLock(store.fs, store.base, plan.sweep, local=store.local, where=str(results))
+        lock.acquire()
+        try:
+            # Under the lock: nobody else can change the partition between these checks and the run.
+            check_sweep_identity(store, plan)
+            try:
+                _mark_lost_launches(store, plan.sweep)
+                store.remove_stale_temporaries()
+                if repair:
+                    from storage import verify
+
+                    verify.repair(store, plan.sweep, verify.damaged_units(store, plan.sweep))
+                write_sweep_record(store, spec, plan)
+                prereg.write_registrations(store, plan.sweep, prereg_rows)
+                done = store.done_units(plan.sweep)
+            except OSError as exc:
+                raise StorageFailure(f"cannot write under {store.root}: {exc}. Nothing was run.") from None
+            pending = [u for u in plan.units if u.id not in done]
+            summary = LaunchSummary(plan.sweep, str(results), len(plan.units), len(plan.units) - len(pending))
+            emit("start", {"total": len(plan.units), "pending": len(pending), "skipped": summary.n_skipped})
+            if pending:
+                if conn is None:
+                    conn = connect(address, num_cpus, timeout_s=connect_timeout_s)
+                    emit("cluster", conn.info())
+                    stop.install()
+                _run_launch(spec, plan, store, pending, str(results), summary, emit, conn, stop)
+            summary.seconds = time.perf_counter() - t0
+        finally:
+            lock.release()
+    except Terminated as term:  # before any unit was submitted (or after the last one settled)
+        raise _interrupted(term.signum, committed_line(store, plan)) from None
     finally:
-        lock.release()
+        stop.restore()
+    if stop.signum is not None:  # a signal after the last unit settled: still an interrupted launch
+        raise _interrupted(stop.signum, committed_line(store, plan))
     emit("end", {"summary": summary})
     return summary
+
+
+def _interrupted(signum: int, committed: str) -> Interrupted:
+    return Interrupted(f"{signal.Signals(signum).name}: stopped; {committed}. Relaunch the same spec to resume.",
+                       128 + int(signum))
+
+
+def committed_line(store: ResultStore, plan: Plan, counted: int | None = None) -> str:
+    """``N of M units are committed`` (``, F of them failed``), counted from the ledger itself.
+
+    Called once the units in flight have settled, so the count is the one a relaunch will find.
+    When the ledger cannot be read, ``counted`` (this launch's own count) is given and says so.
+    """
+    import pyarrow as pa
+
+    ids = {u.id for u in plan.units}
+    try:
+        statuses = [row.get("status") for unit, row in store.ledger(plan.sweep).items() if unit in ids]
+    except (OSError, StorageError, pa.ArrowException) as exc:
+        if counted is None:
+            return f"the committed units could not be counted (the ledger cannot be read: {type(exc).__name__})"
+        return (f"{counted} of {len(ids)} units are committed (this launch's count: the ledger cannot be read: "
+                f"{type(exc).__name__})")
+    failed = sum(1 for s in statuses if s != "ok")
+    return f"{len(statuses)} of {len(ids)} units are committed" + (f", {failed} of them failed" if failed else "")
 
 
 def _node_resources() -> list[dict[str, float]]:
@@ -241,7 +334,8 @@ def _node_resources() -> list[dict[str, float]]:
 
 
 def _run_launch(spec: LoadedSpec, plan: Plan, store: ResultStore, pending: list[Unit], results: str,
-                summary: LaunchSummary, emit: Callable[[str, dict[str, Any]], None], conn: Any) -> None:
+                summary: LaunchSummary, emit: Callable[[str, dict[str, Any]], None], conn: Any,
+                stop: StopSignals) -> None:
     """Run the pending units with a ``launches`` row that says how the launch ended."""
     from orchestrator import provenance
 
@@ -260,35 +354,46 @@ def _run_launch(spec: LoadedSpec, plan: Plan, store: ResultStore, pending: list[
         "status": "running",
         "provenance_json": json.dumps(provenance.collect(), sort_keys=True),
     }
-    store.write("launches", plan.sweep, launch_id, [launch_row])
+    if os.environ.get("SWAPCHECK_VERBOSITY") != "verbose":
+        # Every unit's outcome is fetched (stopping included), so Ray's "Unhandled error" dumps could
+        # only repeat, with a worker's whole traceback each, what the one error line says; -v keeps them.
+        os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
     status = "interrupted"
-
-    def committed() -> int:
-        return summary.n_skipped + summary.n_ok + summary.n_failed
-
-    try:
-        # Stage by stage: teacher-forced units read the sequences that generate units wrote.
-        for stage in sorted({u.stage for u in pending}):
-            _run_units(spec, plan, [u for u in pending if u.stage == stage], results, summary, emit)
-        status = "finished"
-    except StorageFailure as exc:
-        status = "storage-failure"
-        raise StorageFailure(f"{exc}; {committed()} of {summary.n_units} units are committed: fix the "
-                             "storage, then relaunch the same spec to resume") from None
-    except (KeyboardInterrupt, Terminated) as exc:
-        signum = signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT
-        raise Interrupted(f"{signal.Signals(signum).name}: stopped; {committed()} of {summary.n_units} units are "
-                          "committed. Relaunch the same spec to resume.", 128 + int(signum)) from None
-    finally:
-        launch_row.update(finished_at=utcnow(), n_ok=summary.n_ok, n_failed=summary.n_failed, status=status)
+    with stop.deferred():
+        store.write("launches", plan.sweep, launch_id, [launch_row])
         try:
-            store.write("launches", plan.sweep, launch_id, [launch_row])
-        except OSError:
-            pass
+            # Stage by stage: teacher-forced units read the sequences that generate units wrote.
+            for stage in sorted({u.stage for u in pending}):
+                if stop.signum is not None:
+                    break
+                _run_units(spec, plan, [u for u in pending if u.stage == stage], results, summary, emit, stop)
+            if stop.signum is None:
+                status = "finished"
+        except StorageFailure as exc:
+            status = "storage-failure"
+            counted = summary.n_skipped + summary.n_ok + summary.n_failed
+            raise StorageFailure(f"{exc}; {committed_line(store, plan, counted)}{_unsettled(summary)}: fix the "
+                                 "storage, then relaunch the same spec to resume") from None
+        finally:
+            launch_row.update(finished_at=utcnow(), n_ok=summary.n_ok, n_failed=summary.n_failed, status=status)
+            try:
+                store.write("launches", plan.sweep, launch_id, [launch_row])
+            except OSError:
+                pass
+    if stop.signum is not None:
+        counted = summary.n_skipped + summary.n_ok + summary.n_failed
+        raise _interrupted(stop.signum, committed_line(store, plan, counted) + _unsettled(summary))
+
+
+def _unsettled(summary: LaunchSummary) -> str:
+    if not summary.n_unsettled:
+        return ""
+    return (f" ({summary.n_unsettled} more had not stopped after {stop_grace_s():g} s and may still commit: "
+            "a relaunch skips what did)")
 
 
 def _run_units(spec: LoadedSpec, plan: Plan, pending: list[Unit], results: str, summary: LaunchSummary,
-               emit: Callable[[str, dict[str, Any]], None]) -> None:
+               emit: Callable[[str, dict[str, Any]], None], stop: StopSignals) -> None:
     import ray
 
     from orchestrator.worker import execute_unit
@@ -317,47 +422,123 @@ def _run_units(spec: LoadedSpec, plan: Plan, pending: list[Unit], results: str, 
         ref = fn.options(**opts).remote(payload, results, plan.sweep, spec.sha256)
         in_flight[ref] = unit
 
-    # Stopping (a signal, a storage failure) starts nothing more. Units in flight are not cancelled
-    # (force-cancelling a task whose reply is on its way trips a check inside Ray): each finishes and
-    # commits atomically, or dies with the driver's Ray session, and a relaunch skips what committed.
-    _drain(queue, in_flight, submit, spec, plan, results, summary, emit)
+    _drain(queue, in_flight, submit, spec, plan, results, summary, emit, stop)
+
+
+def _outcomes(refs: list[Any]) -> list[tuple[Any, Any, BaseException | None]]:
+    """``(ref, value, error)`` of finished refs: one ``ray.get`` for all, one by one if any failed."""
+    import ray
+
+    try:
+        return [(ref, value, None) for ref, value in zip(refs, ray.get(refs), strict=True)]
+    except ray.exceptions.RayError:
+        pass
+    out: list[tuple[Any, Any, BaseException | None]] = []
+    for ref in refs:
+        try:
+            out.append((ref, ray.get(ref), None))
+        except ray.exceptions.RayError as exc:
+            out.append((ref, None, exc))
+    return out
+
+
+def _ready(in_flight: dict[Any, Unit], stop: StopSignals, timeout: float = POLL_S) -> list[Any]:
+    """The refs in flight that have finished, waiting at most ``timeout`` for the first."""
+    import ray
+
+    try:
+        ready, rest = ray.wait(list(in_flight), num_returns=1, timeout=timeout)
+        # Then every other finished one with it: each wait looks at every ref in flight, so one
+        # wait per finished unit would cost O(window) per unit.
+        if ready and rest:
+            ready += ray.wait(rest, num_returns=len(rest), timeout=0)[0]
+    except (SystemError, Terminated):
+        # A handler that raised inside Ray's wait (only a foreign one can: ours records while the
+        # runner waits) surfaces as SystemError; while stopping it is the stop, not a fault.
+        if stop.signum is None:
+            raise
+        return []
+    return ready
 
 
 def _drain(queue: deque[Unit], in_flight: dict[Any, Unit], submit: Callable[[Unit], None], spec: LoadedSpec,
-           plan: Plan, results: str, summary: LaunchSummary, emit: Callable[[str, dict[str, Any]], None]) -> None:
+           plan: Plan, results: str, summary: LaunchSummary, emit: Callable[[str, dict[str, Any]], None],
+           stop: StopSignals) -> None:
+    """Submit and collect units until all are done, a signal arrives or the store fails.
+
+    Stopping (a signal, a storage failure) submits nothing more and cancels what is in flight
+    (:func:`_stop_in_flight`): the count printed afterwards is then the count that stays.
+    """
     import ray
 
     from orchestrator.worker import record_lost_unit
 
-    while queue or in_flight:
-        while queue and len(in_flight) < WINDOW:
-            submit(queue.popleft())
-        # Wait for one unit, then take every other finished one with it: each wait looks at every
-        # ref in flight, so one wait per finished unit would cost O(window) per unit.
-        ready, rest = ray.wait(list(in_flight), num_returns=1, timeout=1.0)
-        if ready and rest:
-            ready += ray.wait(rest, num_returns=len(rest), timeout=0)[0]
-        try:
-            values: list[Any] = ray.get(ready)
-        except (ray.exceptions.RayTaskError, ray.exceptions.RayError):
-            values = [None] * len(ready)  # one of them failed: get them one by one below
-        for ref, value in zip(ready, values, strict=True):
-            unit = in_flight.pop(ref)
+    fault: StorageFailure | None = None
+
+    def settle(ref: Any, value: Any, exc: BaseException | None, stopping: bool) -> None:
+        nonlocal fault
+        unit = in_flight.pop(ref)
+        if exc is not None:
+            cause = getattr(exc, "cause", None)
+            if isinstance(cause, OSError | StorageError) or isinstance(exc, OSError):
+                log.info("unit %s could not commit its results:\n%s", unit.id, exc)  # -v: the whole traceback
+                if fault is None:
+                    first = str(cause or exc).splitlines()[0] if str(cause or exc) else type(exc).__name__
+                    fault = StorageFailure(f"unit {unit.id} could not commit its results: {first}")
+                return
+            if stopping or isinstance(exc, ray.exceptions.TaskCancelledError):
+                return  # cancelled, or lost while stopping: no ledger row, a relaunch recomputes it
+            error = f"{type(exc).__name__}: worker lost after {spec.sweep.max_retries} retries: {str(exc)[:2000]}"
             try:
-                result = value if value is not None else ray.get(ref)
-            except (ray.exceptions.RayTaskError, ray.exceptions.RayError) as exc:
-                cause = getattr(exc, "cause", None)
-                if isinstance(cause, OSError | StorageError) or isinstance(exc, OSError):
-                    raise StorageFailure(f"unit {unit.id} could not commit its results: {cause or exc}") from None
-                error = f"{type(exc).__name__}: worker lost after {spec.sweep.max_retries} retries: {str(exc)[:2000]}"
-                try:
-                    record_lost_unit(unit.to_payload(), results, plan.sweep, spec.sha256, error)
-                except (OSError, StorageError) as os_exc:
-                    raise StorageFailure(f"cannot record unit {unit.id}: {os_exc}") from None
-                result = {"unit_id": unit.id, "status": "failed", "error": error, "rows": 0}
-            if result["status"] == "ok":
-                summary.n_ok += 1
-            else:
-                summary.n_failed += 1
-                summary.failures.append((unit.id, (result.get("error") or "").splitlines()[0]))
-            emit("unit", {"unit": unit, "result": result})
+                record_lost_unit(unit.to_payload(), results, plan.sweep, spec.sha256, error)
+            except (OSError, StorageError) as os_exc:
+                if fault is None:
+                    fault = StorageFailure(f"cannot record unit {unit.id}: {os_exc}")
+                return
+            value = {"unit_id": unit.id, "status": "failed", "error": error, "rows": 0}
+        if value["status"] == "ok":
+            summary.n_ok += 1
+        else:
+            summary.n_failed += 1
+            summary.failures.append((unit.id, (value.get("error") or "").splitlines()[0]))
+        emit("unit", {"unit": unit, "result": value})
+
+    while (queue or in_flight) and fault is None and stop.signum is None:
+        while queue and len(in_flight) < WINDOW and stop.signum is None:
+            submit(queue.popleft())
+        for ref, value, exc in _outcomes(_ready(in_flight, stop)):
+            settle(ref, value, exc, stopping=False)
+    if in_flight:
+        why = signal.Signals(stop.signum).name if stop.signum is not None else "the results store failed"
+        summary.n_unsettled = _stop_in_flight(in_flight, lambda ref, value, exc: settle(ref, value, exc, stopping=True),
+                                              stop, emit, why)
+    if fault is not None:
+        raise fault
+
+
+def _stop_in_flight(in_flight: dict[Any, Unit], settle: Callable[[Any, Any, BaseException | None], None],
+                    stop: StopSignals, emit: Callable[[str, dict[str, Any]], None], why: str) -> int:
+    """Cancel the units in flight and wait (at most :func:`stop_grace_s`) until each has settled.
+
+    ``ray.cancel(force=False)``: a queued unit never starts; a running one gets ``KeyboardInterrupt``
+    and commits nothing (its ledger row would be written last, and a kind's ``KeyboardInterrupt`` is
+    never recorded as a failure); a unit already committing may still finish, and is then counted.
+    ``force=True`` is not used: killing a worker whose reply is on its way trips a check inside Ray.
+    A unit that has not settled in time (a kind stuck in native code) is left to Ray: the driver's
+    exit ends its job, and the ledger says whether it committed. Returns how many had not settled.
+    """
+    import ray
+
+    grace = stop_grace_s()
+    emit("stopping", {"why": why, "in_flight": len(in_flight), "grace_s": grace})
+    for ref in list(in_flight):
+        try:
+            ray.cancel(ref, force=False)
+        except ray.exceptions.RayError as cancel_error:  # finished meanwhile, or its owner is gone: waited for below
+            log.info("cancelling %s: %s", in_flight[ref].id, cancel_error)
+    signals = len(stop.received)
+    deadline = time.monotonic() + grace
+    while in_flight and time.monotonic() < deadline and len(stop.received) <= signals:  # another signal: stop now
+        for ref, value, exc in _outcomes(_ready(in_flight, stop)):
+            settle(ref, value, exc)
+    return len(in_flight)

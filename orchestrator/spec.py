@@ -21,12 +21,16 @@ are read with the same loader (``swapcheck_common.toml_model.load_toml_model``, 
 from __future__ import annotations
 
 import hashlib
+import os
+import re
+import unicodedata
 from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from orchestrator.errors import SpecError
+from swapcheck_common.echo import echo
 from swapcheck_common.toml_model import TomlModelError, format_errors
 from swapcheck_common.toml_model import load_toml_model as _load
 from swapcheck_common.toml_model import loc as _loc
@@ -96,6 +100,92 @@ def _resolver(base_dir: Path) -> Any:
     return resolve
 
 
+#: Keys whose string values name things a user sees or that become paths: kernels' and quantizers'
+#: ``label``, and any ``name``. Dict keys (arm names, parameter names) are names too.
+_NAME_KEYS = frozenset({"label", "name"})
+#: Longest label (as ``NAME``): it becomes a column value and a table cell.
+MAX_LABEL = 128
+
+
+def _bad_name_character(text: str) -> str | None:
+    """Why ``text`` cannot be a label or name shown on a terminal: a control character (newline, escape,
+    NUL, DEL, ...), a line or paragraph separator, or a bidirectional override that reorders what is
+    shown (unicode categories Cc, Zl, Zp and the Cf formatting controls); None when it has none."""
+    for c in text:
+        if unicodedata.category(c) in ("Cc", "Zl", "Zp", "Cf"):
+            return f"U+{ord(c):04X}"
+    return None
+
+
+def _label_problems(where: tuple[Any, ...], body: Any) -> list[str]:
+    """Labels and names anywhere inside an experiment (every kind's ``label``, arm names, keys) that
+    hold a control character or are longer than :data:`MAX_LABEL`: each names its field path."""
+    problems: list[str] = []
+    stack: list[tuple[tuple[Any, ...], Any]] = [(where, body)]
+    while stack:
+        at, value = stack.pop()
+        if isinstance(value, dict):
+            for key, item in value.items():
+                bad = _bad_name_character(str(key))
+                if bad:
+                    problems.append(f"{_path(at)}: the key {echo(key)} contains a control character ({bad}); use "
+                                    "letters, digits, '.', '_' or '-'")
+                    continue
+                if key in _NAME_KEYS and isinstance(item, str):
+                    bad = _bad_name_character(item)
+                    if bad:
+                        problems.append(f"{_path((*at, key))}: a {key} must not contain newlines or other control "
+                                        f"characters (found {bad}); it is shown in tables and on terminals")
+                    elif key == "label" and len(item) > MAX_LABEL:
+                        problems.append(f"{_path((*at, key))}: a label is at most {MAX_LABEL} characters "
+                                        f"(got {len(item)})")
+                stack.append(((*at, key), item))
+        elif isinstance(value, list):
+            stack.extend(((*at, i), item) for i, item in enumerate(value))
+    return sorted(problems)
+
+
+def _path(where: tuple[Any, ...]) -> str:
+    """``experiments.int8.implementations[1].label``: a field path with list positions in brackets."""
+    out = ""
+    for part in where:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+_ENV_NAME = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)|\$([A-Za-z_][A-Za-z0-9_]*)")
+_QUOTED = re.compile(r"'(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\"")
+#: Shortest value of a referenced variable hidden where it appears unquoted (shorter ones only in quotes).
+MIN_HIDDEN = 6
+
+
+def hide_environment(problems: list[str], text: str) -> list[str]:
+    """Problem lines with the values of the environment variables that ``text`` references removed.
+
+    Paths are expanded (``${CKPT}/model``) before they are checked, so a "not found" message would
+    show the expanded path: whatever the variable holds (a secret, a home directory). A quoted value
+    that contains one is replaced whole, as an environment reference is (``swapcheck_common.echo``);
+    an unquoted occurrence of a longer value too.
+    """
+    from swapcheck_common.echo import HIDDEN_ENV
+
+    values = {v for m in _ENV_NAME.finditer(text) if (v := os.environ.get(m.group(1) or m.group(2), ""))}
+    if not values:
+        return problems
+
+    def quoted(m: re.Match[str]) -> str:
+        return HIDDEN_ENV if any(v in m.group(0) for v in values) else m.group(0)
+
+    out = []
+    for line in problems:
+        line = _QUOTED.sub(quoted, line)
+        for v in sorted(values, key=len, reverse=True):
+            if len(v) >= MIN_HIDDEN:
+                line = line.replace(v, HIDDEN_ENV)
+        out.append(line)
+    return out
+
+
 def _experiments(sweep: SweepSpec, resolve: Any) -> tuple[dict[str, Any], list[str]]:
     """Each experiment validated by its kind's model, paths resolved; and the problems found."""
     from tasks.kinds import KindError, experiment_kinds, get_kind
@@ -110,6 +200,10 @@ def _experiments(sweep: SweepSpec, resolve: Any) -> tuple[dict[str, Any], list[s
             continue
         if not isinstance(body, dict):
             problems.append(f"{_loc(where)}: must be a table")
+            continue
+        labels = _label_problems(where, body)
+        if labels:
+            problems.extend(labels)
             continue
         try:
             kind = get_kind(body.get("kind"))  # type: ignore[arg-type]
@@ -144,7 +238,7 @@ def parse_spec(text: str, path: str = "<string>") -> LoadedSpec:
             except ValidationError as exc:  # a kind's check building a model (a 1 MB kernel name): still bad input
                 problems.extend(format_errors(exc, ("experiments", name)))
     if problems:
-        raise SpecError(path, problems)
+        raise SpecError(path, hide_environment(problems, text))
     return LoadedSpec(path=path, text=text, sha256=hashlib.sha256(text.encode()).hexdigest(), sweep=sweep,
                       experiments=experiments, prereg_paths=prereg)
 

@@ -15,7 +15,7 @@ import typer
 from rich.console import Console, ConsoleDimensions
 from rich.markup import escape
 
-from orchestrator.errors import exit_code_for
+from orchestrator.errors import exit_code_for, foreign_exit_code, user_message
 
 #: Width of standard output when it is not a terminal (a pipe, a file, CI): never cut a table there.
 PIPE_WIDTH = 10_000
@@ -108,8 +108,18 @@ def user_errors() -> Iterator[None]:
         code = exit_code_for(exc)
         if code is None:
             raise
-        err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, markup=True)
+        report_error(exc)
         raise typer.Exit(code) from None
+
+
+def report_error(exc: BaseException) -> None:
+    """``error: <message>`` on stderr (:func:`orchestrator.errors.user_message`: a library's fault in
+    one line); under ``-v`` a library's fault is followed by its whole text and traceback."""
+    err.print(f"[bold red]error:[/] {escape(user_message(exc))}", highlight=False, markup=True)
+    if verbosity >= VERBOSE and foreign_exit_code(exc) is not None:
+        import traceback
+
+        err.print("".join(traceback.format_exception(exc)), highlight=False, markup=False)
 
 
 def _json_default(v: Any) -> Any:

@@ -2,11 +2,32 @@
 
 from __future__ import annotations
 
+import sys
+from typing import Any
+
 import typer
 
 from orchestrator.cli import check, common, db, kernels, nightly, numerics, query, report, sweep
+from orchestrator.errors import exit_code_for
 
-app = typer.Typer(
+
+class _App(typer.Typer):
+    """The CLI, with the last line of defence of orchestrator.errors' table: an error with an exit code
+    that escapes every command's ``user_errors`` (an option callback, the start-up, a command without
+    it) is still one ``error:`` line and that code; a bug keeps its traceback (exit 1)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().__call__(*args, **kwargs)
+        except Exception as exc:
+            code = exit_code_for(exc)
+            if code is None:
+                raise
+            common.report_error(exc)
+            sys.exit(code)
+
+
+app = _App(
     name="swapcheck",
     help=__doc__ + "\n\nStart with `swapcheck sweep launch sweeps/kdepth-demo.toml`, then `swapcheck report kdepth`."
     "\n\nColour is off when output is not a terminal and whenever NO_COLOR is set.",

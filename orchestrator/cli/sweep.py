@@ -183,6 +183,11 @@ class UnitProgress:
                                    or self.clock() - self.last >= self.seconds):
                 self.last = self.clock()
                 err.print(self.line(), highlight=False, markup=False)
+        elif kind == "stopping":
+            self.stop()
+            again = " (SIGINT/SIGTERM again: stop waiting)" if info["why"].startswith("SIG") else ""
+            note(f"{info['why']}: stopping; cancelled {plural(info['in_flight'], 'unit')} in flight, waiting up to "
+                 f"{info['grace_s']:g} s for them to settle{again}")
         elif kind == "end":
             self.stop()
 
