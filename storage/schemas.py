@@ -419,6 +419,13 @@ UNITS = pa.schema(
     ]
 )
 
+#: The Parquet key-value metadata key under which each result file a unit commits carries that unit's
+#: ledger row (JSON: ``{"sweep": ..., "row": {every UNITS column}}`` with ``files`` as table, path and
+#: rows of every file of the unit: a file cannot hold its own size or hash). ``sweep verify``
+#: cross-checks ledger rows against it both ways, and ``launch --repair`` rebuilds a lost or damaged
+#: ledger file from it (``storage.store.ResultStore.commit_unit``, ``storage.verify``).
+LEDGER_ROW_KEY = "swapcheck.ledger_row"
+
 SWEEPS = pa.schema(
     [
         ("spec_sha256", pa.string()),

@@ -50,7 +50,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -60,10 +60,12 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from storage.errors import PathEscape, StorageFault
-from storage.schemas import TABLES, UNITS, UNMANAGED_TABLES
+from storage.filesystems import filesystem_from_uri
+from storage.schemas import LEDGER_ROW_KEY, TABLES, UNITS, UNMANAGED_TABLES
 
-__all__ = ["COMPRESS_FROM_BYTES", "STALE_AFTER_S", "FileRecord", "ResultStore", "is_uri", "open_store", "to_table",
-           "utcnow"]
+__all__ = ["COMPRESS_FROM_BYTES", "STALE_AFTER_S", "FileRecord", "LedgerDamage", "LedgerRead", "ResultStore", "is_uri",
+           "ledger_bytes", "ledger_row_from_metadata", "ledger_row_metadata", "ledger_schema_problem", "open_store",
+           "parquet_bytes", "parse_ledger_file", "to_table", "utcnow"]
 
 #: Tables at least this large in memory are written with zstd; smaller ones uncompressed (zstd's
 #: per-column set-up is ~1 ms for a ledger row, more than the whole rest of the write).
@@ -141,14 +143,152 @@ def is_uri(results: str | Path) -> bool:
     return "://" in str(results)
 
 
-def _parquet_bytes(table: pa.Table) -> pa.Buffer:
-    """The Parquet file of ``table`` in memory (no copy into a Python ``bytes``)."""
+def _parquet_bytes(table: pa.Table, metadata: Mapping[str, str] | None = None) -> pa.Buffer:
+    """The Parquet file of ``table`` in memory (no copy into a Python ``bytes``), with ``metadata``
+    added to the file's key-value metadata (not to the stored Arrow schema). Deterministic: the same
+    rows and metadata give the same bytes with the same pyarrow (``sweep verify`` relies on it)."""
     buf = pa.BufferOutputStream()
     compression = "zstd" if table.nbytes >= COMPRESS_FROM_BYTES else "none"
-    pq.write_table(table, buf, compression=compression, write_page_checksum=True,  # page CRCs: readers verify them
-                   use_dictionary=list(_dictionary_columns(table.schema)))
+    with pq.ParquetWriter(buf, table.schema, compression=compression,
+                          write_page_checksum=True,  # page CRCs: readers verify them
+                          use_dictionary=list(_dictionary_columns(table.schema))) as writer:
+        writer.write_table(table)
+        if metadata:
+            writer.add_key_value_metadata(dict(metadata))
     data: pa.Buffer = buf.getvalue()
     return data
+
+
+def parquet_bytes(table: pa.Table, metadata: Mapping[str, str] | None = None) -> pa.Buffer:
+    """The bytes the store writes for ``table`` (its declared schema) with ``metadata``."""
+    return _parquet_bytes(table, metadata)
+
+
+def ledger_bytes(row: Mapping[str, Any]) -> pa.Buffer:
+    """The ledger file of one ledger row, exactly as the store writes it."""
+    return _parquet_bytes(to_table("units", [row]))
+
+
+def _json_value(value: Any) -> Any:
+    return value.isoformat() if isinstance(value, datetime) else value
+
+
+def ledger_row_metadata(sweep: str, row: Mapping[str, Any]) -> str:
+    """What each result file of a unit carries of its ledger row (``LEDGER_ROW_KEY``): JSON of every
+    ``UNITS`` column, ``files`` reduced to table, path and rows (a file cannot hold its own size or
+    SHA-256). ``row`` is as :meth:`ResultStore.ledger_records` returns it (Arrow-normalized values)."""
+    out = {f.name: _json_value(row.get(f.name)) for f in UNITS if f.name != "files"}
+    out["files"] = [{"table": r["table"], "path": r["path"], "rows": r["rows"]} for r in row.get("files") or []]
+    return json.dumps({"sweep": sweep, "row": out}, sort_keys=True, separators=(",", ":"))
+
+
+def ledger_row_from_metadata(text: str | bytes) -> tuple[str, dict[str, Any]]:
+    """(sweep, ledger row) from :func:`ledger_row_metadata`'s JSON: timestamps parsed back, ``files``
+    as written there (table, path, rows). Raises ``ValueError`` when it is not that JSON."""
+    found = json.loads(text)
+    if not isinstance(found, dict) or not isinstance(found.get("row"), dict) or not isinstance(found.get("sweep"), str):
+        raise ValueError("not a ledger row")
+    row: dict[str, Any] = found["row"]
+    if set(row) != set(UNITS.names) or not isinstance(row["files"], list):
+        raise ValueError("not the columns of a ledger row")
+    for f in UNITS:
+        if pa.types.is_timestamp(f.type) and row[f.name] is not None:
+            row[f.name] = datetime.fromisoformat(row[f.name])
+    return found["sweep"], row
+
+
+def ledger_schema_problem(schema: pa.Schema) -> str | None:
+    """None when ``schema`` is the ledger's (``UNITS``), or ``UNITS`` without ``files`` (a ledger file
+    written before integrity records existed); else what differs."""
+    got = {f.name: f.type for f in schema}
+    for want in (UNITS, pa.schema([f for f in UNITS if f.name != "files"])):
+        if list(got) == want.names and all(got[f.name].equals(f.type) for f in want):
+            return None
+    declared = {f.name: f.type for f in UNITS}
+    extra = sorted(set(got) - set(declared))
+    wrong = sorted(n for n in set(got) & set(declared) if not got[n].equals(declared[n]))
+    absent = sorted(set(declared) - set(got) - {"files"})
+    parts = [f"undeclared columns {extra}" if extra else "", f"other types in {wrong}" if wrong else "",
+             f"missing columns {absent}" if absent else ""]
+    return "not the ledger's schema: " + ("; ".join(p for p in parts if p) or "columns in another order")
+
+
+@dataclass(frozen=True)
+class LedgerDamage:
+    """A ledger file that is not one intact ledger row of the unit it is named after: never trusted.
+
+    ``unit_id`` is the unit its file name names; ``holds`` the unit id of the one row it holds when
+    that is another unit's (``kind`` ``wrong_unit``); ``kind`` is ``unreadable`` (not Parquet, a page
+    checksum fails), ``schema``, ``rows`` (not exactly one row) or ``wrong_unit``."""
+
+    unit_id: str
+    path: str
+    kind: str
+    why: str
+    holds: str | None = None
+
+
+@dataclass
+class LedgerRead:
+    """The ledger of one sweep as read: each intact file's row, and the files that are damaged.
+
+    ``writers`` maps a unit to the ``created_by`` of its ledger file (which Parquet writer wrote it)."""
+
+    sweep: str
+    rows: dict[str, dict[str, Any]]
+    damaged: list[LedgerDamage]
+    writers: dict[str, str] = field(default_factory=dict)
+
+    def done(self) -> set[str]:
+        """The units whose intact ledger row says ``ok``."""
+        return {u for u, row in self.rows.items() if row.get("status") == "ok"}
+
+    def warnings(self, results: str, most: int = 10) -> list[str]:
+        """One line per damaged ledger file (at most ``most``, then a count): what a launch prints."""
+        lines = [f"ledger file {d.path} is damaged ({d.why}); unit {d.unit_id} is not counted as done. "
+                 f"Run `swapcheck sweep verify --results {results} --sweep {self.sweep}`, then "
+                 "`swapcheck sweep launch --repair` (it rebuilds the row from the unit's files, or recomputes the unit)"
+                 for d in self.damaged[:most]]
+        if len(self.damaged) > most:
+            lines.append(f"... and {len(self.damaged) - most} more damaged ledger files of sweep {self.sweep}")
+        return lines
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text[:200]}"
+
+
+def parse_ledger_file(source: Any, rel: str) -> tuple[dict[str, Any] | None, LedgerDamage | None, str]:
+    """(row, None, created_by) when ``source`` (a path or file the Parquet reader opens, e.g. a
+    ``pa.BufferReader``) is one intact ledger row of the unit its name ``rel`` names; else
+    (None, damage, created_by or ""). Every page checksum is verified; never raises for the file's
+    content (a missing file raises ``FileNotFoundError``). A legacy file's row has ``files`` None."""
+    name = rel.rsplit("/", 1)[-1].removesuffix(".parquet")
+
+    def damage(kind: str, why: str, holds: str | None = None) -> LedgerDamage:
+        return LedgerDamage(name, rel, kind, why, holds)
+
+    created_by = ""
+    try:
+        pf = pq.ParquetFile(source, page_checksum_verification=True)
+        created_by = str(pf.metadata.created_by or "")
+        if (why := ledger_schema_problem(pf.schema_arrow)) is not None:
+            return None, damage("schema", why), created_by
+        if pf.metadata.num_rows != 1:
+            return None, damage("rows", f"holds {pf.metadata.num_rows} rows, not the one row of its unit"), created_by
+        rows = pf.read(use_threads=False).to_pylist()
+    except FileNotFoundError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any decoding error (a page CRC too) means "damaged", never a traceback
+        return None, damage("unreadable", f"not a readable Parquet file: {_first_line(exc)}"), created_by
+    if len(rows) != 1:
+        return None, damage("rows", f"holds {len(rows)} rows, not the one row of its unit"), created_by
+    row = rows[0]
+    row.setdefault("files", None)
+    if row["unit_id"] != name:
+        return None, damage("wrong_unit", f"holds the row of unit {row['unit_id']!r}, not of {name}", row["unit_id"]), created_by
+    return row, None, created_by
 
 
 @functools.lru_cache(maxsize=256)
@@ -249,7 +389,7 @@ class ResultStore:
         self.fs: pafs.FileSystem
         if is_uri(root):
             self.uri: str | None = str(root).rstrip("/")
-            self.fs, path = pafs.FileSystem.from_uri(self.uri)
+            self.fs, path = filesystem_from_uri(self.uri)  # every network wait bounded (storage/filesystems.py)
             self.base = path.rstrip("/")
             self.root = Path(self.base)
         else:
@@ -417,10 +557,23 @@ class ResultStore:
         and the ledger file is renamed into place only after every result file is. A result file
         that cannot be written raises :class:`StorageFault` naming it and leaves no ledger file; a
         ledger file that cannot be written raises naming it, after the result files are in place
-        (the unit stays pending: no ledger row names them). Rows that do not fit a table's schema
-        raise ``ValueError`` before anything is written.
+        (the unit stays pending: no ledger row names them). Rows that do not fit a table's schema,
+        or a ledger row that does not fit the ledger's, raise ``ValueError`` before anything is written.
+
+        Each result file carries the unit's ledger row in its key-value metadata (``LEDGER_ROW_KEY``,
+        :func:`ledger_row_metadata`), so ``launch --repair`` can rebuild a lost or damaged ledger file
+        from the files. Hence ``ledger_row`` is called once, before the files are serialized, with
+        records whose ``bytes`` are 0 and ``sha256`` empty (table, path and rows are final); the
+        ledger row's ``files`` are then the real records.
         """
-        staged = {table: self._serialize(table, sweep, unit_id, rows) for table, rows in tables.items()}
+        arrow = {table: to_table(table, rows) for table, rows in tables.items()}
+        rels = {table: f"table={table}/sweep={sweep}/{unit_id}.parquet" for table in arrow}
+        planned = [FileRecord(table=table, path=rels[table], rows=int(t.num_rows), bytes=0, sha256="")
+                   for table, t in arrow.items()]
+        row = {**ledger_row(planned), "files": [r.as_dict() for r in planned]}
+        row = to_table("units", [row]).to_pylist()[0]  # the values as the ledger file will hold them
+        metadata = {LEDGER_ROW_KEY: ledger_row_metadata(sweep, row)}
+        staged = {table: (rels[table], _parquet_bytes(t, metadata), int(t.num_rows)) for table, t in arrow.items()}
         puts: list[Future[None]] = [_pool().submit(self._put, self._p(rel), data) for rel, data, _n in staged.values()]
         ledger_rel = f"table=units/sweep={sweep}/{unit_id}.parquet"
         tmp: str | None = None
@@ -429,8 +582,9 @@ class ResultStore:
             # While the result files are written: their hashes, the ledger row, the ledger file.
             records = [FileRecord(table=table, path=rel, rows=n, bytes=data.size, sha256=_sha256(data))
                        for table, (rel, data, n) in staged.items()]
+            row["files"] = [r.as_dict() for r in records]
+            ledger_data = ledger_bytes(row)
             try:
-                ledger_data = _parquet_bytes(to_table("units", [ledger_row(records)]))
                 tmp = self._stage(self._p(ledger_rel), ledger_data)
             except OSError as exc:
                 ledger_error = exc
@@ -549,45 +703,49 @@ class ResultStore:
     def attempts(self, sweep: str, unit_id: str) -> int:
         return sum(1 for i in self._files(self._attempts(sweep, unit_id)) if _is_marker(i.path))
 
-    def _ledger_table(self, sweep: str, columns: list[str] | None) -> pa.Table:
-        """Every ledger row of ``sweep``, files in path order and rows in file order: one dataset scan
-        over the partition's files. A file the scan cannot read (damaged, foreign) is read on its own,
-        file by file, so the error is the one reading that file raises."""
-        import pyarrow.dataset as ds
-
+    def read_ledger(self, sweep: str) -> LedgerRead:
+        """The ledger of ``sweep``: each ledger file read whole, its page checksums verified
+        (:func:`parse_ledger_file`). A file that is unreadable, fails a page checksum, has a foreign
+        schema, holds other than exactly one row, or holds a row whose ``unit_id`` is not its file
+        name is a damaged entry (``LedgerRead.damaged``): its unit counts as not done, so a launch
+        recomputes it (rewriting the file), and nothing here raises over it. Files are read
+        concurrently (one small file each; a storage fault still raises ``OSError``)."""
         files = self.parquet_files("units", sweep)
-        if not files:
-            return UNITS.empty_table() if columns is None else UNITS.empty_table().select(columns)
-        try:
-            dataset = ds.dataset(files, schema=UNITS, format="parquet", filesystem=self.fs)
-            return dataset.to_table(columns=columns)  # fragments in the order given: sorted by path
-        except (pa.ArrowException, OSError, ValueError):
-            return pa.concat_tables([self.read_table(p, columns=columns, schema=UNITS) for p in files])
 
-    @staticmethod
-    def _last_row_per_unit(table: pa.Table) -> dict[str, dict[str, Any]]:
-        """unit_id -> row; a unit with several rows keeps the last (the last written, in path order)."""
-        out: dict[str, dict[str, Any]] = {}
-        for row in table.to_pylist():
-            out[row["unit_id"]] = row
+        def one(path: str) -> tuple[dict[str, Any] | None, LedgerDamage | None, str] | None:
+            try:
+                with self.fs.open_input_file(path) as fh:
+                    return parse_ledger_file(fh, self.relative(path))
+            except FileNotFoundError:  # removed between the listing and the read: no entry
+                return None
+
+        out = LedgerRead(sweep, {}, [])
+        parsed = list(_pool().map(one, files)) if len(files) > 1 else [one(p) for p in files]
+        for found in parsed:
+            if found is None:
+                continue
+            row, damage, created_by = found
+            if damage is not None:
+                out.damaged.append(damage)
+            elif row is not None:
+                out.rows[row["unit_id"]] = row
+                out.writers[row["unit_id"]] = created_by
         return out
 
     def ledger(self, sweep: str) -> dict[str, dict[str, Any]]:
         """unit_id -> ledger row (``unit_id``, ``status``, ``attempts``, ``error``), for every unit of
-        ``sweep`` that has one."""
-        return self._last_row_per_unit(self._ledger_table(sweep, LEDGER_COLUMNS))
+        ``sweep`` that has an intact ledger file (:meth:`read_ledger`)."""
+        return {u: {c: row[c] for c in LEDGER_COLUMNS} for u, row in self.read_ledger(sweep).rows.items()}
 
     def ledger_records(self, sweep: str) -> dict[str, dict[str, Any]]:
         """unit_id -> the whole ledger row (every ``UNITS`` column, ``files`` included: a list of
-        :class:`FileRecord` dicts, None in rows written before integrity records existed)."""
-        return self._last_row_per_unit(self._ledger_table(sweep, None))
+        :class:`FileRecord` dicts, None in rows written before integrity records existed), for every
+        unit of ``sweep`` that has an intact ledger file (:meth:`read_ledger`)."""
+        return self.read_ledger(sweep).rows
 
     def done_units(self, sweep: str) -> set[str]:
-        """The units of ``sweep`` whose (last) ledger row says ``ok``."""
-        t = self._ledger_table(sweep, ["unit_id", "status"])
-        last: dict[str, bool] = dict(zip(t.column("unit_id").to_pylist(),
-                                         (s == "ok" for s in t.column("status").to_pylist()), strict=True))
-        return {u for u, ok in last.items() if ok}
+        """The units of ``sweep`` whose intact ledger row says ``ok`` (:meth:`read_ledger`)."""
+        return self.read_ledger(sweep).done()
 
     def sweep_record(self, sweep: str) -> dict[str, Any] | None:
         p = f"{self._partition('sweeps', sweep)}/spec.parquet"
@@ -609,8 +767,10 @@ class ResultStore:
         return [i.path for i in self._files(self._partition(table, sweep)) if i.path.endswith(".parquet")]
 
     def read_table(self, path: str, **kwargs: Any) -> pa.Table:
+        """``pq.read_table`` through the store's file system, every page checksum verified."""
         if self.local and not os.path.isabs(path):
             path = os.path.abspath(path)
+        kwargs.setdefault("page_checksum_verification", True)
         return pq.read_table(path, filesystem=self.fs, **kwargs)
 
     def sweep_partitions(self, table: str) -> list[str]:

@@ -22,7 +22,7 @@ kind                remedy       meaning
 ``truncated``       recompute    the file is shorter than recorded
 ``extended``        recompute    the file is longer than recorded
 ``checksum``        recompute    same size, other bytes (SHA-256 differs)
-``unreadable``      recompute    not readable as Parquet (a legacy file, or a ledger file)
+``unreadable``      recompute    not readable as Parquet, or a page checksum fails (a legacy file)
 ``no_records``      recompute    an ``ok`` ledger row names tables/rows but records no files
 ``path_escape``     recompute    a ledger record's path leaves its partition ``table=<t>/sweep=<s>/``
                                  (``..``, absolute, a URI, a symlink out of the root, another sweep or
@@ -37,6 +37,17 @@ kind                remedy       meaning
                                  ``<unit_id>.parquet`` files exist and read (a notice, not damage)
 ==================  ===========  =====================================================================
 
+The ledger files (``table=units/sweep=<s>/<unit_id>.parquet``) are checked like the data: each is
+read whole with its page checksums verified and must hold exactly one row, of the unit it is named
+after, in the ledger's schema (kinds ``unreadable``, ``schema``, ``rows``, ``wrong_unit``); its bytes
+must be exactly what the store writes for that row (``checksum``: a changed byte in a page header,
+the footer or its statistics; checked when this pyarrow wrote it, as its unit's result files say);
+a file missing while its unit's result files are complete is ``missing``. Each result file of a
+unit carries the unit's ledger row in its metadata (``storage.schemas.LEDGER_ROW_KEY``): the ledger
+row and its files must agree both ways (``mismatch``). The remedy of a damaged ledger file is
+``reconstruct`` when its unit's result files are all present, intact and carry the row (repair
+rebuilds the ledger file from them, bit for bit), else ``recompute``.
+
 A duplicate or a second ledger file of a unit under another name (``table=units``) is reported on
 the file that is not the unit's own. Call :func:`repair` only while no launch of the sweep is
 running: a running unit's files have no ledger row yet and look like orphans.
@@ -44,7 +55,10 @@ running: a running unit's files have no ledger row yet and look like orphans.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import hashlib
+import json
 import uuid
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -54,14 +68,26 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from storage.errors import PathEscape
-from storage.schemas import TABLES, UNITS, UNMANAGED_TABLES
-from storage.store import STALE_AFTER_S, ResultStore, utcnow
+from storage.schemas import LEDGER_ROW_KEY, TABLES, UNITS, UNMANAGED_TABLES
+from storage.store import (
+    STALE_AFTER_S,
+    FileRecord,
+    ResultStore,
+    ledger_bytes,
+    ledger_row_from_metadata,
+    ledger_row_metadata,
+    parquet_bytes,
+    parse_ledger_file,
+    to_table,
+    utcnow,
+)
 
-__all__ = ["Problem", "Repaired", "damaged_units", "present_sweeps", "quick_check", "repair", "verify", "UNMANAGED_TABLES"]
+__all__ = ["Problem", "Repaired", "damaged_units", "present_sweeps", "quick_check", "rebuild_ledger_row", "repair",
+           "verify", "UNMANAGED_TABLES"]
 
 #: Tables written by the launcher rather than by units: never orphans, never recorded in ``files``.
 
-RECOMPUTE, SET_ASIDE, NONE = "recompute", "set aside", "none"
+RECOMPUTE, RECONSTRUCT, SET_ASIDE, NONE = "recompute", "reconstruct", "set aside", "none"
 
 
 @dataclass(frozen=True)
@@ -93,6 +119,7 @@ class Repaired:
     units: list[str] = field(default_factory=list)
     moved: list[str] = field(default_factory=list)
     quarantine: str = ""
+    rebuilt: list[str] = field(default_factory=list)  # units whose ledger file was rebuilt from their files
 
 
 def _rel(table: str, sweep: str, name: str) -> str:
@@ -114,16 +141,42 @@ def _compatible(schema: pa.Schema, declared: pa.Schema, exact: bool) -> str | No
 
 
 def _read(store: ResultStore, rel: str) -> tuple[bytes | None, pa.Table | None, str]:
-    """(bytes, table, error): what reading ``rel`` gives; error is "" when it reads as Parquet."""
+    """(bytes, table, error): what reading ``rel`` gives (page checksums verified); error is "" when
+    it reads as Parquet. The table's schema metadata holds the file's key-value metadata."""
     try:
         data = store.read_bytes(rel)
     except OSError as exc:
         return None, None, f"cannot read: {exc}"
+    return (data, *_parse(data))
+
+
+def _parse(data: bytes) -> tuple[pa.Table | None, str]:
     try:
-        return data, pq.read_table(pa.BufferReader(data)), ""
+        return pq.read_table(pa.BufferReader(data), page_checksum_verification=True), ""
     except Exception as exc:  # noqa: BLE001 - any decoding error means "not readable as Parquet"
         first = str(exc).split(". ")[0].split("': ", 1)[-1]  # Arrow names the buffer first: drop that
-        return data, None, f"not readable as Parquet: {first[:160]}"
+        return None, f"not readable as Parquet: {first[:160]}"
+
+
+def _created_by(data: bytes) -> str:
+    """Which Parquet writer wrote ``data`` (its footer's ``created_by``), "" when unreadable."""
+    try:
+        return str(pq.ParquetFile(pa.BufferReader(data)).metadata.created_by or "")
+    except Exception:  # noqa: BLE001 - an unreadable footer is found by the other checks
+        return ""
+
+
+def _carried(t: pa.Table | None) -> str | None:
+    """The ledger row a result file carries in its metadata (``LEDGER_ROW_KEY``), or None."""
+    meta = t.schema.metadata if t is not None else None
+    value = (meta or {}).get(LEDGER_ROW_KEY.encode())
+    return value.decode("utf-8", "replace") if value is not None else None
+
+
+@functools.cache
+def _this_writer() -> str:
+    """``created_by`` of the Parquet files this process writes."""
+    return _created_by(bytes(ledger_bytes({"unit_id": "u"})))
 
 
 def _unit_ids(t: pa.Table | None) -> set[str]:
@@ -143,10 +196,21 @@ def _escape(store: ResultStore, sweep: str, unit: str, field: str, rec: dict[str
     return None
 
 
+@dataclass
+class _Seen:
+    """What reading a recorded file showed besides its problem: the units whose rows it holds, the
+    ledger row it carries (``LEDGER_ROW_KEY``) and its writer (when it is as committed)."""
+
+    ids: set[str] = field(default_factory=set)
+    carried: str | None = None
+    writer: str = ""
+
+
 def _check_record(store: ResultStore, sweep: str, unit: str, rec: dict[str, Any],
-                  field: str = "files") -> tuple[Problem | None, set[str]]:
+                  field: str = "files", seen: _Seen | None = None) -> tuple[Problem | None, set[str]]:
     """The one most telling problem of a recorded file (None when it is as committed), and the units
-    whose rows it holds. A record pointing outside its partition is a problem and is never read."""
+    whose rows it holds. A record pointing outside its partition is a problem and is never read.
+    ``seen`` receives what the file carries when it is as committed."""
     rel, table = rec["path"], rec["table"]
     if (escaped := _escape(store, sweep, unit, field, rec)) is not None:
         return escaped, set()
@@ -171,6 +235,8 @@ def _check_record(store: ResultStore, sweep: str, unit: str, rec: dict[str, Any]
         return problem("checksum", "same size, other bytes (SHA-256 differs)" + (f"; {err}" if err else "")), ids
     if err:
         return problem("unreadable", err), ids
+    if seen is not None and data is not None:
+        seen.ids, seen.carried, seen.writer = ids, _carried(t), _created_by(data)
     return None, ids
 
 
@@ -196,43 +262,172 @@ def _check_legacy(store: ResultStore, sweep: str, unit: str, tables: list[str]) 
     return out
 
 
-def _ledger(store: ResultStore, sweep: str, problems: list[Problem]) -> dict[str, dict[str, Any]]:
-    """unit -> ledger row, from each unit's own ledger file; problems of the ledger files themselves."""
-    rows: dict[str, dict[str, Any]] = {}
-    strays: list[tuple[str, dict[str, Any]]] = []
+def _planned(store: ResultStore, sweep: str) -> set[str]:
+    """The unit ids the sweep's spec record plans (none when there is no readable record)."""
+    try:
+        record = store.sweep_record(sweep)
+    except Exception:  # noqa: BLE001 - a damaged spec record plans nothing here
+        return set()
+    return set((record or {}).get("unit_ids") or [])
+
+
+@dataclass
+class _Ledger:
+    """The ledger files of one sweep as verify sees them."""
+
+    rows: dict[str, dict[str, Any]] = field(default_factory=dict)  # unit -> its intact row
+    writers: dict[str, str] = field(default_factory=dict)  # unit -> created_by of its ledger file
+    damaged: set[str] = field(default_factory=set)  # units whose ledger file is damaged
+
+
+def _ledger(store: ResultStore, sweep: str, problems: list[Problem], tables: list[str] | None = None) -> _Ledger:
+    """Each unit's ledger row from its own ledger file, read whole with page checksums verified
+    (:func:`storage.store.parse_ledger_file`); problems of the ledger files themselves. ``tables``
+    (the result tables of the tree) given: each file's bytes are also checked against what the store
+    writes for its row, and a misnamed file is told apart from a unit's damaged one."""
+    out = _Ledger()
+    strays: list[tuple[str, str]] = []
+    planned = _planned(store, sweep) if tables is not None else set()
     for path in store.parquet_files("units", sweep):
         rel = store.relative(path)
-        name = rel.rsplit("/", 1)[1][: -len(".parquet")]
         try:
-            found = store.read_table(path, schema=UNITS).to_pylist()
-        except Exception as exc:  # noqa: BLE001 - an unreadable ledger file is a finding, not a crash
-            problems.append(Problem(sweep, name, "units", rel, "unreadable", f"ledger file: {type(exc).__name__}: {exc}"))
+            data = store.read_bytes(rel) if tables is not None else None
+            row, damage, writer = parse_ledger_file(pa.BufferReader(data) if data is not None else path, rel)
+        except FileNotFoundError:
             continue
-        if len(found) > 1 and any(row["unit_id"] == name for row in found):
-            problems.append(Problem(sweep, name, "units", rel, "rows",
-                                    f"ledger file holds {len(found)} rows (units {sorted({r['unit_id'] for r in found})}), "
-                                    "expected the one row of its unit"))
+        except OSError as exc:
+            problems.append(Problem(sweep, rel.rsplit("/", 1)[1][: -len(".parquet")], "units", rel, "unreadable",
+                                    f"ledger file: cannot read: {exc}"))
             continue
-        for row in found:
-            if row["unit_id"] == name and name not in rows:
-                rows[name] = row
-            else:
-                strays.append((rel, row))
-    for rel, row in strays:
-        uid = row["unit_id"]
-        kind = "duplicate" if uid in rows else "orphan"
+        if damage is not None:
+            name = damage.unit_id
+            if damage.kind == "wrong_unit" and damage.holds is not None and not _is_unit(store, sweep, name, planned, tables):
+                strays.append((rel, damage.holds))  # a copy under a name that is no unit's
+                continue
+            out.damaged.add(name)
+            problems.append(Problem(sweep, name, "units", rel, damage.kind, f"ledger file {damage.why}"))
+            continue
+        assert row is not None
+        unit = row["unit_id"]
+        if data is not None and row["files"] is not None and writer == _this_writer() \
+                and bytes(ledger_bytes(row)) != data:
+            out.damaged.add(unit)
+            problems.append(Problem(sweep, unit, "units", rel, "checksum",
+                                    "ledger file: not the bytes the store writes for the row it holds "
+                                    "(a changed byte in a page header, the footer or its statistics)"))
+            continue
+        out.rows[unit] = row
+        out.writers[unit] = writer
+    for rel, uid in strays:
+        kind = "duplicate" if uid in out.rows else "orphan"
         problems.append(Problem(sweep, uid, "units", rel, kind,
                                 f"a ledger row of unit {uid} in a file not named after it" +
-                                (" (the unit has its own ledger row: counted twice)" if uid in rows else ""), SET_ASIDE))
-    return rows
+                                (" (the unit has its own ledger row: counted twice)" if uid in out.rows else ""), SET_ASIDE))
+    return out
+
+
+def _is_unit(store: ResultStore, sweep: str, name: str, planned: set[str], tables: list[str] | None) -> bool:
+    """Whether ``name`` is a unit of ``sweep``: planned by its spec record, or with a result file."""
+    return name in planned or any(store.size(_rel(t, sweep, name)) is not None for t in tables or [])
+
+
+def _row_view(row: dict[str, Any]) -> dict[str, Any]:
+    """A ledger row as its files carry it (:func:`storage.store.ledger_row_metadata`), for comparing."""
+    view: dict[str, Any] = json.loads(ledger_row_metadata("", row))["row"]
+    return view
+
+
+def _differs(ledger_row: dict[str, Any], carried: str, sweep: str) -> str | None:
+    """Where ``ledger_row`` and the row a file carries disagree (None when they agree)."""
+    try:
+        where, row = ledger_row_from_metadata(carried)
+    except ValueError as exc:
+        return f"a result file's {LEDGER_ROW_KEY} metadata is not a ledger row ({exc})"
+    if where != sweep:
+        return f"a result file records sweep {where!r}"
+    mine, theirs = _row_view(ledger_row), _row_view(row)
+    cols = sorted(c for c in mine if mine[c] != theirs.get(c))
+    return f"columns {cols} differ from what its result files recorded at commit" if cols else None
+
+
+def rebuild_ledger_row(store: ResultStore, sweep: str, unit: str, tables: list[str] | None = None) -> tuple[dict[str, Any] | None, str]:
+    """The ledger row of ``unit`` rebuilt from its result files, or (None, why not).
+
+    Each result file a unit commits carries the unit's ledger row (``LEDGER_ROW_KEY``). The row is
+    rebuilt only when every file that row lists is present at its own path, inside its partition,
+    reads with every page checksum verified, has the declared schema, the listed rows (all of this
+    unit), the same carried row as the others, and bytes exactly as the store writes those rows and
+    that metadata (so no byte of it changed since commit, footer and statistics included); and when
+    no other result file of the unit exists. The rebuilt row is the committed one column for column;
+    its ``files`` records get each file's size and SHA-256.
+    """
+    tables = sorted(set(store.table_partitions()) - UNMANAGED_TABLES) if tables is None else tables
+    present: dict[str, bytes] = {}
+    for table in tables:
+        rel = _rel(table, sweep, unit)
+        try:
+            store.recorded(sweep, {"table": table, "path": rel})
+        except PathEscape as exc:
+            return None, str(exc)
+        if store.size(rel) is not None:
+            try:
+                present[rel] = store.read_bytes(rel)
+            except OSError as exc:
+                return None, f"{rel}: cannot read: {exc}"
+    if not present:
+        return None, "no result file of the unit carries its ledger row"
+    carried: set[str] = set()
+    counts: dict[str, int] = {}
+    for rel, data in present.items():
+        table = rel.split("/", 1)[0].removeprefix("table=")
+        t, err = _parse(data)
+        if t is None:
+            return None, f"{rel}: {err}"
+        text = _carried(t)
+        if text is None:
+            return None, f"{rel} carries no ledger row (written before ledger rows were carried)"
+        if _compatible(t.schema, TABLES[table], exact=True) is not None or _unit_ids(t) - {unit} \
+                or (t.num_rows and "unit_id" in t.column_names and t.column("unit_id").null_count):
+            return None, f"{rel} does not hold rows of unit {unit} in the declared schema"
+        if _created_by(data) != _this_writer():
+            return None, f"{rel} was written by another Parquet writer ({_created_by(data)}): its bytes cannot be checked"
+        plain = to_table(table, t.replace_schema_metadata(None))
+        if bytes(parquet_bytes(plain, {LEDGER_ROW_KEY: text})) != data:
+            return None, f"{rel}: not the bytes the store writes for its rows (changed since commit)"
+        carried.add(text)
+        counts[rel] = t.num_rows
+    if len(carried) != 1:
+        return None, "the unit's result files carry different ledger rows"
+    try:
+        where, row = ledger_row_from_metadata(carried.pop())
+    except ValueError as exc:
+        return None, f"the carried ledger row is not one ({exc})"
+    listed = {r.get("path"): r for r in row["files"] if isinstance(r, dict)}
+    if where != sweep or row["unit_id"] != unit or row["status"] != "ok":
+        return None, f"the carried row is of sweep {where!r}, unit {row['unit_id']!r}, status {row['status']!r}"
+    if set(listed) != set(present) or len(listed) != len(row["files"]):
+        return None, (f"the carried row lists {sorted(map(str, listed))}, the unit has {sorted(present)}")
+    if any(listed[rel].get("rows") != counts[rel] for rel in present):
+        return None, "a result file holds another number of rows than its carried row lists"
+    row["files"] = [FileRecord(table=str(r["table"]), path=str(r["path"]), rows=int(r["rows"]),
+                               bytes=len(present[str(r["path"])]),
+                               sha256=hashlib.sha256(present[str(r["path"])]).hexdigest()).as_dict()
+                    for r in row["files"]]
+    try:
+        rebuilt: dict[str, Any] = to_table("units", [row]).to_pylist()[0]
+    except (ValueError, TypeError, pa.ArrowException) as exc:
+        return None, f"the carried row does not fit the ledger's schema ({exc})"
+    return rebuilt, ""
 
 
 def _verify_sweep(store: ResultStore, sweep: str, tables: list[str]) -> list[Problem]:
     problems: list[Problem] = []
-    ledger = _ledger(store, sweep, problems)
+    read = _ledger(store, sweep, problems, tables)
+    ledger = read.rows
     named: dict[str, list[str]] = {}  # path -> units whose ledger rows name it
     held: set[tuple[str, str]] = set()  # (table, unit) whose rows a recorded file holds
     escaped: set[str] = set()  # units with a record pointing outside its partition: recomputed
+    seen: dict[str, list[tuple[str, _Seen]]] = {}  # unit -> (path, what it carries) of its intact files
     for unit, row in sorted(ledger.items()):
         ok = row["status"] == "ok"
         if row["files"] is None:  # legacy row: the file names follow from the unit id
@@ -249,11 +444,14 @@ def _verify_sweep(store: ResultStore, sweep: str, tables: list[str]) -> list[Pro
             problems.append(Problem(sweep, unit, None, _rel("units", sweep, unit), "no_records",
                                     f"ledger row says ok with {row['rows']} rows in {row['tables']} but records no files"))
         for i, rec in enumerate(row["files"]):
-            p, ids = _check_record(store, sweep, unit, rec, f"files[{i}].path")
+            what = _Seen()
+            p, ids = _check_record(store, sweep, unit, rec, f"files[{i}].path", what)
             problems += [p] if p is not None else []
             if p is not None and p.kind == "path_escape":
                 escaped.add(unit)  # not followed: names no file, holds no rows
                 continue
+            if p is None:
+                seen.setdefault(unit, []).append((rec["path"], what))
             named.setdefault(rec["path"], []).append(unit)
             held |= {(rec["table"], u) for u in ids}
     for rel, units in sorted(named.items()):
@@ -261,7 +459,9 @@ def _verify_sweep(store: ResultStore, sweep: str, tables: list[str]) -> list[Pro
             problems += [Problem(sweep, u, rel.split("/", 1)[0].removeprefix("table="), rel, "duplicate",
                                  f"one file named by the ledger rows of {len(units)} units {sorted(units)}: rows counted twice")
                          for u in sorted(set(units))]
-    bad_ledger = {p.unit_id for p in problems if p.table == "units" and p.remedy == RECOMPUTE} | escaped
+    problems += _cross_check(sweep, read, seen, named)
+    bad_ledger = {p.unit_id for p in problems if p.table == "units" and p.remedy == RECOMPUTE} | escaped | read.damaged
+    unledgered: dict[str, list[Problem]] = {}  # unit -> orphan problems of its files (no ledger file at all)
     for table in tables:
         for path in store.parquet_files(table, sweep):
             rel = store.relative(path)
@@ -283,9 +483,58 @@ def _verify_sweep(store: ResultStore, sweep: str, tables: list[str]) -> list[Pro
                 continue
             why = (f"ledger row of {stem} says {ledger[stem]['status']}" if stem in ledger
                    else "no ledger row names it (a stray file, or a unit still running)")
-            problems.append(Problem(sweep, holds[0] if len(holds) == 1 else None, table, rel, "orphan",
-                                    why + (f"; {err}" if err else ""), SET_ASIDE))
-    return problems
+            orphan = Problem(sweep, holds[0] if len(holds) == 1 else None, table, rel, "orphan",
+                             why + (f"; {err}" if err else ""), SET_ASIDE)
+            if stem not in ledger and _carried(t) is not None:
+                unledgered.setdefault(stem, []).append(orphan)  # its ledger file may be lost: rebuildable?
+            else:
+                problems.append(orphan)
+    for unit, orphans in sorted(unledgered.items()):
+        if rebuild_ledger_row(store, sweep, unit, tables)[0] is None:
+            problems += orphans  # not the complete files of a committed unit: strays
+            continue
+        problems.append(Problem(sweep, unit, "units", _rel("units", sweep, unit), "missing",
+                                "no ledger file, but the unit's result files are complete and carry its ledger row "
+                                "(`launch --repair` rebuilds it)", RECONSTRUCT))
+    return _remedies(store, sweep, tables, problems)
+
+
+def _cross_check(sweep: str, read: _Ledger, seen: dict[str, list[tuple[str, _Seen]]],
+                 named: dict[str, list[str]]) -> list[Problem]:
+    """Ledger rows against what their intact result files carry: the row (``LEDGER_ROW_KEY``) and the
+    writer. A disagreement is the ledger file's problem: the files are as committed (SHA-256)."""
+    out = []
+    for unit, files in sorted(seen.items()):
+        row, rel = read.rows[unit], _rel("units", sweep, unit)
+        for path, what in files:
+            if len(named.get(path, [])) > 1:
+                continue  # a file named by two rows: reported as duplicate
+            if what.carried is not None and (why := _differs(row, what.carried, sweep)) is not None:
+                out.append(Problem(sweep, unit, "units", rel, "mismatch", f"ledger row: {why} ({path})"))
+                break
+            if what.writer and read.writers.get(unit) and what.writer != read.writers[unit]:
+                out.append(Problem(sweep, unit, "units", rel, "checksum",
+                                   f"ledger file written by {read.writers[unit]!r}, its unit's result files by "
+                                   f"{what.writer!r}: a changed byte in its footer"))
+                break
+    return out
+
+
+def _remedies(store: ResultStore, sweep: str, tables: list[str], problems: list[Problem]) -> list[Problem]:
+    """A unit whose only damage is its ledger file gets remedy ``reconstruct`` when its result files
+    can rebuild the row (:func:`rebuild_ledger_row`); the detail says which remedy and why."""
+    other = {p.unit_id for p in problems if p.remedy == RECOMPUTE and p.table != "units"}
+    out = []
+    for p in problems:
+        if p.table == "units" and p.remedy == RECOMPUTE and p.unit_id is not None:
+            row, why_not = (None, "other files of the unit are damaged too") if p.unit_id in other \
+                else rebuild_ledger_row(store, sweep, p.unit_id, tables)
+            p = dataclasses.replace(p, remedy=RECONSTRUCT, detail=f"{p.detail}; its result files carry its ledger "
+                                    "row: `launch --repair` rebuilds it") if row is not None \
+                else dataclasses.replace(p, detail=f"{p.detail}; `launch --repair` recomputes the unit "
+                                         f"(the row cannot be rebuilt: {why_not})")
+        out.append(p)
+    return out
 
 
 def present_sweeps(store: ResultStore) -> list[str]:
@@ -320,7 +569,7 @@ def quick_check(store: ResultStore, sweep: str) -> list[str]:
     ledger records, or outside their partition: a listing, no file read (what a relaunch that skipped
     every unit can afford to look at; :func:`verify` reads and checks every byte)."""
     suspects: set[str] = set()
-    for unit, row in _ledger(store, sweep, []).items():
+    for unit, row in store.read_ledger(sweep).rows.items():
         if row["status"] != "ok" or not row["files"]:
             continue
         for rec in row["files"]:
@@ -335,16 +584,17 @@ def quick_check(store: ResultStore, sweep: str) -> list[str]:
 
 
 def damaged_units(store: ResultStore, sweep: str, problems: Iterable[Problem] | None = None) -> set[str]:
-    """The units of ``sweep`` whose committed results are damaged (remedy ``recompute``).
+    """The units of ``sweep`` whose committed results are damaged (remedy ``recompute`` or
+    ``reconstruct``: a unit whose ledger file alone is damaged and can be rebuilt).
 
     ``problems`` is :func:`verify`'s list when the caller has it already (it is computed otherwise).
     """
     found = verify(store, sweep) if problems is None else problems
-    return {p.unit_id for p in found if p.remedy == RECOMPUTE and p.sweep == sweep and p.unit_id is not None}
+    return {p.unit_id for p in found if p.remedy in (RECOMPUTE, RECONSTRUCT) and p.sweep == sweep and p.unit_id is not None}
 
 
 def repair(store: ResultStore, sweep: str, units: Iterable[str], *, strays: bool = True,
-           problems: Iterable[Problem] | None = None) -> Repaired:
+           problems: Iterable[Problem] | None = None, reconstruct: bool = False) -> Repaired:
     """Move ``units``' ledger rows and result files, and (``strays``) the sweep's stray files, aside.
 
     Contract, for ``sweep launch --repair``: afterwards none of ``units`` has a ledger row, so a
@@ -356,10 +606,22 @@ def repair(store: ResultStore, sweep: str, units: Iterable[str], *, strays: bool
     files) move too, so the catalog no longer counts their rows. Every move goes to
     ``_quarantine/<UTC time>-<id>/<same relative path>``; nothing is deleted. Call it only while no
     launch of the sweep is running (a running unit's files look like orphans).
+
+    With ``reconstruct`` (what ``launch --repair`` does), a unit whose problems all have remedy
+    ``reconstruct`` (its ledger file alone is damaged or lost) keeps its result files: its damaged
+    ledger file moves aside and the row rebuilt from the files (:func:`rebuild_ledger_row`, checked
+    again now) is written in its place, atomically; it stays done (``Repaired.rebuilt``). When the
+    row cannot be rebuilt after all, the unit is moved aside and recomputed as above.
+    A damaged ledger file's records are followed only for its own unit's files (a row of another
+    unit in it never moves that unit's files).
     """
-    found = list(verify(store, sweep) if problems is None else problems) if strays else []
+    found = list(verify(store, sweep) if problems is None else problems) if strays or reconstruct else []
     done = Repaired(quarantine=f"_quarantine/{utcnow().strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}")
     tables = sorted(set(store.table_partitions()) - UNMANAGED_TABLES)
+    remedies: dict[str, set[str]] = {}
+    for p in found:
+        if p.sweep == sweep and p.unit_id is not None and p.remedy in (RECOMPUTE, RECONSTRUCT):
+            remedies.setdefault(p.unit_id, set()).add(p.remedy)
 
     def move(rel: str) -> None:
         try:  # a path that leaves the root is never followed; a link inside it is moved as the link
@@ -372,6 +634,13 @@ def repair(store: ResultStore, sweep: str, units: Iterable[str], *, strays: bool
 
     for unit in sorted(set(units)):
         ledger_file = _rel("units", sweep, unit)
+        if reconstruct and remedies.get(unit) == {RECONSTRUCT}:
+            row, _why = rebuild_ledger_row(store, sweep, unit, tables)
+            if row is not None:
+                move(ledger_file)  # the damaged file is kept as evidence
+                store.record_unit(sweep, row)
+                done.rebuilt.append(unit)
+                continue
         try:
             rows = store.read_table(f"{store.base}/{ledger_file}", schema=UNITS).to_pylist()
         except Exception:  # noqa: BLE001 - absent or unreadable: no recorded files to follow
@@ -380,14 +649,16 @@ def repair(store: ResultStore, sweep: str, units: Iterable[str], *, strays: bool
             move(ledger_file)
             done.units.append(unit)
         recorded = []
-        for rec in (r for row in rows for r in row["files"] or []):
+        for rec in (r for row in rows if row.get("unit_id") == unit for r in row["files"] or []):
             try:  # only a record inside its own partition is followed; the unit is recomputed either way
-                recorded.append(store.recorded(sweep, rec))
+                rel = store.recorded(sweep, rec)
             except PathEscape:
                 continue
+            if rel.rsplit("/", 1)[1] == f"{unit}.parquet":  # never another unit's file
+                recorded.append(rel)
         for rel in [*recorded, *(_rel(t, sweep, unit) for t in tables)]:
             move(rel)
     for p in found:
-        if p.remedy == SET_ASIDE and p.sweep == sweep and p.path is not None:
+        if strays and p.remedy == SET_ASIDE and p.sweep == sweep and p.path is not None:
             move(p.path)
     return done

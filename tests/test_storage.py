@@ -145,29 +145,26 @@ def test_ledger_is_one_scan_with_the_same_answers_last_row_wins(tmp_path: Path) 
     assert store.ledger("s") == {} and store.done_units("s") == set() and store.ledger_records("s") == {}
     for i in range(30):
         store.record_unit("s", _unit(f"u{i:02d}", "ok" if i % 3 else "failed"))
-    # A file holding two rows of units already named by their own files: rows in path order, last wins.
+    # A file holding two rows (of units named by their own files) is a damaged entry, never read (#24).
     part = tmp_path / "table=units/sweep=s"
     pq.write_table(pa.Table.from_pylist([_unit("u00", "ok"), _unit("u01", "failed")], schema=UNITS), part / "zz.parquet")
-    want = {f"u{i:02d}": "ok" if i % 3 else "failed" for i in range(30)} | {"u00": "ok", "u01": "failed"}
+    want = {f"u{i:02d}": "ok" if i % 3 else "failed" for i in range(30)}
+    assert [(d.path, d.kind) for d in store.read_ledger("s").damaged] == [("table=units/sweep=s/zz.parquet", "rows")]
     assert {u: r["status"] for u, r in store.ledger("s").items()} == want
     assert store.done_units("s") == {u for u, s in want.items() if s == "ok"}
     assert set(store.ledger("s")["u02"]) == {"unit_id", "status", "attempts", "error"}
     assert store.ledger_records("s")["u05"]["rows"] == 3
 
 
-def test_a_damaged_ledger_file_raises_as_reading_it_alone_does(tmp_path: Path) -> None:
-    import pyarrow.parquet as pq
-
+def test_a_damaged_ledger_file_is_a_damaged_entry_never_an_exception(tmp_path: Path) -> None:
     store = ResultStore(tmp_path)
     store.record_unit("s", _unit("u1"))
     store.record_unit("s", _unit("u2"))
     bad = tmp_path / "table=units/sweep=s/u2.parquet"
     bad.write_bytes(bad.read_bytes()[:40])
-    with pytest.raises(Exception) as alone:
-        pq.read_table(bad)
-    for read in (store.done_units, store.ledger, store.ledger_records):
-        with pytest.raises(type(alone.value)):
-            read("s")
+    assert store.done_units("s") == {"u1"} and set(store.ledger("s")) == set(store.ledger_records("s")) == {"u1"}
+    (damage,) = store.read_ledger("s").damaged
+    assert (damage.unit_id, damage.path, damage.kind) == ("u2", "table=units/sweep=s/u2.parquet", "unreadable")
 
 
 def test_commit_unit_renames_the_ledger_file_last(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
