@@ -10,21 +10,44 @@ given ``num_cpus``: its nodes say what they have. ``auto``, ``host:port`` (the G
 node) and ``ray://host:port`` (Ray Client, from outside) all work. A cluster with token auth needs
 ``RAY_AUTH_MODE=token`` and its token (``RAY_AUTH_TOKEN`` or ``RAY_AUTH_TOKEN_PATH``) in the
 driver's environment (docs/cluster.md).
+
+Joining is bounded by ``--connect-timeout``: before ``ray.init`` the address is checked with Ray's own
+protocol (:func:`_probe`: a TCP connection, then one gRPC call that only a Ray GCS -- or, for
+``ray://``, a Ray Client server -- answers), so an open port that is not Ray (an HTTP server, the
+dashboard) or a socket that accepts and says nothing exits 2 naming the address and what answered,
+instead of ``ray.init`` waiting on a handshake that never comes. ``ray.init`` itself then runs under
+a timer of the same bound (plus a grace) in the main thread.
+
+The embedded instance keeps its session (logs, sockets, spilled objects) in a directory of its own,
+``<RAY_TMPDIR or the temp dir>/sc-ray-XXXXXXXX`` (mode 0700, never Ray's shared ``/tmp/ray``), removed
+when the process ends after a clean run and kept -- with a line saying where -- after a failure
+(:func:`keep_session`).
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import shutil
+import sys
+import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from orchestrator.errors import InfrastructureError
 
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 EMBEDDED_ENV = {**LOOPBACK_ENV, "RAY_AUTH_MODE": "token"}
 ADDRESS_ENV = "RAY_ADDRESS"
+#: Unix socket paths are limited to 107 bytes; Ray's longest under its temp dir is about
+#: ``/session_<date>_<time>_<us>_<pid>/sockets/plasma_store`` (at most 64 bytes).
+_SOCKET_TAIL = 64
+#: Seconds ``ray.init`` may run past ``--connect-timeout`` after the address answered as Ray.
+JOIN_GRACE_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -90,20 +113,99 @@ def _hostport(address: str) -> tuple[str, int] | None:
     return host.strip("[]"), int(port)
 
 
-def _reachable(address: str, timeout_s: float) -> None:
-    """A TCP connection to ``host:port`` (of ``host:port`` or ``ray://host:port``) within the timeout."""
+class _JoinTimeout(Exception):
+    """Raised in the main thread by the timer that bounds ``ray.init`` (:func:`_bounded`)."""
+
+
+def _unreachable(address: str, timeout_s: float, what: str) -> InfrastructureError:
+    return InfrastructureError(
+        f"cannot reach the Ray cluster at {address!r} within {timeout_s:g} s: {what}. Check the address "
+        "(ray://head:10001 for Ray Client, head:6379 on a cluster node) or raise --connect-timeout.")
+
+
+def _not_ray(address: str, timeout_s: float, what: str) -> InfrastructureError:
+    return InfrastructureError(
+        f"{address!r} is not a Ray cluster: {what} (checked within --connect-timeout {timeout_s:g} s). Give the "
+        "GCS address of the head (head:6379, from a cluster node) or its Ray Client address (ray://head:10001); "
+        "the dashboard's port (8265) is neither.")
+
+
+def _sniff(host: str, port: int, timeout_s: float) -> str:
+    """What a server that does not speak gRPC answers to an HTTP request (for the message)."""
+    import socket
+
+    try:
+        with socket.create_connection((host, port), timeout=max(0.2, timeout_s)) as sock:
+            sock.settimeout(max(0.2, timeout_s))
+            sock.sendall(b"HEAD / HTTP/1.0\r\nHost: " + host.encode("ascii", "replace") + b"\r\n\r\n")
+            data = sock.recv(1024)
+    except OSError:
+        data = b""
+    if data.startswith(b"HTTP/"):
+        lines = data.decode("latin-1").split("\r\n")
+        server = next((ln.split(":", 1)[1].strip() for ln in lines[1:] if ln.lower().startswith("server:")), "")
+        return f"an HTTP server answered ({lines[0][:60]}{', Server: ' + server[:60] if server else ''})"
+    if data:
+        return f"a server answered that does not speak Ray's protocol (its first bytes: {data[:24]!r})"
+    return "a server accepted the connection but does not speak Ray's protocol (gRPC)"
+
+
+def _probe(address: str, timeout_s: float) -> None:
+    """Within ``timeout_s``: a TCP connection to the address, then one gRPC call only Ray answers
+    (the GCS's ``GetClusterId`` for ``host:port``; Ray Client's ``ClusterInfo`` for ``ray://``).
+
+    Any gRPC status from the service (OK, or UNAUTHENTICATED from a cluster with token auth) proves
+    it is Ray. No answer in time, a server that is not HTTP/2, or a gRPC server without the service
+    raises :class:`InfrastructureError` (exit 2) naming the address and what answered. Forms Ray
+    resolves itself (``auto``) are resolved first and checked the same way when they can be.
+    """
     import socket
 
     target = _hostport(address)
     if target is None:
-        return  # "auto", or a form Ray resolves itself: ray.init's own checks (under the timeout) apply
+        return  # a form Ray resolves itself: ray.init's own checks (under the timer) apply
+    deadline = time.monotonic() + timeout_s
+    host, port = target
     try:
         socket.create_connection(target, timeout=timeout_s).close()
     except OSError as exc:
-        raise InfrastructureError(
-            f"cannot reach the Ray cluster at {address!r} within {timeout_s:g} s: {exc}. Check the address "
-            "(ray://head:10001 for Ray Client, head:6379 on a cluster node) or raise --connect-timeout."
-        ) from None
+        raise _unreachable(address, timeout_s, str(exc)) from None
+    import grpc
+
+    client = address.startswith("ray://")
+    channel = grpc.insecure_channel(f"[{host}]:{port}" if ":" in host else f"{host}:{port}",
+                                    options=[("grpc.enable_http_proxy", 0), ("grpc.enable_retries", 0)])
+    try:
+        left = max(0.1, deadline - time.monotonic())
+        # Generated protobuf modules (no type stubs): their messages are looked up as attributes.
+        if client:
+            from ray.core.generated import ray_client_pb2 as msg
+            from ray.core.generated import ray_client_pb2_grpc
+
+            request: Any = msg.ClusterInfoRequest(type=msg.ClusterInfoType.PING)  # type: ignore[attr-defined]
+            ray_client_pb2_grpc.RayletDriverStub(channel).ClusterInfo(request, timeout=left)
+        else:
+            from ray.core.generated import gcs_service_pb2 as gcs
+            from ray.core.generated import gcs_service_pb2_grpc
+
+            request = gcs.GetClusterIdRequest()  # type: ignore[attr-defined]
+            gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).GetClusterId(request, timeout=left)
+    except grpc.RpcError as exc:
+        code = exc.code() if hasattr(exc, "code") else None
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            raise _not_ray(address, timeout_s, "it accepted the connection but gave no answer in Ray's protocol "
+                           f"within {timeout_s:g} s") from None
+        if code == grpc.StatusCode.UNIMPLEMENTED:
+            service = "Ray Client" if client else "Ray's GCS"
+            raise _not_ray(address, timeout_s, f"a gRPC server answered, but it has no {service} service") from None
+        if code == grpc.StatusCode.UNAVAILABLE:
+            details = exc.details() if hasattr(exc, "details") else ""
+            if "refused" in (details or "").lower():
+                raise _unreachable(address, timeout_s, details or "connection refused") from None
+            raise _not_ray(address, timeout_s, _sniff(host, port, max(0.2, deadline - time.monotonic()))) from None
+        # Any other status came from the service itself (UNAUTHENTICATED: token auth): it is Ray.
+    finally:
+        channel.close()
 
 
 @contextmanager
@@ -151,17 +253,16 @@ def connect(address: str | None = None, num_cpus: int | None = None, timeout_s: 
     if ray.is_initialized():
         return _connection(embedded, source, address)
     if address is not None:
-        _reachable(address, timeout_s)
+        _probe(_resolved(address), timeout_s)
     where = "start a local Ray instance" if address is None else f"join the Ray cluster at {address!r} ({source})"
     if address is not None:
-        # An address that accepts connections but is not a Ray head: Ray's own GCS connect timeout
-        # (ray.init must run in the main thread, so no watchdog thread can bound it instead).
         os.environ.setdefault("RAY_gcs_rpc_server_connect_timeout_s", str(max(1, int(timeout_s))))
     try:
         if address is None:
             # "local": always a new instance of our own. Without it Ray joins a cluster that `ray start`
             # left on this machine (someone else's, with its own settings) and then refuses num_cpus
             # ("When connecting to an existing cluster, num_cpus and num_gpus must not be provided").
+            session = _new_session_dir()
             ray.init(
                 address="local",
                 num_cpus=num_cpus or os.cpu_count() or 1,
@@ -169,20 +270,132 @@ def connect(address: str | None = None, num_cpus: int | None = None, timeout_s: 
                 log_to_driver=_verbose(),
                 logging_level=logging.WARNING,
                 configure_logging=True,
+                _temp_dir=session,
             )
+            _own_session(session)
         else:
-            with _address_env(address):
+            with _address_env(address), _bounded(timeout_s + JOIN_GRACE_S):
                 ray.init(address=address, log_to_driver=_verbose(), logging_level=logging.WARNING)
+    except _JoinTimeout:
+        raise InfrastructureError(
+            f"could not {where}: it answered as Ray, but joining did not finish within {timeout_s + JOIN_GRACE_S:g} s "
+            "(--connect-timeout plus a grace). Check that the cluster is healthy (ray status on the head), or raise "
+            "--connect-timeout.") from None
     except Exception as exc:  # noqa: BLE001 - Ray raises many types for a failed start/join
         hint = ""
         if "pip package" in str(exc) and "ray[client]" in str(exc):
             hint = " Install swapcheck with its dependencies (pip install swapcheck) or pip install 'ray[client]'."
+        if address is None:
+            keep_session(f"Ray could not start: {type(exc).__name__}")
         raise InfrastructureError(f"could not {where}: {type(exc).__name__}: {exc}{hint}") from None
     return _connection(embedded, source, address)
 
 
-def disconnect() -> None:
+def _resolved(address: str) -> str:
+    """``auto`` as Ray resolves it (the cluster started on this node), when it can; else as given."""
+    if address != "auto":
+        return address
+    try:
+        from ray._private.services import canonicalize_bootstrap_address
+
+        return canonicalize_bootstrap_address(address) or address
+    except Exception:  # noqa: BLE001 - no cluster found: ray.init says so itself (under the timer)
+        return address
+
+
+@contextmanager
+def _bounded(seconds: float) -> Iterator[None]:
+    """Raise :class:`_JoinTimeout` in the main thread after ``seconds`` (a timer signal), so that a join
+    that answered as Ray but then stalls still ends. Elsewhere than the main thread, or where SIGALRM
+    already has a handler of someone else's, no timer is set."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGALRM) not in (
+            signal.SIG_DFL, signal.SIG_IGN, None):
+        yield
+        return
+
+    def expire(signum: int, frame: object) -> None:
+        raise _JoinTimeout()
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+# -- the embedded instance's session directory ------------------------------------------------------
+
+_session: dict[str, str | None] = {"dir": None, "keep": None}
+
+
+def _new_session_dir() -> str:
+    """A new directory of our own (mode 0700) for the embedded instance: under ``RAY_TMPDIR`` or the
+    temp dir, or ``/tmp`` when that is too long for Ray's Unix sockets (107 bytes)."""
+    base = os.environ.get("RAY_TMPDIR") or tempfile.gettempdir()
+    if len(base) + len("/sc-ray-XXXXXXXX") + _SOCKET_TAIL > 107:
+        base = "/tmp"
+    try:
+        return tempfile.mkdtemp(prefix="sc-ray-", dir=base)  # 0700, created atomically, a fresh name
+    except OSError as exc:
+        raise InfrastructureError(f"cannot create a session directory for Ray under {base}: {exc.strerror or exc}. "
+                                  "Set RAY_TMPDIR to a writable directory with a short path.") from None
+
+
+def _own_session(path: str) -> None:
+    """Remember the embedded instance's session directory and clean it up when the process ends."""
+    if _session["dir"] is None:
+        atexit.register(_end_session)  # after Ray's own atexit shutdown handler: runs before it
+    _session["dir"], _session["keep"] = path, None
+
+
+def session_dir() -> str | None:
+    """The embedded instance's session directory (logs, sockets), or None when none was started here."""
+    return _session["dir"]
+
+
+def keep_session(reason: object) -> None:
+    """Keep the embedded instance's session directory when the process ends (a failure: its logs are
+    for debugging); a note on stderr says where. An exit status 0 (``typer.Exit(0)``) is no failure."""
+    if getattr(reason, "exit_code", 1) == 0:
+        return
+    if _session["dir"] is not None and _session["keep"] is None:
+        _session["keep"] = reason if isinstance(reason, str) else type(reason).__name__
+
+
+def _end_session() -> None:
+    """At exit: stop the embedded instance, then remove its session directory or say where it is kept."""
+    path, reason = _session["dir"], _session["keep"]
+    if path is None:
+        return
+    disconnect(keep=reason is not None)
+
+
+def disconnect(keep: bool = False) -> None:
+    """Stop (or leave) Ray. The embedded instance's session directory is removed unless ``keep`` or
+    :func:`keep_session` asked for it to stay (then one line on stderr says where)."""
     import ray
 
     if ray.is_initialized():
         ray.shutdown()
+    path, reason = _session["dir"], _session["keep"]
+    if path is None:
+        return
+    _session["dir"], _session["keep"] = None, None
+    if keep or reason is not None:
+        sys.stderr.write(f"note: the embedded Ray instance's logs are kept in {path}/session_latest/logs "
+                         f"({reason or 'kept on request'}); remove the directory when done.\n")
+        return
+    for _ in range(3):  # processes that are still exiting may write a last log line meanwhile
+        shutil.rmtree(path, ignore_errors=True)
+        if not os.path.exists(path):
+            return
+        time.sleep(0.2)
+
+
+#: The name of the address check before it spoke Ray's protocol (kept for callers of the TCP check).
+_reachable = _probe

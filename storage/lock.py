@@ -16,13 +16,30 @@ Two mechanisms, one contract (:class:`LaunchLock`: ``acquire()`` or :class:`Lock
   unexpired claim with the earliest store-assigned modification time (ties broken by name) holds
   the lease, every other launcher deletes its claim and stops. Any claim written before my listing
   is in it, and any claim written after it has a later modification time than mine, so two
-  launchers cannot both see themselves first. A live holder renews its lease every ``ttl_s / 3``
+  launchers cannot both see themselves first. A live holder renews its lease every ``ttl_s / 6``
   seconds in a separate heartbeat object ``<token>.beat`` (the claim itself is never rewritten, so
   its place in the order stays); a holder that died stops renewing and its lease expires after
-  ``ttl_s`` (default 120 s), after which a launcher takes over. A claim whose holder ran on this
+  ``ttl_s`` (default 120 s, ``SWAPCHECK_LEASE_TTL_S``), after which a launcher takes over. A claim whose holder ran on this
   machine (same host, boot and PID namespace) and whose process is gone (a SIGKILLed launcher) is
   void at once, so relaunching on the same machine after a kill is not held up by the lease. This relies on the store's read-after-write and list-after-write consistency (S3 and
   GCS give both) and on the launchers' clocks agreeing to well within ``ttl_s``.
+
+**A holder stops before its lease can lapse.** A lease is only safe if its holder stops acting when it
+can no longer renew it (a frozen or unreachable store): otherwise another launcher takes over while
+it still runs. Each renewal is a put that is waited for only until the next deadline (a put that
+hangs is abandoned, never waited out); after a failed renewal the next try follows in ``ttl_s / 24``
+seconds. Measured from the start of the last renewal that succeeded (its ``expires_at`` was set then):
+
+* after ``ttl_s / 2`` (60 s) without one the lease is *lost*: :attr:`LaunchLock.lost` is set,
+  ``on_lost`` is called, and :meth:`LaunchLock.check` raises :class:`LeaseLost` (a ``StorageFault``,
+  exit 3), so the launch stops starting units, records how it ended and exits;
+* after ``ttl_s * 7 / 8`` (105 s) without one, if the lock is still held, ``on_expiry`` runs: by
+  default the process prints one line and exits 3 at once (``os._exit``) -- the backstop, 15 s
+  before any other launcher could see the lease expired. A late success before then renews the lease
+  as usual (the launch has been told to stop all the same).
+
+The renewal keeps trying after the lease is lost, so a launch that is stopping keeps its lease for as
+long as the store answers.
 """
 
 from __future__ import annotations
@@ -30,21 +47,67 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow.fs as pafs
 
-from storage.errors import StorageError
+from storage.errors import StorageError, StorageFault
 
-__all__ = ["LaunchLock", "LockHeld"]
+__all__ = ["DEFAULT_TTL_S", "LaunchLock", "LeaseLost", "LockHeld", "TTL_ENV", "lease_ttl_s"]
 
 DEFAULT_TTL_S = 120.0
+#: The environment variable that sets the lease's time to live (seconds) where ``ttl_s`` is not given.
+TTL_ENV = "SWAPCHECK_LEASE_TTL_S"
 #: Longer than the modification-time resolution of common object stores (1 s).
 DEFAULT_SETTLE_S = 2.5
+#: Fractions of ``ttl_s``: renewal interval, retry after a failed renewal, lost, stop at once.
+RENEW_EVERY, RETRY_EVERY, LOST_AFTER, EXPIRY_STOP_AFTER = 1 / 6, 1 / 24, 1 / 2, 7 / 8
+
+
+def lease_ttl_s() -> float:
+    """The lease's time to live: ``SWAPCHECK_LEASE_TTL_S`` when set (3 to 3600 s), else 120 s."""
+    raw = os.environ.get(TTL_ENV, "").strip()
+    if not raw:
+        return DEFAULT_TTL_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not 3.0 <= value <= 3600.0:  # NaN fails both comparisons
+        raise StorageError(f"{TTL_ENV}={raw!r}: give seconds between 3 and 3600 (default {DEFAULT_TTL_S:g})")
+    return value
+
+
+class LeaseLost(StorageFault):
+    """The holder could not renew its lease in time: it must stop before another launcher may take over."""
+
+    def __init__(self, sweep: str, where: str, silent_s: float, ttl_s: float, cause: str) -> None:
+        detail = (f"lost the launch lease of sweep {sweep!r}: cannot renew it within {silent_s:.0f} s ({cause}); "
+                  f"the lease lapses {ttl_s:g} s after its last renewal, when another launcher may take over, "
+                  "so this launch stops. Fix the store, then relaunch the same spec to resume")
+        super().__init__(where, detail)
+        self.sweep, self.where, self.silent_s, self.ttl_s, self.cause = sweep, where, silent_s, ttl_s, cause
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (LeaseLost, (self.sweep, self.where, self.silent_s, self.ttl_s, self.cause))
+
+
+def _exit_now(exc: LeaseLost) -> None:
+    """The backstop of a lease about to lapse under a live launch: one line, exit 3 at once."""
+    try:
+        sys.stdout.flush()
+        sys.stderr.write(f"error: {exc}; stopped at once (exit 3)\n")
+        sys.stderr.flush()
+    finally:
+        os._exit(3)
 
 
 class LockHeld(StorageError):
@@ -93,16 +156,28 @@ def _provably_dead(claim: dict[str, Any]) -> bool:
 class LaunchLock:
     """The lock of one sweep under one results root (a ``ResultStore``'s filesystem and base path)."""
 
-    def __init__(self, fs: pafs.FileSystem, base: str, sweep: str, *, local: bool, ttl_s: float = DEFAULT_TTL_S,
-                 settle_s: float = DEFAULT_SETTLE_S, where: str | None = None):
+    def __init__(self, fs: pafs.FileSystem, base: str, sweep: str, *, local: bool, ttl_s: float | None = None,
+                 settle_s: float = DEFAULT_SETTLE_S, where: str | None = None,
+                 on_lost: Callable[[LeaseLost], None] | None = None,
+                 on_expiry: Callable[[LeaseLost], None] = _exit_now):
+        """``ttl_s`` None: :func:`lease_ttl_s`. ``on_lost(exc)`` is called (from the renewal thread)
+        when the lease is lost; ``on_expiry(exc)`` when it is about to lapse while still held
+        (default: exit 3 at once). Both only for an object store's lease."""
         self.fs, self.base, self.sweep, self.local = fs, base.rstrip("/"), sweep, local
-        self.ttl_s, self.settle_s = ttl_s, settle_s
+        self.ttl_s, self.settle_s = (lease_ttl_s() if ttl_s is None else ttl_s), settle_s
         self.where = where or base
         self.token = uuid.uuid4().hex
         self._fd: int | None = None
         self._claim: str | None = None
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
+        self._on_lost, self._on_expiry = on_lost, on_expiry
+        #: Set when the lease could not be renewed in time (:meth:`check` raises then).
+        self.lost = threading.Event()
+        self._lost: LeaseLost | None = None
+        self._last_ok = 0.0  # time.monotonic() at the start of the last successful write of the lease
+        self._last_error = "no answer from the store"
+        self._puts: ThreadPoolExecutor | None = None
 
     # -- public -------------------------------------------------------------------------------------
     def acquire(self) -> LaunchLock:
@@ -120,15 +195,31 @@ class LaunchLock:
             os.close(self._fd)
             self._fd = None
         if self._claim is not None:
-            self._stop.set()
+            self._stop.set()  # no renewal, no deadline from here on
             if self._renewer is not None:
                 self._renewer.join(timeout=5)
-            for path in (self._claim, self._claim[: -len(".json")] + ".beat"):
-                try:
-                    self.fs.delete_file(path)
-                except OSError:
-                    pass  # absent, or an unreachable store: the lease expires by itself
-            self._claim = None
+            claim, self._claim = self._claim, None
+
+            def delete() -> None:
+                for path in (claim, claim[: -len(".json")] + ".beat"):
+                    try:
+                        self.fs.delete_file(path)
+                    except OSError:
+                        pass  # absent, or an unreachable store: the lease expires by itself
+
+            # A frozen store must not hold the launch up: the deletes get a few seconds, then the
+            # lease is left to expire by itself.
+            deleter = threading.Thread(target=delete, name=f"lease-release-{self.sweep}", daemon=True)
+            deleter.start()
+            deleter.join(timeout=min(10.0, self.ttl_s / 4))
+            if self._puts is not None:
+                self._puts.shutdown(wait=False, cancel_futures=True)
+                self._puts = None
+
+    def check(self) -> None:
+        """Raise :class:`LeaseLost` when the lease could not be renewed in time (the launch must stop)."""
+        if self._lost is not None:
+            raise self._lost
 
     def __enter__(self) -> LaunchLock:
         return self.acquire()
@@ -141,8 +232,11 @@ class LaunchLock:
         import fcntl
 
         path = f"{self.base}/_state/locks/sweep={self.sweep}.lock"
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:  # a read-only file system, no permission, a full disk: nothing written
+            raise StorageFault(path, f"cannot take the launch lock: {exc.strerror or exc}. Nothing was written") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -174,9 +268,11 @@ class LaunchLock:
         return f"{self.base}/_state/locks/sweep={self.sweep}"
 
     def _write_claim(self, path: str) -> None:
+        started = time.monotonic()
         body = {**_me(self.token), "written_at": time.time(), "expires_at": time.time() + self.ttl_s}
         with self.fs.open_output_stream(path) as out:
             out.write(json.dumps(body).encode())
+        self._last_ok = started
 
     def _read_json(self, path: str) -> dict[str, Any] | None:
         try:
@@ -204,6 +300,10 @@ class LaunchLock:
         return sorted(out, key=lambda c: c[0])
 
     def _acquire_lease(self) -> None:
+        bucket = self.base.split("/", 1)[0]  # an object store's path starts with its bucket
+        if bucket and self.fs.get_file_info(bucket).type == pafs.FileType.NotFound:
+            raise StorageError(f"--results {self.where}: there is no bucket {bucket!r} (or these credentials "
+                               "cannot see it); create it first, swapcheck creates no buckets. Nothing was written")
         self.fs.create_dir(self._claims_dir(), recursive=True)
         mine = f"{self._claims_dir()}/{self.token}.json"
         self._write_claim(mine)
@@ -220,16 +320,63 @@ class LaunchLock:
             raise LockHeld(self.sweep, self.where, holder)
         self._claim = mine
         self._stop.clear()
+        self.lost.clear()
+        self._lost = None
+        self._puts = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"lease-put-{self.sweep}")
         self._renewer = threading.Thread(target=self._renew, name=f"lease-{self.sweep}", daemon=True)
         self._renewer.start()
 
+    def _beat(self, claim: str) -> float:
+        """Write the heartbeat (the lease's new expiry); return when it started (``time.monotonic``)."""
+        started = time.monotonic()
+        with self.fs.open_output_stream(claim[: -len(".json")] + ".beat") as out:
+            out.write(json.dumps({"expires_at": time.time() + self.ttl_s}).encode())
+        return started
+
     def _renew(self) -> None:
-        while not self._stop.wait(self.ttl_s / 3):
-            claim = self._claim
-            if claim is None:
+        """Renew every ``ttl_s / 6``; declare the lease lost, then stop the process, when renewals
+        fail past the deadlines (module docstring). Never waits on a put past the next deadline."""
+        ttl = self.ttl_s
+        next_at = self._last_ok + ttl * RENEW_EVERY
+        pending: Future[float] | None = None
+        pending_since = 0.0
+        while not self._stop.is_set():
+            claim, puts = self._claim, self._puts
+            if claim is None or puts is None:
                 return
-            try:
-                with self.fs.open_output_stream(claim[: -len(".json")] + ".beat") as out:
-                    out.write(json.dumps({"expires_at": time.time() + self.ttl_s}).encode())
-            except OSError:
-                continue  # retried at the next tick; the lease lasts ttl_s
+            now = time.monotonic()
+            lost_at, expiry_at = self._last_ok + ttl * LOST_AFTER, self._last_ok + ttl * EXPIRY_STOP_AFTER
+            if pending is not None and not pending.done():
+                self._last_error = f"the store has not answered a renewal for {now - pending_since:.0f} s"
+            if now >= lost_at and self._lost is None:
+                self._declare(now, self._on_lost)
+            if now >= expiry_at:
+                self._declare(now, self._on_expiry)
+                return
+            if pending is None and now >= next_at:
+                try:
+                    pending, pending_since = puts.submit(self._beat, claim), now
+                except RuntimeError:  # released meanwhile
+                    return
+            deadline = min(expiry_at, lost_at if self._lost is None else expiry_at)
+            if pending is not None:
+                wait_futures([pending], timeout=max(0.0, deadline - now))
+                if not pending.done():
+                    continue  # a deadline came first: handled at the top of the loop
+                try:
+                    self._last_ok = max(self._last_ok, pending.result())
+                    next_at = self._last_ok + ttl * RENEW_EVERY
+                except Exception as exc:  # noqa: BLE001 - any failure of the put: try again soon
+                    self._last_error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}"
+                    next_at = time.monotonic() + ttl * RETRY_EVERY
+                pending = None
+                continue
+            self._stop.wait(max(0.0, min(next_at, deadline) - now))
+
+    def _declare(self, now: float, action: Callable[[LeaseLost], None] | None) -> None:
+        exc = LeaseLost(self.sweep, self.where, now - self._last_ok, self.ttl_s, f"last error: {self._last_error}")
+        if self._lost is None:
+            self._lost = exc
+            self.lost.set()
+        if action is not None and not self._stop.is_set():
+            action(exc)

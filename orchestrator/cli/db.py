@@ -64,6 +64,13 @@ def _check_out(out_file: Path, store: ResultStore, results: str, force: bool) ->
     """Refuse an ``--out`` inside the results tree, or over a file that is not a previous export."""
     from orchestrator.errors import UsageError
 
+    if not store.local and out_file.suffix.lower() != ".sql":
+        # A database export binds its views as it creates them: DuckDB would have to read the objects
+        # itself, through its httpfs extension (a download from the network) and credentials of its own.
+        raise UsageError(f"--out {out_file}: a DuckDB database of views can only be written over local results; "
+                         f"{results} is an object store, which DuckDB reads only through its httpfs extension and a "
+                         "secret of its own. Write the SQL instead (--out views.sql) and run it in a duckdb shell "
+                         "with httpfs loaded and a secret (CREATE SECRET). Nothing was written")
     target = Path(os.path.abspath(out_file))
     if store.local:
         root = Path(os.path.realpath(store.base))
