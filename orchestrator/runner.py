@@ -229,9 +229,12 @@ def launch(
 
     Everything that can refuse (the spec, its predictions, GPUs, units no node can hold, another
     launcher holding the sweep's lock) refuses before the first write. ``repair`` first moves the
-    units that ``swapcheck sweep verify`` finds damaged aside, so exactly those are recomputed.
+    units that ``swapcheck sweep verify`` finds damaged aside, so exactly those are recomputed, and
+    rebuilds a damaged or lost ledger file from its unit's result files where they carry its row.
+    A damaged ledger file never stops a launch: its unit counts as not done and is recomputed.
     ``on_event(kind, info)`` receives ``cluster`` (``Connection.info()``: which Ray, what it has;
-    before anything is submitted), ``start`` (total, pending), ``unit`` (one finished unit's
+    before anything is submitted), ``message`` (``level`` warning or note, one ``line``: a damaged
+    ledger file, rebuilt ledger rows), ``start`` (total, pending), ``unit`` (one finished unit's
     summary) and ``end`` events, for progress display.
     """
     from orchestrator import prereg
@@ -274,10 +277,19 @@ def launch(
                 if repair:
                     from storage import verify
 
-                    verify.repair(store, plan.sweep, verify.damaged_units(store, plan.sweep))
+                    problems = verify.verify(store, plan.sweep)
+                    fixed = verify.repair(store, plan.sweep, verify.damaged_units(store, plan.sweep, problems),
+                                          problems=problems, reconstruct=True)
+                    if fixed.rebuilt:
+                        emit("message", {"level": "note", "line": (
+                            f"rebuilt the ledger rows of {len(fixed.rebuilt)} unit(s) from their committed result "
+                            f"files (e.g. {fixed.rebuilt[0]}); damaged ledger files kept under {fixed.quarantine}")})
                 write_sweep_record(store, spec, plan)
                 prereg.write_registrations(store, plan.sweep, prereg_rows)
-                done = store.done_units(plan.sweep)
+                ledger = store.read_ledger(plan.sweep)  # damaged entries: not done, recomputed, named
+                for line in ledger.warnings(str(results)):
+                    emit("message", {"level": "warning", "line": line})
+                done = ledger.done()
             except OSError as exc:
                 raise StorageFailure(f"cannot write under {store.root}: {exc}. Nothing was run.") from None
             pending = [u for u in plan.units if u.id not in done]
@@ -452,9 +464,10 @@ def _ready(in_flight: dict[Any, Unit], stop: StopSignals, timeout: float = POLL_
         # wait per finished unit would cost O(window) per unit.
         if ready and rest:
             ready += ray.wait(rest, num_returns=len(rest), timeout=0)[0]
-    except (SystemError, Terminated):
+    except (SystemError, Terminated, KeyboardInterrupt):
         # A handler that raised inside Ray's wait (only a foreign one can: ours records while the
-        # runner waits) surfaces as SystemError; while stopping it is the stop, not a fault.
+        # runner waits) surfaces as SystemError from Ray's core, or as itself from Ray's Python;
+        # while stopping it is the stop, not a fault.
         if stop.signum is None:
             raise
         return []
