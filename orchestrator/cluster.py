@@ -360,9 +360,13 @@ def session_dir() -> str | None:
 
 def keep_session(reason: object) -> None:
     """Keep the embedded instance's session directory when the process ends (a failure: its logs are
-    for debugging); a note on stderr says where. An exit status 0 (``typer.Exit(0)``) is no failure."""
-    if getattr(reason, "exit_code", 1) == 0:
-        return
+    for debugging); a note on stderr says where. ``reason`` is a line, or the exception a command
+    ends with: one that exits 0, or 2 (bad input, refused before anything ran), keeps nothing."""
+    if isinstance(reason, BaseException):
+        from orchestrator.errors import exit_code_for
+
+        if getattr(reason, "exit_code", None) == 0 or exit_code_for(reason) == 2:
+            return
     if _session["dir"] is not None and _session["keep"] is None:
         _session["keep"] = reason if isinstance(reason, str) else type(reason).__name__
 

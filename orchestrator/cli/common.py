@@ -105,6 +105,9 @@ def user_errors() -> Iterator[None]:
     try:
         yield
     except Exception as exc:
+        from orchestrator.cluster import keep_session
+
+        keep_session(exc)  # a failed command keeps the embedded Ray instance's logs, and says where
         code = exit_code_for(exc)
         if code is None:
             raise
