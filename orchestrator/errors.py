@@ -126,6 +126,9 @@ class Interrupted(SwapcheckError):
 
 def exit_code_for(exc: BaseException) -> int | None:
     """The exit code of an error a user should see as a message (tables above); None for a bug."""
+    cause = _task_cause(exc)
+    if cause is not None:  # a Ray task's exception: what it wraps decides (it is also of the cause's class)
+        return exit_code_for(cause)
     if isinstance(exc, SwapcheckError):
         return exc.exit_code
     if isinstance(exc, StorageFault):  # the results tree failed: a fault of storage, not bad input
@@ -146,14 +149,23 @@ def foreign_exit_code(exc: BaseException) -> int | None:
     ray_exceptions = sys.modules.get("ray.exceptions")
     if ray_exceptions is not None and isinstance(exc, ray_exceptions.RayError):
         if isinstance(exc, ray_exceptions.RayTaskError):  # the task's own exception decides
-            cause = exc.cause
-            return exit_code_for(cause) if isinstance(cause, BaseException) else None
+            cause = _task_cause(exc)
+            return exit_code_for(cause) if cause is not None else None
         return 3
     duckdb = sys.modules.get("duckdb")
     if duckdb is not None and isinstance(exc, duckdb.IOException | duckdb.OutOfMemoryException
                                          | duckdb.ConnectionException):
         return 3
     return None
+
+
+def _task_cause(exc: BaseException) -> BaseException | None:
+    """The exception a Ray task raised, when ``exc`` is Ray's ``RayTaskError`` wrapping it; else None."""
+    ray_exceptions = sys.modules.get("ray.exceptions")
+    if ray_exceptions is None or not isinstance(exc, ray_exceptions.RayTaskError):
+        return None
+    cause = getattr(exc, "cause", None)
+    return cause if isinstance(cause, BaseException) and cause is not exc else None
 
 
 def _origin(exc: BaseException) -> str:
@@ -170,11 +182,11 @@ def user_message(exc: BaseException) -> str:
     """The message a user sees for ``exc``: swapcheck's own errors as written (a spec error lists its
     problems); a library's fault as one line: what failed, the type and the first line of its
     message (bounded), never a traceback (``-v`` shows it)."""
+    cause = _task_cause(exc)
+    if cause is not None:
+        return user_message(cause)  # a worker's exception, not Ray's wrapping of it (with its traceback)
     if isinstance(exc, SwapcheckError | InputError):
         return str(exc)
-    ray_exceptions = sys.modules.get("ray.exceptions")
-    if ray_exceptions is not None and isinstance(exc, ray_exceptions.RayTaskError) and isinstance(exc.cause, BaseException):
-        return user_message(exc.cause)  # a worker's exception, not Ray's wrapping of it (its traceback)
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     first = lines[0] if lines else ""
     if len(first) > MAX_CAUSE:
