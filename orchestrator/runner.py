@@ -68,6 +68,8 @@ class StopSignals:
         self.received: list[int] = []
         self.deferring = False
         self._previous: dict[int, Any] = {}
+        #: What a stop says was committed (set once the launch knows its plan and store).
+        self.committed: Callable[[], str] = lambda: "nothing was run"
 
     @property
     def signum(self) -> int | None:
@@ -75,13 +77,17 @@ class StopSignals:
         return self.received[0] if self.received else None
 
     def install(self) -> None:
-        """Take SIGINT and SIGTERM (after ``ray.init``, which installs handlers of its own); main thread only."""
+        """Take SIGINT and SIGTERM (main thread only); again after ``ray.init``, which replaces the
+        SIGTERM handler with its own. :meth:`restore` puts back what each replaced last."""
         import threading
 
-        if self._previous or threading.current_thread() is not threading.main_thread():
+        if threading.current_thread() is not threading.main_thread():
             return
         for signum in (signal.SIGINT, signal.SIGTERM):
-            self._previous[signum] = signal.signal(signum, self._handle)
+            current = signal.getsignal(signum)
+            if current != self._handle:
+                self._previous[signum] = current
+                signal.signal(signum, self._handle)
 
     def restore(self) -> None:
         for signum, previous in self._previous.items():
@@ -237,6 +243,19 @@ def launch(
     ledger file, rebuilt ledger rows), ``start`` (total, pending), ``unit`` (one finished unit's
     summary) and ``end`` events, for progress display.
     """
+    stop = StopSignals()
+    stop.install()  # from the start: a signal before Ray is up stops as cleanly as one after
+    try:
+        return _launch(spec, results, address, num_cpus, on_event, repair, connect_timeout_s, stop)
+    except Terminated as term:
+        raise _interrupted(term.signum, stop.committed()) from None
+    finally:
+        stop.restore()
+
+
+def _launch(spec: LoadedSpec, results: str | Path, address: str | None, num_cpus: int | None,
+            on_event: Callable[[str, dict[str, Any]], None] | None, repair: bool, connect_timeout_s: float,
+            stop: StopSignals) -> LaunchSummary:
     from orchestrator import prereg
     from orchestrator.cluster import Connection, connect, resolve_address
     from storage.lock import LaunchLock
@@ -244,6 +263,7 @@ def launch(
     emit = on_event or (lambda kind, info: None)
     plan = make_plan(spec)
     store = open_store(results)
+    stop.committed = lambda: committed_line(store, plan)
     check_sweep_identity(store, plan)
     # Predictions are validated and hashed before anything is written or run.
     prereg_rows = prereg.plan_registration(store, plan.sweep, spec.prereg_paths)
@@ -256,12 +276,10 @@ def launch(
             # The embedded instance has this machine's GPUs only: refuse before writing anything.
             check_gpu_resources(pending, Connection(True, "embedded", 0), have_gpus=0)
     conn = None
-    stop = StopSignals()
     try:
         if pending or repair:
-            conn = connect(address, num_cpus, timeout_s=connect_timeout_s)
+            conn = _connect(connect, address, num_cpus, connect_timeout_s, stop)
             emit("cluster", conn.info())
-            stop.install()
             check_gpu_resources(pending, conn)
             check_placeable(pending, _node_resources(), conn)
 
@@ -297,21 +315,31 @@ def launch(
             emit("start", {"total": len(plan.units), "pending": len(pending), "skipped": summary.n_skipped})
             if pending:
                 if conn is None:
-                    conn = connect(address, num_cpus, timeout_s=connect_timeout_s)
+                    conn = _connect(connect, address, num_cpus, connect_timeout_s, stop)
                     emit("cluster", conn.info())
-                    stop.install()
                 _run_launch(spec, plan, store, pending, str(results), summary, emit, conn, stop)
             summary.seconds = time.perf_counter() - t0
         finally:
             lock.release()
     except Terminated as term:  # before any unit was submitted (or after the last one settled)
         raise _interrupted(term.signum, committed_line(store, plan)) from None
-    finally:
-        stop.restore()
     if stop.signum is not None:  # a signal after the last unit settled: still an interrupted launch
         raise _interrupted(stop.signum, committed_line(store, plan))
     emit("end", {"summary": summary})
     return summary
+
+
+def _connect(connect: Callable[..., Any], address: str | None, num_cpus: int | None, timeout_s: float,
+             stop: StopSignals) -> Any:
+    """``cluster.connect``, then this launch's handlers again (``ray.init`` replaced the SIGTERM one)."""
+    try:
+        conn = connect(address, num_cpus, timeout_s=timeout_s)
+    except SystemExit as exc:
+        if exc.code == signal.SIGTERM:  # Ray's own handler, while ray.init ran: sys.exit(SIGTERM)
+            raise Terminated(signal.SIGTERM) from None
+        raise
+    stop.install()
+    return conn
 
 
 def _interrupted(signum: int, committed: str) -> Interrupted:

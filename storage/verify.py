@@ -151,8 +151,12 @@ def _read(store: ResultStore, rel: str) -> tuple[bytes | None, pa.Table | None, 
 
 
 def _parse(data: bytes) -> tuple[pa.Table | None, str]:
+    """The table in ``data`` (every page checksum verified), its schema metadata holding the file's
+    key-value metadata; or None and why not."""
     try:
-        return pq.read_table(pa.BufferReader(data), page_checksum_verification=True), ""
+        pf = pq.ParquetFile(pa.BufferReader(data), page_checksum_verification=True)
+        t = pf.read(use_threads=False)
+        return t.replace_schema_metadata({**(t.schema.metadata or {}), **(pf.metadata.metadata or {})}), ""
     except Exception as exc:  # noqa: BLE001 - any decoding error means "not readable as Parquet"
         first = str(exc).split(". ")[0].split("': ", 1)[-1]  # Arrow names the buffer first: drop that
         return None, f"not readable as Parquet: {first[:160]}"
@@ -441,7 +445,7 @@ def _verify_sweep(store: ResultStore, sweep: str, tables: list[str]) -> list[Pro
                 problems += _check_legacy(store, sweep, unit, list(row["tables"] or []))
             continue
         if ok and not row["files"] and (row["tables"] or (row["rows"] or 0) > 0):
-            problems.append(Problem(sweep, unit, None, _rel("units", sweep, unit), "no_records",
+            problems.append(Problem(sweep, unit, "units", _rel("units", sweep, unit), "no_records",
                                     f"ledger row says ok with {row['rows']} rows in {row['tables']} but records no files"))
         for i, rec in enumerate(row["files"]):
             what = _Seen()

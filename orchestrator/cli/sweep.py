@@ -188,6 +188,11 @@ class UnitProgress:
             again = " (SIGINT/SIGTERM again: stop waiting)" if info["why"].startswith("SIG") else ""
             note(f"{info['why']}: stopping; cancelled {plural(info['in_flight'], 'unit')} in flight, waiting up to "
                  f"{info['grace_s']:g} s for them to settle{again}")
+        elif kind == "message":  # a damaged ledger file, rebuilt ledger rows (orchestrator.runner.launch)
+            if info["level"] == "warning":
+                err.print(f"[bold yellow]warning:[/] {escape(info['line'])}", highlight=False)
+            else:
+                note(info["line"])
         elif kind == "end":
             self.stop()
 
