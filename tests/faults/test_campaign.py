@@ -60,7 +60,7 @@ def _key(row: dict[str, Any]) -> tuple[Any, ...]:
 
 
 def _read(root: Path) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], list[str]]:
-    """(kdepth rows, units rows (sweep, unit, status, damaged), warnings) as a reader sees them: every
+    """(kdepth rows, units rows (sweep, unit, status, damaged) and spec records, warnings) as a reader sees them: every
     row of every sweep (a stray sweep's rows count), plus, per unit, the count of a query filtered on
     ``unit_id`` (which row-group statistics could prune)."""
     from storage.catalog import Catalog
@@ -71,13 +71,14 @@ def _read(root: Path) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], lis
         for u in sorted({r["unit_id"] for r in units}):
             n = cat.query("SELECT count(*) AS n FROM kdepth WHERE unit_id = $u", u=u).column("n")[0].as_py()
             kd.append((("pruned-count", u), ("n", n)))
-        return kd, [_key(r) for r in units], list(cat.warnings)
+        sweeps = [_key(r) for r in cat.query("SELECT * FROM sweeps").to_pylist()]
+        return kd, [_key(r) for r in units] + sweeps, list(cat.warnings)
 
 
 @pytest.fixture(scope="module")
 def clean(launched: tuple[Path, Path]) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
     kd, units, warnings = _read(launched[1])
-    assert not warnings and len(units) == 6 and kd
+    assert not warnings and len(units) == 6 + 1 and kd
     return kd, units
 
 
@@ -183,7 +184,52 @@ def _stale_temporary(root: Path) -> tuple[str, str]:
     return str(tmp.relative_to(root)), unit
 
 
+def _sweep_file(table: str, how: str) -> Callable[[Path], tuple[str, str]]:
+    """The sweep's spec record (``sweeps``) or its launch record (``launches``), damaged."""
+    def apply(root: Path) -> tuple[str, str]:
+        p = sorted((root / f"table={table}/sweep={SWEEP}").glob("*.parquet"))[0]
+        DAMAGE[how](p)
+        return str(p.relative_to(root)), SWEEP
+    return apply
+
+
+def _ledger_edit(field: str, change: Callable[[dict[str, Any], Path], None]) -> Callable[[Path], tuple[str, str]]:
+    """Unit 0's ledger row rewritten through the store (a valid file, valid checksums) with one field
+    changed: the ledger no longer agrees with the files it names."""
+    def apply(root: Path) -> tuple[str, str]:
+        from storage.store import ResultStore
+
+        unit = _unit(root, 0)
+        store = ResultStore(root)
+        row = store.ledger_records(SWEEP)[unit]
+        change(row, root)
+        store.record_unit(SWEEP, row)
+        return str(_path(root, "units", unit).relative_to(root)), unit
+    return apply
+
+
+def _kdepth_record(row: dict[str, Any]) -> dict[str, Any]:
+    return next(r for r in row["files"] if r["table"] == "kdepth")
+
+
+LEDGER_EDITS: dict[str, Callable[[dict[str, Any], Path], None]] = {
+    "status-failed": lambda row, root: row.update(status="failed", error="forged"),
+    "sha256": lambda row, root: _kdepth_record(row).update(sha256="0" * 64),
+    "rows": lambda row, root: _kdepth_record(row).update(rows=_kdepth_record(row)["rows"] + 1),
+    "bytes": lambda row, root: _kdepth_record(row).update(bytes=_kdepth_record(row)["bytes"] - 1),
+    "record-dropped": lambda row, root: row.update(files=[r for r in row["files"] if r["table"] != "kdepth"]),
+    "record-doubled": lambda row, root: row.update(files=[*row["files"], _kdepth_record(row)]),
+    "another-units-file": lambda row, root: _kdepth_record(row).update(
+        path=str(_path(root, "kdepth", _unit(root, 1)).relative_to(root))),
+}
+
 CASES: dict[str, Callable[[Path], tuple[str, str]]] = {
+    **{f"ledger-edit-{name}": _ledger_edit(name, edit) for name, edit in LEDGER_EDITS.items()},
+    **{f"{table}-{how}": _sweep_file(table, how) for table in ("sweeps", "launches")
+       for how in ("deleted", "garbage", "truncated-half", "flip-data-page", "flip-statistic")},
+    "attempts-deleted": lambda root: (shutil.rmtree(root / "_state/attempts"), ("_state/attempts", SWEEP))[1],
+    "lock-garbage": lambda root: ((root / f"_state/locks/sweep={SWEEP}.lock").write_bytes(os.urandom(64)),
+                                  (f"_state/locks/sweep={SWEEP}.lock", SWEEP))[1],
     **{f"{table}-{how}-{'first' if which == 0 else 'last'}": _damage(table, how, which)
        for table in ("kdepth", "units") for how in DAMAGE for which in (0, -1)},
     "kdepth-swapped": _swap("kdepth"),
@@ -199,7 +245,7 @@ CASES: dict[str, Callable[[Path], tuple[str, str]]] = {
 }
 #: Cases that leave every file a reader could take for a result as it was: nothing for verify to name
 #: beyond a notice (a stale temporary is reported as one, and removed by the next launch).
-QUIET = {"stray-stale-temporary"}
+QUIET = {"stray-stale-temporary", "attempts-deleted", "lock-garbage", "launches-deleted"}
 
 
 @pytest.fixture(params=sorted(CASES))
