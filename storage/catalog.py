@@ -54,7 +54,7 @@ import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from storage.errors import PathEscape, QueryError
+from storage.errors import PathEscape, QueryError, StorageError
 from storage.schemas import TABLES, UNITS, UNMANAGED_TABLES
 from storage.store import ResultStore, open_store
 
@@ -155,45 +155,183 @@ class _Want:
     unit: tuple[str, str] | None = None  # (sweep, unit_id) of the ok ledger row naming it
     rows: int | None = None
     size: int | None = None
+    sha256: str | None = None  # the ledger's; None: a legacy row, or a table no ledger row names
+
+    @property
+    def stem(self) -> str:
+        return self.rel.rsplit("/", 1)[1][: -len(".parquet")]
 
 
 @dataclass
 class _Bound:
-    """What a catalog binds: each table's readable files, the ledger rows, and the warnings."""
+    """What a catalog binds: each table's files, what was read at open, the ledger, the warnings."""
 
-    files: dict[str, list[_Want]] = field(default_factory=dict)  # "units": the readable ledger files
-    ledger: list[pa.Table] = field(default_factory=list)  # _LEDGER_CHECKED columns + sweep
+    #: table -> the files its view reads: the verified result files, the counted ledger files (``units``),
+    #: the checked files of the other tables (``swapcheck db`` names them all).
+    files: dict[str, list[_Want]] = field(default_factory=dict)
+    #: table -> rows read whole at open (bytes read once, parsed from memory): ``units`` and the other
+    #: tables no ledger row names, and the files of a result table that no SHA-256 identifies (legacy rows).
+    memory: dict[str, pa.Table] = field(default_factory=dict)
+    ledger: pa.Table | None = None  # every counted ledger row: UNITS + sweep
     lost: list[dict[str, Any]] = field(default_factory=list)  # units whose ledger file is unreadable
     damaged: dict[tuple[str, str], str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    sweeps: set[str] = field(default_factory=set)  # sweeps with a ledger or a spec record
+    hashed: int = 0  # files hashed at open (not found in the verified-files cache)
 
 
-#: The ledger columns read at open (the rest are read by queries of the ``units`` view).
-_LEDGER_CHECKED = ["unit_id", "status", "tables", "files"]
-
-
-def _parallel(fn: Callable[[_T], _R], items: list[_T], threads: bool) -> list[_R]:
-    """``fn`` over ``items`` in order; on threads for a remote store (each read waits on the network)."""
+def _parallel(fn: Callable[[_T], _R], items: list[_T], threads: bool = True) -> list[_R]:
+    """``fn`` over ``items`` in order; on threads when there are many (hashing, remote reads and
+    Parquet decoding release the GIL)."""
     if not threads or len(items) < 16:
         return [fn(i) for i in items]
     with ThreadPoolExecutor(max_workers=8) as pool:
         return list(pool.map(fn, items))
 
 
+def _conform(t: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``t`` with exactly ``schema``'s columns, in order (absent ones NULL); raises when one cannot be cast."""
+    return pa.Table.from_arrays(
+        [t.column(f.name).cast(f.type) if f.name in t.column_names else pa.nulls(len(t), f.type) for f in schema],
+        schema=schema)
+
+
+# -- the verified-files cache ------------------------------------------------------------------------
+
+def cache_dir() -> Path | None:
+    """``$XDG_CACHE_HOME/swapcheck`` (an absolute ``XDG_CACHE_HOME`` only, as the XDG spec says), else
+    ``~/.cache/swapcheck``; None when there is no home directory."""
+    import os
+
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    if os.path.isabs(xdg):
+        return Path(xdg) / "swapcheck"
+    try:
+        return Path.home() / ".cache" / "swapcheck"
+    except (RuntimeError, KeyError):
+        return None
+
+
+class VerifiedFiles:
+    """Which files of one results root were hashed and matched the ledger's SHA-256, and under what
+    identity: locally (size, mtime_ns, ctime_ns, inode, device), on an object store (size, mtime_ns:
+    pyarrow's file systems expose no ETag). A file whose identity is unchanged since it matched need
+    not be hashed again; any write changes the ctime (which no user call can set back) and a replace
+    the inode, so a rewrite with mtime and size restored is still hashed again.
+
+    One JSON file per results root under :func:`cache_dir` (``verified/<key>.json``, the key a hash
+    of the root, which the file does not name), outside the results tree, written atomically
+    (temporary, then ``os.replace``). It is an optimisation only: unreadable or unwritable (a
+    read-only home), it is ignored and every file is hashed; it never makes a file trusted that the
+    ledger does not name with that SHA-256.
+    """
+
+    VERSION = 1
+
+    def __init__(self, store: ResultStore) -> None:
+        import hashlib
+        import os
+
+        self.store = store
+        root = os.path.realpath(store.base) if store.local else f"{type(store.fs).__name__}:{store.base}"
+        key = hashlib.sha256(root.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+        folder = cache_dir()
+        self.path = folder / "verified" / f"{key}.json" if folder is not None else None
+        self._old = self._load()
+        self._new: dict[str, dict[str, Any]] = {}
+        self._lock = __import__("threading").Lock()
+
+    def _load(self) -> dict[str, Any]:
+        import json
+
+        if self.path is None:
+            return {}
+        try:
+            data = json.loads(self.path.read_bytes())
+        except (OSError, ValueError):
+            return {}
+        files = data.get("files") if isinstance(data, dict) and data.get("version") == self.VERSION else None
+        return files if isinstance(files, dict) else {}
+
+    def identity(self, rel: str, info: pafs.FileInfo | None) -> list[Any] | None:
+        """What must not have changed since a file was hashed for that hash to still be its content."""
+        import os
+
+        if self.store.local:
+            try:
+                st = os.stat(f"{self.store.base}/{rel}")
+            except OSError:
+                return None
+            return _local_identity(st)
+        if info is None or info.size is None or info.mtime_ns is None:
+            return None
+        return ["object", int(info.size), int(info.mtime_ns)]
+
+    def known(self, rel: str, identity: list[Any] | None, sha256: str) -> bool:
+        """Whether ``rel`` was hashed to ``sha256`` and has not changed since (same identity)."""
+        entry = self._old.get(rel)
+        return (identity is not None and isinstance(entry, dict) and entry.get("sha256") == sha256
+                and entry.get("identity") == identity)
+
+    def add(self, rel: str, identity: list[Any] | None, sha256: str) -> None:
+        if identity is not None:
+            with self._lock:
+                self._new[rel] = {"identity": identity, "sha256": sha256}
+
+    def save(self) -> None:
+        """Keep what this open verified (files no longer bound are dropped); never raises."""
+        import json
+        import os
+        import tempfile
+
+        if self.path is None or self._new == self._old:
+            return
+        tmp = None
+        try:
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump({"version": self.VERSION, "files": self._new}, fh, separators=(",", ":"))
+            os.replace(tmp, self.path)
+            tmp = None
+        except OSError:
+            pass  # an optimisation only: the next command hashes again
+        finally:
+            if tmp is not None:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+
+
+def _local_identity(st: Any) -> list[Any]:
+    return ["local", st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+
+
+# -- binding the views ------------------------------------------------------------------------------
+
+#: table -> what the file name of each file of that table (no ledger row names them) must equal:
+#: the column whose value (its first 20 characters for a pre-registration's hash) is the file's name.
+_NAMED_BY = {"units": "unit_id", "launches": "launch_id", "preregistrations": "sha256"}
+
+
 class _Binder:
-    """One pass over a results tree: list partitions once, read the ledger, check each file's metadata."""
+    """One pass over a results tree: list partitions once, read the ledger, check and identify each file."""
 
     def __init__(self, store: ResultStore, label: str) -> None:
         self.store = store
         self.verify = f"run `swapcheck sweep verify --results {label}`"
         self.out = _Bound()
+        self.cache = VerifiedFiles(store)
+        self.infos: dict[str, pafs.FileInfo] = {}
 
     def _abs(self, rel: str) -> str:
         return f"{self.store.base}/{rel}"
 
-    def _listing(self) -> dict[str, dict[str, dict[str, int | None]]]:
-        """table -> sweep -> {relative path: size} of every Parquet file, each table listed once."""
-        out: dict[str, dict[str, dict[str, int | None]]] = {}
+    def _listing(self) -> dict[str, dict[str, list[str]]]:
+        """table -> sweep -> the relative paths of its Parquet files (each table listed once; their
+        :class:`pyarrow.fs.FileInfo` kept in ``self.infos``)."""
+        out: dict[str, dict[str, list[str]]] = {}
         for table in TABLES:
             out[table] = {}
             for sweep in self.store.sweep_partitions(table):
@@ -202,48 +340,98 @@ class _Binder:
                     infos = self.store.fs.get_file_info(pafs.FileSelector(self._abs(rel_dir), allow_not_found=True))
                 except OSError:
                     infos = []
-                out[table][sweep] = {
-                    f"{rel_dir}/{i.base_name}": (int(i.size) if i.size is not None else None)
-                    for i in infos
-                    if i.type == pafs.FileType.File and i.base_name.endswith(".parquet")
-                    and not i.base_name.startswith(".")
-                }
+                files = out[table][sweep] = []
+                for i in infos:
+                    if i.type == pafs.FileType.File and i.base_name.endswith(".parquet") and not i.base_name.startswith("."):
+                        files.append(f"{rel_dir}/{i.base_name}")
+                        self.infos[files[-1]] = i
         return out
-
-    def _inspect(self, want: _Want, read: bool) -> tuple[str | None, pa.Table | None]:
-        """Why ``want`` must not be read (footer, rows, schema), or None; and its rows when ``read``."""
-        try:
-            with self.store.fs.open_input_file(self._abs(want.rel)) as fh:
-                pf = pq.ParquetFile(fh)
-                if want.rows is not None and pf.metadata.num_rows != want.rows:
-                    return f"holds {pf.metadata.num_rows} rows, the ledger recorded {want.rows}", None
-                found = pf.schema_arrow
-                problem = schema_problem(found, TABLES[want.table])
-                if not read or problem is not None:
-                    return problem, None
-                cols = [c for c in _LEDGER_CHECKED if c in found.names]
-                return None, pf.read(columns=cols, use_threads=False)
-        except FileNotFoundError:
-            return "missing (deleted?)", None
-        except Exception as exc:  # noqa: BLE001 - any unreadable file is damage, never a traceback
-            return f"not a readable Parquet file ({type(exc).__name__}: {str(exc).splitlines()[0][:160]})", None
 
     def _warn(self, rel: str, problem: str, consequence: str) -> None:
         self.out.warnings.append(f"{rel}: {problem}; {consequence}; {self.verify}")
 
-    def _check(self, wants: list[_Want], sizes: dict[str, int | None],
-               read: bool = False) -> list[tuple[_Want, pa.Table | None]]:
-        """The files of ``wants`` that pass the checks (with their rows when ``read``); a warning,
-        and a damaged unit, for each other."""
-        def inspect(w: _Want) -> tuple[str | None, pa.Table | None]:
-            if w.rel not in sizes:
+    def _hash(self, rel: str) -> tuple[str, list[Any] | None]:
+        """The SHA-256 of ``rel``'s bytes, and its identity while they were read (None if it changed)."""
+        import hashlib
+        import os
+
+        if self.store.local:
+            with open(self._abs(rel), "rb") as fh:
+                before = _local_identity(os.fstat(fh.fileno()))
+                digest = hashlib.file_digest(fh, "sha256").hexdigest()
+                after = _local_identity(os.fstat(fh.fileno()))
+            return digest, before if before == after else None
+        h = hashlib.sha256()
+        with self.store.fs.open_input_stream(self._abs(rel)) as stream:
+            while chunk := stream.read(1 << 20):
+                h.update(chunk)
+        return h.hexdigest(), self.cache.identity(rel, self.infos.get(rel))
+
+    def _identify(self, w: _Want) -> tuple[str | None, list[Any] | None]:
+        """Why ``w``'s bytes are not the ones the ledger recorded (or None), and its identity to cache."""
+        assert w.sha256 is not None
+        identity = self.cache.identity(w.rel, self.infos.get(w.rel))
+        if self.cache.known(w.rel, identity, w.sha256):
+            return None, identity
+        digest, identity = self._hash(w.rel)
+        with self.cache._lock:
+            self.out.hashed += 1
+        if digest != w.sha256:
+            return (f"its bytes are not the ones the ledger recorded (SHA-256 {digest[:12]}…, recorded "
+                    f"{w.sha256[:12]}…: rewritten or corrupted)"), None
+        return None, identity
+
+    def _read(self, w: _Want, whole: bool) -> tuple[str | None, pa.Table | None]:
+        """Why ``w`` must not be read (footer, rows, schema, name), or None; and, when ``whole``, all its
+        rows (with ``sweep``), from its bytes read once: a file replaced meanwhile is read either
+        whole before or whole after, never a footer of one and pages of the other."""
+        try:
+            with self.store.fs.open_input_file(self._abs(w.rel)) as fh:
+                pf = pq.ParquetFile(pa.BufferReader(fh.read_buffer()) if whole else fh, page_checksum_verification=True)
+                if w.rows is not None and pf.metadata.num_rows != w.rows:
+                    return f"holds {pf.metadata.num_rows} rows, the ledger recorded {w.rows}", None
+                problem = schema_problem(pf.schema_arrow, TABLES[w.table])
+                if not whole or problem is not None:
+                    return problem, None
+                t = pf.read(use_threads=False)
+            t = _conform(t.append_column("sweep", pa.array([w.sweep] * len(t), pa.string())),
+                         TABLES[w.table].append(pa.field("sweep", pa.string())))
+        except FileNotFoundError:
+            return "missing (deleted?)", None
+        except Exception as exc:  # noqa: BLE001 - any unreadable file is damage, never a traceback
+            return f"not a readable Parquet file ({type(exc).__name__}: {str(exc).splitlines()[0][:160]})", None
+        return None, t
+
+    def _check(self, wants: list[_Want], whole: bool | None = None) -> list[tuple[_Want, pa.Table | None]]:
+        """The files of ``wants`` that pass the checks, each with its rows when read whole (``whole``;
+        None: those no SHA-256 identifies); a warning, and a damaged unit, for each other.
+
+        The checks, cheapest first: listed, the recorded size, the recorded SHA-256 (or the
+        verified-files cache), then footer, row count and schema.
+        """
+        def check(w: _Want) -> tuple[str | None, pa.Table | None]:
+            info = self.infos.get(w.rel)
+            if info is None:
                 return "missing (deleted?)", None
-            if w.size is not None and sizes[w.rel] is not None and sizes[w.rel] != w.size:
-                return f"is {sizes[w.rel]} bytes, the ledger recorded {w.size}", None
-            return self._inspect(w, read)
+            if w.size is not None and info.size is not None and int(info.size) != w.size:
+                return f"is {info.size} bytes, the ledger recorded {w.size}", None
+            identity = None
+            if w.sha256 is not None:
+                try:
+                    problem, identity = self._identify(w)
+                except FileNotFoundError:
+                    return "missing (deleted?)", None
+                except OSError as exc:
+                    return f"unreadable ({type(exc).__name__}: {exc})", None
+                if problem is not None:
+                    return problem, None
+            problem, rows = self._read(w, whole if whole is not None else w.sha256 is None)
+            if problem is None and w.sha256 is not None:
+                self.cache.add(w.rel, identity, w.sha256)
+            return problem, rows
 
         good = []
-        for w, (p, rows) in zip(wants, _parallel(inspect, wants, threads=not self.store.local), strict=True):
+        for w, (p, rows) in zip(wants, _parallel(check, wants), strict=True):
             if p is None:
                 good.append((w, rows))
                 continue
@@ -254,20 +442,40 @@ class _Binder:
                 self._warn(w.rel, p, "skipped")
         return good
 
-    def _read_ledger(self, sizes: dict[str, dict[str, int | None]]) -> None:
-        """Read what the checks need of every ledger file; a damaged one is a warning and a
-        ``damaged`` row of its unit (``units`` shows the unit even though its row is lost)."""
+    def _named(self, w: _Want, t: pa.Table) -> str | None:
+        """Why a file no ledger row names is not the one record its name says (a copy, a misnamed
+        file), or None: exactly one row, whose ``unit_id`` / ``launch_id`` / hash is the file's name."""
+        if w.table == "sweeps":
+            if w.stem != "spec":
+                return "is not a sweep's spec record (spec.parquet)"
+        elif w.table in _NAMED_BY:
+            column = _NAMED_BY[w.table]
+            value = t.column(column)[0].as_py() if len(t) == 1 else None
+            value = value[:20] if w.table == "preregistrations" and isinstance(value, str) else value
+            if len(t) == 1 and value == w.stem:
+                return None
+            found = f"{len(t)} rows" if len(t) != 1 else f"{column} {str(value)[:80]!r}"
+            return f"holds {found}, not the one record its file name says (a copy or a misnamed file?)"
+        return None if len(t) == 1 else f"holds {len(t)} rows, not one"
+
+    def _read_ledger(self, listing: dict[str, list[str]]) -> None:
+        """Read every ledger file whole; a damaged one is a warning and a ``damaged`` row of its unit
+        (``units`` shows the unit even though its row is lost); a readable one counts only when it
+        holds exactly one row, of the unit its file name says (else a warning: never counted)."""
         wants = [_Want(rel, "units", sweep, (sweep, rel.rsplit("/", 1)[1][: -len(".parquet")]))
-                 for sweep, files in sizes.items() for rel in files]
-        good = self._check(wants, {rel: size for files in sizes.values() for rel, size in files.items()}, read=True)
-        self.out.files["units"] = [w for w, _ in good]
-        parts = [t.append_column("sweep", pa.array([w.sweep] * len(t), pa.string())) for w, t in good if t is not None]
-        if parts:
-            t = pa.concat_tables(parts, promote_options="permissive")
-            fields = [UNITS.field(c) for c in _LEDGER_CHECKED] + [pa.field("sweep", pa.string())]
-            self.out.ledger.append(pa.Table.from_arrays(
-                [t.column(f.name).cast(f.type) if f.name in t.column_names else pa.nulls(len(t), f.type)
-                 for f in fields], schema=pa.schema(fields)))
+                 for sweep, files in listing.items() for rel in files]
+        good = self._check(wants, whole=True)
+        counted = []
+        for w, t in good:
+            assert t is not None
+            problem = self._named(w, t)
+            if problem is None:
+                counted.append((w, t))
+            else:
+                self._warn(w.rel, problem, "not counted")
+        self.out.files["units"] = [w for w, _ in counted]
+        full = UNITS.append(pa.field("sweep", pa.string()))
+        self.out.ledger = pa.concat_tables([t for _, t in counted]) if counted else full.empty_table()
         read = {w.rel for w, _ in good}
         self.out.lost = [{"unit_id": w.unit[1], "status": "damaged", "sweep": w.sweep}
                          for w in wants if w.rel not in read and w.unit is not None]
@@ -275,71 +483,112 @@ class _Binder:
     def _expected(self) -> dict[str, list[_Want]]:
         """table -> the files ``ok`` ledger rows name (legacy rows: ``<unit_id>.parquet`` per table)."""
         out: dict[str, list[_Want]] = {t: [] for t in TABLES if t not in UNMANAGED_TABLES}
-        for t in self.out.ledger:
-            for row in t.select(["unit_id", "status", "tables", "files", "sweep"]).to_pylist():
-                if row["status"] != "ok":
+        assert self.out.ledger is not None
+        for row in self.out.ledger.select(["unit_id", "status", "tables", "files", "sweep"]).to_pylist():
+            if row["status"] != "ok":
+                continue
+            unit = (row["sweep"], row["unit_id"])
+            records = row["files"]
+            if records is None:
+                records = [{"table": tb, "path": f"table={tb}/sweep={row['sweep']}/{row['unit_id']}.parquet",
+                            "rows": None, "bytes": None, "sha256": None} for tb in row["tables"] or []]
+            for i, rec in enumerate(records):
+                table, rel = rec.get("table"), str(rec.get("path") or "")
+                try:  # the one check of a recorded path (storage.store.ResultStore.recorded): never followed
+                    self.store.recorded(row["sweep"], rec)
+                except PathEscape as exc:
+                    self.out.damaged.setdefault(unit, f"{rel}: path_escape: {exc.why}")
+                    field_name = f"files[{i}].path" if row["files"] is not None else "tables"
+                    self._warn(rel or "(empty path)", f"ledger row of unit {unit[1]}, {field_name}: path_escape: {exc}",
+                               f"not read, unit {unit[1]} of sweep {unit[0]} is marked damaged")
                     continue
-                unit = (row["sweep"], row["unit_id"])
-                records = row["files"]
-                if records is None:
-                    records = [{"table": tb, "path": f"table={tb}/sweep={row['sweep']}/{row['unit_id']}.parquet",
-                                "rows": None, "bytes": None} for tb in row["tables"] or []]
-                for i, rec in enumerate(records):
-                    table, rel = rec.get("table"), str(rec.get("path") or "")
-                    try:  # the one check of a recorded path (storage.store.ResultStore.recorded): never followed
-                        self.store.recorded(row["sweep"], rec)
-                    except PathEscape as exc:
-                        self.out.damaged.setdefault(unit, f"{rel}: path_escape: {exc.why}")
-                        field_name = f"files[{i}].path" if row["files"] is not None else "tables"
-                        self._warn(rel or "(empty path)", f"ledger row of unit {unit[1]}, {field_name}: path_escape: {exc}",
-                                   f"not read, unit {unit[1]} of sweep {unit[0]} is marked damaged")
-                        continue
-                    out[table].append(_Want(rel, table, row["sweep"], unit, rec.get("rows"), rec.get("bytes")))
+                out[table].append(_Want(rel, table, row["sweep"], unit, rec.get("rows"), rec.get("bytes"),
+                                        rec.get("sha256") or None))
         return out
+
+    def _unmanaged(self, table: str, listing: dict[str, list[str]], specs: set[str]) -> None:
+        """A table no ledger row names (spec records, launches, pre-registrations): read whole at open;
+        only a sweep's ``spec.parquet`` in ``sweeps``; elsewhere only the partitions of sweeps with a
+        spec record (``specs``), and only files holding the one record their name says."""
+        wants: list[_Want] = []
+        for sweep, files in sorted(listing.items()):
+            if table != "sweeps" and sweep not in specs:
+                if files:
+                    self._warn(f"table={table}/sweep={sweep}/", f"{len(files)} file(s) of a sweep with no spec record "
+                               f"(table=sweeps/sweep={sweep}/spec.parquet)", "not read")
+                continue
+            wants.extend(_Want(rel, table, sweep) for rel in files)
+        parts, files_ok = [], []
+        for w, t in self._check(wants, whole=True):
+            assert t is not None
+            problem = self._named(w, t)
+            if problem is not None:
+                self._warn(w.rel, problem, "not read")
+                continue
+            parts.append(t)
+            files_ok.append(w)
+        self.out.files[table] = files_ok
+        self.out.memory[table] = (pa.concat_tables(parts) if parts
+                                  else TABLES[table].append(pa.field("sweep", pa.string())).empty_table())
 
     def bind(self) -> _Bound:
         listing = self._listing()
         self._read_ledger(listing["units"])
         ledgered = set(listing["units"])  # sweeps that have a ledger (even an unreadable one)
+        self._unmanaged("sweeps", listing["sweeps"], set())
+        specs = {w.sweep for w in self.out.files["sweeps"]}
+        self.out.sweeps = ledgered | specs
+        for table in sorted(UNMANAGED_TABLES - {"units", "sweeps"}):
+            self._unmanaged(table, listing[table], specs)
         expected = self._expected()
         for table in TABLES:
-            if table == "units":
-                continue  # read above
-            flat = {rel: size for files in listing[table].values() for rel, size in files.items()}
-            wants = list({w.rel: w for w in reversed(expected.get(table, []))}.values())[::-1]  # once each
+            if table in UNMANAGED_TABLES:
+                continue
+            wants = list({w.rel: w for w in reversed(expected[table])}.values())[::-1]  # once each
             named = {w.rel for w in wants}
-            for sweep, files in listing[table].items():
+            for sweep, files in sorted(listing[table].items()):
+                if sweep not in ledgered:
+                    if files:
+                        self._warn(f"table={table}/sweep={sweep}/", f"{len(files)} file(s) of a sweep with no "
+                                   f"ledger (table=units/sweep={sweep}/): no ok ledger row names them", "not read")
+                    continue
                 for rel in files:
-                    if rel in named:
-                        continue
-                    if table in UNMANAGED_TABLES or sweep not in ledgered:
-                        wants.append(_Want(rel, table, sweep))  # nothing names these files: read them whole
-                    else:
+                    if rel not in named:
                         self._warn(rel, "not named by any ok ledger row (an orphan)", "not read")
-            self.out.files[table] = [w for w, _ in self._check(wants, flat)]
+            good = self._check(wants)
+            self.out.files[table] = [w for w, _ in good]
+            legacy = [t for _, t in good if t is not None]  # no SHA-256 to identify them: read whole now
+            if legacy:
+                self.out.memory[table] = pa.concat_tables(legacy)
+        self.cache.save()
         return self.out
 
 
 # -- the connection ---------------------------------------------------------------------------------
 
-def _dataset(store: ResultStore, table: str, wants: list[_Want]) -> pa.Table | pads.Dataset:
+def _dataset(store: ResultStore, table: str, wants: list[_Want],
+             memory: pa.Table | None = None) -> pa.Table | pads.Dataset:
+    """What a table's view scans: its verified files (a dataset: scanned natively at query time,
+    their statistics trusted because their bytes are the ledger's) plus ``memory`` (rows read at open)."""
     schema = TABLES[table].append(pa.field("sweep", pa.string()))
-    if not wants:
-        return pa.Table.from_pylist([], schema=schema)
-    # Page CRCs (written by the store) are verified on every read: a file whose bytes changed under an
-    # intact footer fails the query instead of feeding it wrong numbers.
+    files = [w for w in wants if w.sha256 is not None] if table not in UNMANAGED_TABLES else []
+    if not files:
+        return memory if memory is not None else schema.empty_table()
+    # Page CRCs (written by the store) are verified on every read: a file whose bytes changed after
+    # it was identified (bit rot under an unchanged identity) fails the query instead of feeding it wrong numbers.
     fmt = pads.ParquetFileFormat(
         default_fragment_scan_options=pads.ParquetFragmentScanOptions(page_checksum_verification=True))
-    return pads.FileSystemDataset.from_paths(
-        [f"{store.base}/{w.rel}" for w in wants], schema=schema, format=fmt,
-        filesystem=store.fs, partitions=[pads.field("sweep") == w.sweep for w in wants])
+    dataset = pads.FileSystemDataset.from_paths(
+        [f"{store.base}/{w.rel}" for w in files], schema=schema, format=fmt,
+        filesystem=store.fs, partitions=[pads.field("sweep") == w.sweep for w in files])
+    return dataset if memory is None else pads.dataset([dataset, pads.dataset(memory)])
 
 
 def _bind_units(con: duckdb.DuckDBPyConnection, store: ResultStore, bound: _Bound) -> None:
-    """The ``units`` view: the readable ledger files, plus ``damaged`` / ``damage`` (why) of each unit,
-    plus a ``damaged`` row for each unit whose ledger file is unreadable."""
+    """The ``units`` view: the counted ledger rows (read at open), plus ``damaged`` / ``damage`` (why)
+    of each unit, plus a ``damaged`` row for each unit whose ledger file is unreadable."""
     full = UNITS.append(pa.field("sweep", pa.string()))
-    con.register("_units_ledger", _dataset(store, "units", bound.files["units"]))
+    con.register("_units_ledger", bound.ledger if bound.ledger is not None else full.empty_table())
     con.register("_units_damage", pa.Table.from_pylist(
         [{"sweep": k[0], "unit_id": k[1], "damage": v} for k, v in bound.damaged.items()],
         schema=pa.schema([("sweep", pa.string()), ("unit_id", pa.string()), ("damage", pa.string())])))
@@ -381,7 +630,17 @@ def _spill_dir() -> str:
     import shutil
     import tempfile
 
-    path = tempfile.mkdtemp(prefix="swapcheck-spill-", dir=os.environ.get(SPILL_DIR_ENV) or None)
+    parent = os.environ.get(SPILL_DIR_ENV) or None
+    if parent is not None and not os.path.isdir(parent):
+        why = "does not exist" if not os.path.lexists(parent) else "is not a directory"
+        raise StorageError(f"{SPILL_DIR_ENV}={parent}: {why}; set it to an existing directory DuckDB may "
+                           "spill to, or unset it (the system's temporary directory)")
+    try:
+        path = tempfile.mkdtemp(prefix="swapcheck-spill-", dir=parent)
+    except OSError as exc:
+        where = f"{SPILL_DIR_ENV}={parent}" if parent else f"the temporary directory {tempfile.gettempdir()}"
+        raise StorageError(f"{where}: cannot create a spill directory there ({type(exc).__name__}: "
+                           f"{exc.strerror or exc}); set {SPILL_DIR_ENV} to a writable directory") from None
     atexit.register(shutil.rmtree, path, True)
     return path
 
@@ -404,7 +663,7 @@ def _open(store: ResultStore, bound: _Bound, spill: str | None = None) -> duckdb
         _bind_units(con, store, bound)
         for table in TABLES:
             if table != "units":
-                con.register(table, _dataset(store, table, bound.files[table]))  # DuckDB opens no file
+                con.register(table, _dataset(store, table, bound.files[table], bound.memory.get(table)))  # DuckDB opens no file
     except BaseException:
         con.close()
         raise
@@ -491,14 +750,26 @@ class Catalog:
         self.store = open_store(results)
         self._con: duckdb.DuckDBPyConnection | None = None
         self._spill: str | None = None
-        bound = _Binder(self.store, self.results).bind()
+        self._spill = _spill_dir()  # a bad $SWAPCHECK_SPILL_DIR is refused before anything is read
+        try:
+            bound = _Binder(self.store, self.results).bind()
+        except BaseException:
+            self.close()
+            raise
         self.warnings: list[str] = bound.warnings
-        self._spill = _spill_dir()
-        con = _open(self.store, bound, self._spill)
+        self._sweeps_read = sorted(bound.sweeps)
+        self._specs = sorted({w.sweep for w in bound.files['sweeps']})
+        self.hashed = bound.hashed
+        try:
+            con = _open(self.store, bound, self._spill)
+        except BaseException:
+            self.close()
+            raise
         try:
             lock_down(con)
         except BaseException:
             con.close()
+            self.close()
             raise
         self._con = con
 
@@ -546,17 +817,14 @@ class Catalog:
             raise self._failed("", exc) from None
 
     def sweeps(self) -> list[str]:
-        """The sweeps that have a spec record."""
-        return self.store.sweeps()
+        """The sweeps that have a spec record (one the catalog reads)."""
+        return list(self._specs)
 
     def all_sweeps(self) -> list[str]:
-        """Every sweep of the results, sorted: those with a spec record and those that only the
-        partitions of a table name (a tree written without spec records)."""
-        from storage.schemas import TABLES
-
-        known = set(self.sweeps())
-        known.update(s for table in TABLES for s in self.store.sweep_partitions(table))
-        return sorted(known)
+        """Every sweep the catalog reads, sorted: those with a spec record and those with a ledger (a
+        tree written without spec records). A sweep that only stray partitions name (no ledger, no
+        spec record: nothing of it is read, a warning names it) is none of them."""
+        return list(self._sweeps_read)
 
     def close(self) -> None:
         if self._con is not None:

@@ -71,7 +71,7 @@ def build(root: Path, legacy: bool = False) -> None:
                                            "n_units": 2 * len(RESULT_TABLES), "unit_ids": [],
                                            "created_at": datetime.now(UTC)}])
     store.write("launches", SWEEP, "l1", _rows("launches", "l1", 1) if "unit_id" in TABLES["launches"].names
-                else [{f.name: _value(f.type, 0) for f in TABLES["launches"]}])
+                else [{**{f.name: _value(f.type, 0) for f in TABLES["launches"]}, "launch_id": "l1"}])
     for table in RESULT_TABLES:
         for j in range(2):
             uid = f"{table}-{j}"
@@ -235,16 +235,17 @@ def test_damaged_bookkeeping_files_are_skipped_with_a_warning(tmp_path: Path, ta
     _warned(rep.stderr, rel)
 
 
-def test_sweeps_without_a_ledger_are_read_whole_minus_damage(tmp_path: Path) -> None:
-    """Trees written without the worker (no ledger at all) are read; a damaged file still warns."""
+def test_sweeps_without_a_ledger_are_not_read_one_warning_names_the_partition(tmp_path: Path) -> None:
+    """Files of a sweep with no ledger (written without the worker) are no committed results: never
+    counted, one warning per partition (tests/faults/test_reads_ledger_only.py has the rest)."""
     root = tmp_path / "results"
     store = ResultStore(root)
     store.write("kdepth", "hand", "a", _rows("kdepth", "a"))
     store.write("kdepth", "hand", "b", _rows("kdepth", "b"))
     (root / "table=kdepth/sweep=hand/b.parquet").write_bytes(b"PAR1 not really")
     with Catalog(root) as cat:
-        assert cat.query("SELECT count(*) AS n FROM kdepth").to_pylist() == [{"n": 2}]
-        assert len(cat.warnings) == 1 and cat.warnings[0].startswith("table=kdepth/sweep=hand/b.parquet")
+        assert cat.query("SELECT count(*) AS n FROM kdepth").to_pylist() == [{"n": 0}]
+        assert len(cat.warnings) == 1 and cat.warnings[0].startswith("table=kdepth/sweep=hand/: 2 file(s)")
 
 
 @pytest.mark.slow
