@@ -70,6 +70,7 @@ __all__ = [
     "Interrupted",
     "StorageFailure",
     "StorageError",
+    "Terminated",
     "exit_code_for",
     "foreign_exit_code",
     "user_message",
@@ -122,6 +123,17 @@ class Interrupted(SwapcheckError):
     def __init__(self, message: str, exit_code: int = 130):
         super().__init__(message)
         self.exit_code = exit_code
+
+
+class Terminated(BaseException):
+    """SIGTERM (or SIGINT) raised by swapcheck's own handler in the main thread: a ``BaseException``, like
+    ``KeyboardInterrupt``, so that no ``except Exception`` on the way mistakes it for a fault. The CLI
+    (``orchestrator.cli.main``) turns it into one line and exit 128 + the signal number; a launch turns
+    it into :class:`Interrupted` with the committed count."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
 
 
 def exit_code_for(exc: BaseException) -> int | None:

@@ -28,7 +28,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.errors import InfrastructureError, Interrupted, StorageFailure, UsageError
+from orchestrator.errors import (
+    InfrastructureError,
+    Interrupted,
+    StorageFailure,
+    Terminated,
+    UsageError,
+)
 from orchestrator.plan import Plan, Unit, make_plan
 from orchestrator.spec import LoadedSpec
 from storage.errors import StorageError
@@ -44,14 +50,6 @@ POLL_S = 0.25
 #: How long a stopping launch waits for the units it cancelled to settle (``SWAPCHECK_STOP_GRACE_S``);
 #: a second SIGINT/SIGTERM stops the wait at once. Below Kubernetes' default 30 s grace period.
 STOP_GRACE_S = 20.0
-
-
-class Terminated(BaseException):
-    """SIGINT or SIGTERM outside Ray's calls: raised in the main thread by :class:`StopSignals`."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
 
 
 class StopSignals:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 from typing import Any
 
 import typer
 
 from orchestrator.cli import check, common, db, kernels, nightly, numerics, query, report, sweep
-from orchestrator.errors import exit_code_for
+from orchestrator.errors import Terminated, exit_code_for
 
 
 class _App(typer.Typer):
@@ -17,14 +18,35 @@ class _App(typer.Typer):
     it) is still one ``error:`` line and that code; a bug keeps its traceback (exit 1)."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        previous = _stop_on_sigterm()
         try:
             return super().__call__(*args, **kwargs)
+        except Terminated as term:  # outside a launch (which reports its own stop, with its count)
+            common.err.print(f"error: {signal.Signals(term.signum).name}: stopped.", highlight=False, markup=False)
+            sys.exit(128 + term.signum)
         except Exception as exc:
             code = exit_code_for(exc)
             if code is None:
                 raise
             common.report_error(exc)
             sys.exit(code)
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
+
+
+def _stop_on_sigterm() -> Any:
+    """SIGTERM raises :class:`~orchestrator.errors.Terminated` in the main thread from the start of the
+    command (``sweep launch`` takes over with its own handlers); the handler it replaced, or None."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum: int, frame: Any) -> None:
+        raise Terminated(signum)
+
+    return signal.signal(signal.SIGTERM, handler)
 
 
 app = _App(
