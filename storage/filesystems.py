@@ -27,6 +27,7 @@ treat an unreachable store like a full disk (the sweep stops, exit 3).
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from datetime import timedelta
@@ -53,7 +54,8 @@ _ALLOWED = "a directory, file:///absolute/path, s3://bucket/prefix or gs://bucke
 
 
 def store_timeout_s() -> float:
-    """The bound on one object-store call, from ``SWAPCHECK_STORE_TIMEOUT_S`` (default 30 s)."""
+    """The bound on one object-store call, from ``SWAPCHECK_STORE_TIMEOUT_S`` (3 to 3600 s; default 30 s):
+    S3 gets :data:`ATTEMPTS` attempts of a third of it each (whole seconds, at least one)."""
     raw = os.environ.get(TIMEOUT_ENV, "").strip()
     if not raw:
         return DEFAULT_TIMEOUT_S
@@ -61,8 +63,8 @@ def store_timeout_s() -> float:
         value = float(raw)
     except ValueError:
         value = float("nan")
-    if not 1.0 <= value <= 3600.0:  # NaN fails both comparisons
-        raise StorageError(f"{TIMEOUT_ENV}={raw!r}: give seconds between 1 and 3600 (default {DEFAULT_TIMEOUT_S:g})")
+    if not 3.0 <= value <= 3600.0:  # NaN fails both comparisons
+        raise StorageError(f"{TIMEOUT_ENV}={raw!r}: give seconds between 3 and 3600 (default {DEFAULT_TIMEOUT_S:g})")
     return value
 
 
@@ -116,7 +118,8 @@ def _s3(uri: str, query: str, timeout: float) -> tuple[pafs.FileSystem, str]:
                             f"could not reach S3 within {timeout:g} s to find the region of the bucket of {uri} "
                             f"(set AWS_DEFAULT_REGION and ?region=..., or raise {TIMEOUT_ENV})")
     kwargs: dict[str, Any] = dict(fs.__reduce__()[1][0])  # the options from_uri chose (pickling's view of them)
-    per_attempt = timeout / ATTEMPTS
+    # On Linux the request timeout is curl's low-speed time, in whole seconds (0 would switch it off).
+    per_attempt = max(1.0, float(math.floor(timeout / ATTEMPTS)))
     kwargs.update(connect_timeout=min(CONNECT_TIMEOUT_S, per_attempt), request_timeout=per_attempt,
                   retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=ATTEMPTS))
     return pafs.S3FileSystem(**kwargs), path
