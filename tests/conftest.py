@@ -7,6 +7,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -132,3 +133,38 @@ def ray_local():
     conn = connect(num_cpus=2)
     yield conn
     disconnect()
+
+
+@pytest.fixture(scope="module")
+def ledgered_writes() -> Iterator[None]:
+    """For tests that write result files by hand with ``ResultStore.write``: each such write of a
+    result table also commits it, as the worker's ``commit_unit`` would — the ``ok`` ledger row of the
+    unit named like the file records every file of that name (path, rows, size, SHA-256). The catalog
+    reads only what the ledger committed (docs/reliability.md), so uncommitted files would be ignored.
+    Use with ``pytestmark = pytest.mark.usefixtures("ledgered_writes")``."""
+    from datetime import UTC, datetime
+
+    import pyarrow.parquet as pq
+
+    from storage.schemas import UNMANAGED_TABLES
+    from storage.store import ResultStore
+
+    write = ResultStore.write
+
+    def committed(self: ResultStore, table: str, sweep: str, name: str, rows: object) -> object:
+        record = write(self, table, sweep, name, rows)  # type: ignore[arg-type]
+        if table in UNMANAGED_TABLES:
+            return record
+        ledger = Path(self.base) / "table=units" / f"sweep={sweep}" / f"{name}.parquet"
+        old = pq.read_table(ledger).to_pylist()[0]["files"] if self.local and ledger.exists() else []
+        files = [f for f in old or [] if f["path"] != record.path] + [record.as_dict()]
+        now = datetime.now(UTC)
+        write(self, "units", sweep, name, [{
+            "unit_id": name, "kind": table, "experiment": "e", "status": "ok", "attempts": 1, "started_at": now,
+            "finished_at": now, "tables": sorted({f["table"] for f in files}), "rows": sum(f["rows"] for f in files),
+            "files": files}])
+        return record
+
+    with pytest.MonkeyPatch.context() as patch:  # module scope: before the modules' own result fixtures
+        patch.setattr(ResultStore, "write", committed)
+        yield

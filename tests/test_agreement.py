@@ -24,6 +24,7 @@ from storage.catalog import run_named
 from storage.store import ResultStore
 
 runner = CliRunner()
+pytestmark = pytest.mark.usefixtures("ledgered_writes")  # hand-written result files are committed
 
 PROMPTS, LENGTH = 6, 8
 

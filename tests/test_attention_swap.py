@@ -28,6 +28,8 @@ from tasks.kinds.base import content_id
 from tasks.kinds.fields import SyntheticPrompts
 from tasks.models import build_model
 
+pytestmark = pytest.mark.usefixtures("ledgered_writes")  # hand-written result files are committed
+
 REPO = Path(__file__).resolve().parents[1]
 
 #: Generate units of sweeps/demo.toml's plan, computed before arms had an `attention` field (the same

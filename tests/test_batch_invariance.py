@@ -37,6 +37,7 @@ from tasks.kinds import get_kind
 from tasks.kinds.batch_invariance import probe_row
 
 runner = CliRunner()
+pytestmark = pytest.mark.usefixtures("ledgered_writes")  # hand-written result files are committed
 KIND = get_kind("batch_invariance")
 CPU_KERNELS = ["int8-cutlass-order", "int8-triton-order", "int8-torch-channelwise", "fp8-sequential",
                "fp8-pairwise", "fp8-blocked-128"]

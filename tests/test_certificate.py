@@ -23,6 +23,7 @@ from storage.catalog import open_catalog
 from storage.store import ResultStore
 
 runner = CliRunner()
+pytestmark = pytest.mark.usefixtures("ledgered_writes")  # hand-written result files are committed
 KS = (256, 1024, 4096, 16384)
 
 

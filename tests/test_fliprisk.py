@@ -20,6 +20,7 @@ from storage.catalog import open_catalog
 from storage.store import ResultStore
 
 runner = CliRunner()
+pytestmark = pytest.mark.usefixtures("ledgered_writes")  # hand-written result files are committed
 
 TRUE_INTERCEPT, TRUE_SLOPE = -5.0, -1.5  # P(flip | m) = expit(b + w * log10(m + eps))
 

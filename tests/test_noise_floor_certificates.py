@@ -43,6 +43,7 @@ from tasks.attention.registry import _unregister
 from tasks.kinds import get_kind
 
 runner = CliRunner()
+pytestmark = pytest.mark.usefixtures("ledgered_writes")  # hand-written result files are committed
 KIND = get_kind("batch_invariance")
 GEMM = "int8-cutlass-order"
 PLANTED = "h6-planted-bf16-above-b16"

@@ -25,6 +25,7 @@ from storage.catalog import open_catalog
 from storage.store import ResultStore
 
 runner = CliRunner()
+pytestmark = pytest.mark.usefixtures("ledgered_writes")  # hand-written result files are committed
 SWEEP = "s1"
 TYPES = ("q", "k", "v", "o", "gate", "up", "down")
 

@@ -24,6 +24,8 @@ from tasks.models.arms import build_arm_model
 from tasks.models.predictions import ScoreResult, predict, predict_arrays, target_values
 from tasks.prompts import prompts_from_payload
 
+pytestmark = pytest.mark.usefixtures("ledgered_writes")  # hand-written result files are committed
+
 COLUMNS = ["ref_arm", "ref_restart", "arm", "prompt_index", "position", "ref_token", "ref_argmax", "ref_margin",
            "arm_argmax", "arm_margin", "flip"]
 TYPES = {"ref_arm": pa.string(), "ref_restart": pa.int32(), "arm": pa.string(), "prompt_index": pa.int32(),
