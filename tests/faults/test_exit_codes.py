@@ -46,7 +46,8 @@ cli = CliRunner()
 def _task_error(cause: BaseException) -> BaseException:
     """What ``ray.get`` raises for a task that raised ``cause``: a RayTaskError that is also the cause's class."""
     traceback_str = "Traceback (most recent call last):\n  File \"worker.py\", line 1, in run\n" + repr(cause)
-    return rex.RayTaskError("execute_unit", traceback_str, cause).as_instanceof_cause()
+    wrapped: BaseException = rex.RayTaskError("execute_unit", traceback_str, cause).as_instanceof_cause()
+    return wrapped
 
 
 def _real(make: Any) -> BaseException:
@@ -155,7 +156,8 @@ def _cli_app() -> _App:
 
     @test_app.command("bug")
     def bug() -> None:
-        {}["missing"]  # noqa: B018 - a real bug
+        units: dict[str, int] = {}
+        units["missing"]  # noqa: B018 - a real bug
 
     return test_app
 

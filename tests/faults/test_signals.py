@@ -27,8 +27,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.errors import Interrupted, StorageFailure
-from orchestrator.runner import StopSignals, Terminated, _ready, launch
+from orchestrator.errors import Interrupted, StorageFailure, Terminated
+from orchestrator.runner import StopSignals, _ready, launch
 from orchestrator.spec import parse_spec
 from storage.catalog import read_only_query
 from storage.store import ResultStore
