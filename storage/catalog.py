@@ -196,6 +196,13 @@ def _conform(t: pa.Table, schema: pa.Schema) -> pa.Table:
         schema=schema)
 
 
+def _concat(parts: list[pa.Table], schema: pa.Schema) -> pa.Table:
+    """``parts`` (files read whole, each checked by :func:`schema_problem`) as one table of ``schema``."""
+    if not parts:
+        return schema.empty_table()
+    return pa.concat_tables(parts)  # each of ``schema`` already (:meth:`_Binder._read`)
+
+
 # -- the verified-files cache ------------------------------------------------------------------------
 
 def cache_dir() -> Path | None:
@@ -394,8 +401,10 @@ class _Binder:
                 if not whole or problem is not None:
                     return problem, None
                 t = pf.read(use_threads=False)
-            t = _conform(t.append_column("sweep", pa.array([w.sweep] * len(t), pa.string())),
-                         TABLES[w.table].append(pa.field("sweep", pa.string())))
+            t = t.append_column("sweep", pa.array([w.sweep] * len(t), pa.string()))
+            declared = TABLES[w.table].append(pa.field("sweep", pa.string()))
+            if not t.schema.equals(declared):  # an older file: cast here, where failing is this file's problem
+                t = _conform(t, declared)
         except FileNotFoundError:
             return "missing (deleted?)", None
         except Exception as exc:  # noqa: BLE001 - any unreadable file is damage, never a traceback
@@ -475,7 +484,7 @@ class _Binder:
                 self._warn(w.rel, problem, "not counted")
         self.out.files["units"] = [w for w, _ in counted]
         full = UNITS.append(pa.field("sweep", pa.string()))
-        self.out.ledger = pa.concat_tables([t for _, t in counted]) if counted else full.empty_table()
+        self.out.ledger = _concat([t for _, t in counted], full)
         read = {w.rel for w, _ in good}
         self.out.lost = [{"unit_id": w.unit[1], "status": "damaged", "sweep": w.sweep}
                          for w in wants if w.rel not in read and w.unit is not None]
@@ -528,8 +537,7 @@ class _Binder:
             parts.append(t)
             files_ok.append(w)
         self.out.files[table] = files_ok
-        self.out.memory[table] = (pa.concat_tables(parts) if parts
-                                  else TABLES[table].append(pa.field("sweep", pa.string())).empty_table())
+        self.out.memory[table] = _concat(parts, TABLES[table].append(pa.field("sweep", pa.string())))
 
     def bind(self) -> _Bound:
         listing = self._listing()
@@ -559,7 +567,7 @@ class _Binder:
             self.out.files[table] = [w for w, _ in good]
             legacy = [t for _, t in good if t is not None]  # no SHA-256 to identify them: read whole now
             if legacy:
-                self.out.memory[table] = pa.concat_tables(legacy)
+                self.out.memory[table] = _concat(legacy, TABLES[table].append(pa.field("sweep", pa.string())))
         self.cache.save()
         return self.out
 

@@ -24,6 +24,8 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.pop("LINES", None)
 # Ray workers inherit the environment of the instance's start, so fixtures' env is set here.
 os.environ.setdefault("SWAPCHECK_TEST_CRASH_DIR", tempfile.mkdtemp(prefix="swapcheck-crash-"))
+# The catalog's verified-files cache (storage.catalog.VerifiedFiles) goes to $XDG_CACHE_HOME: not the home directory.
+os.environ.setdefault("XDG_CACHE_HOME", tempfile.mkdtemp(prefix="swapcheck-cache-"))
 
 REPO = Path(__file__).resolve().parents[1]
 
