@@ -20,9 +20,14 @@ A record whose path leaves its partition ``table=<t>/sweep=<s>/`` (``..``, absol
 symlink out of the root, another sweep or table: ``ResultStore.recorded``) is never bound: a
 warning, and its unit is marked damaged. A file no ``ok`` ledger row names (an orphan) is not read. Every problem is one line of
 :attr:`Catalog.warnings` naming the file and ``swapcheck sweep verify``; nothing is read silently.
-The checks are metadata only: content checksums are ``swapcheck sweep verify``'s job. Tables that
-are not a unit's results (``units``, ``sweeps``, ``launches``, ``preregistrations``), and sweeps
-that have no ledger at all (trees written without the worker), are read whole, minus damaged files.
+Each file's bytes are identified by the SHA-256 its ledger record holds (hashed, unless the
+:class:`VerifiedFiles` cache says this exact file matched before), so footer statistics are never
+trusted over bytes the ledger did not record. The partitions of a sweep with no ledger are one
+warning each and never read. The ledger and the tables that are not a unit's results (``sweeps``,
+``launches``, ``preregistrations``: only a sweep's ``spec.parquet``, and the others only of sweeps
+with one, each file holding the one record its name says) are read whole at open, their bytes read
+once, as are result files of legacy ledger rows (no SHA-256): no statistic of theirs is used, and a
+file replaced meanwhile is seen whole before or after.
 
 **Read-only by construction.** The views scan pyarrow datasets bound to explicit file lists (no
 globbing, so ``[``, ``*``, ``?`` in ``--results`` are plain characters), registered with the
