@@ -361,11 +361,15 @@ def session_dir() -> str | None:
 def keep_session(reason: object) -> None:
     """Keep the embedded instance's session directory when the process ends (a failure: its logs are
     for debugging); a note on stderr says where. ``reason`` is a line, or the exception a command
-    ends with: one that exits 0, or 2 (bad input, refused before anything ran), keeps nothing."""
+    ends with. Ray's logs tell nothing about bad input (exit 2), a fault of the results store
+    (``StorageFault``, ``StorageFailure``, ``OSError``) or an interruption, so those keep nothing; a
+    bug, a Ray failure or failed units (exit 1) keep it."""
     if isinstance(reason, BaseException):
-        from orchestrator.errors import exit_code_for
+        from orchestrator.errors import Interrupted, StorageFailure, exit_code_for
+        from storage.errors import StorageFault
 
-        if getattr(reason, "exit_code", None) == 0 or exit_code_for(reason) == 2:
+        if (getattr(reason, "exit_code", None) == 0 or exit_code_for(reason) == 2
+                or isinstance(reason, StorageFault | StorageFailure | OSError | Interrupted)):
             return
     if _session["dir"] is not None and _session["keep"] is None:
         _session["keep"] = reason if isinstance(reason, str) else type(reason).__name__
