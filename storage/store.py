@@ -12,7 +12,8 @@ object store URI such as ``s3://bucket/prefix``)::
                                                     hold *.json markers, read the same)
 
 Local and object stores are the same code: every access goes through a ``pyarrow.fs.FileSystem``
-(``LocalFileSystem`` for a path, ``FileSystem.from_uri`` for a URI). They differ in one place only,
+(``LocalFileSystem`` for a path; for a URI :func:`storage.filesystems.filesystem_from_uri`: pyarrow's
+filesystem with every network wait bounded, or exit 2 for a URI swapcheck does not open). They differ in one place only,
 how a file is put whole: on a local file system it is written under a temporary name in its final
 directory, fsynced and renamed into place; on an object store one put is already atomic. Either way
 a reader never sees a partial file. Result files are named by unit id, so running a unit twice
