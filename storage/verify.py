@@ -516,10 +516,10 @@ def _cross_check(sweep: str, read: _Ledger, seen: dict[str, list[tuple[str, _See
             if what.carried is not None and (why := _differs(row, what.carried, sweep)) is not None:
                 out.append(Problem(sweep, unit, "units", rel, "mismatch", f"ledger row: {why} ({path})"))
                 break
-            if what.writer and read.writers.get(unit) and what.writer != read.writers[unit]:
+            if what.writer and what.writer != read.writers.get(unit, ""):
                 out.append(Problem(sweep, unit, "units", rel, "checksum",
-                                   f"ledger file written by {read.writers[unit]!r}, its unit's result files by "
-                                   f"{what.writer!r}: a changed byte in its footer"))
+                                   f"ledger file written by {read.writers.get(unit, '')!r}, its unit's result files by "
+                                   f"{what.writer!r} (one writer commits both): a changed byte in its footer"))
                 break
     return out
 
