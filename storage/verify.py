@@ -177,6 +177,12 @@ def _carried(t: pa.Table | None) -> str | None:
     return value.decode("utf-8", "replace") if value is not None else None
 
 
+def _declared(table: str, t: pa.Table) -> pa.Table:
+    """``t`` as the store holds it before writing: the declared schema exactly (a list read back from
+    Parquet names its items ``element``, the declared schema ``item``), no metadata."""
+    return t.replace_schema_metadata(None).cast(TABLES[table])
+
+
 @functools.cache
 def _this_writer() -> str:
     """``created_by`` of the Parquet files this process writes."""
@@ -395,8 +401,7 @@ def rebuild_ledger_row(store: ResultStore, sweep: str, unit: str, tables: list[s
             return None, f"{rel} does not hold rows of unit {unit} in the declared schema"
         if _created_by(data) != _this_writer():
             return None, f"{rel} was written by another Parquet writer ({_created_by(data)}): its bytes cannot be checked"
-        plain = to_table(table, t.replace_schema_metadata(None))
-        if bytes(parquet_bytes(plain, {LEDGER_ROW_KEY: text})) != data:
+        if bytes(parquet_bytes(_declared(table, t), {LEDGER_ROW_KEY: text})) != data:
             return None, f"{rel}: not the bytes the store writes for its rows (changed since commit)"
         carried.add(text)
         counts[rel] = t.num_rows
@@ -500,7 +505,37 @@ def _verify_sweep(store: ResultStore, sweep: str, tables: list[str]) -> list[Pro
         problems.append(Problem(sweep, unit, "units", _rel("units", sweep, unit), "missing",
                                 "no ledger file, but the unit's result files are complete and carry its ledger row "
                                 "(`launch --repair` rebuilds it)", RECONSTRUCT))
+    problems += _launcher_records(store, sweep)
     return _remedies(store, sweep, tables, problems)
+
+
+def _launcher_records(store: ResultStore, sweep: str) -> list[Problem]:
+    """The records the launcher writes (``sweeps``: the spec record, one row; ``launches``: one row
+    per launch) checked like the rest: read with page checksums, the declared schema, the bytes the
+    store writes for their rows; a spec record missing from its partition. Remedy: set aside (a
+    launch writes the spec record again; a launch record is history)."""
+    out = []
+    for table in ("sweeps", "launches"):
+        files = store.parquet_files(table, sweep)
+        if table == "sweeps" and not files and sweep in store.sweep_partitions("sweeps"):
+            out.append(Problem(sweep, None, table, _rel(table, sweep, "spec"), "missing",
+                               "the sweep's spec record is gone (the next launch writes it again)", SET_ASIDE))
+        for path in files:
+            rel = store.relative(path)
+            data, t, err = _read(store, rel)
+            why = err or (_compatible(t.schema, TABLES[table], exact=False) if t is not None else None)
+            if not why and t is not None and table == "sweeps" and t.num_rows != 1:
+                why = f"holds {t.num_rows} rows, not the one spec record"
+            if not why and t is not None and data is not None and _created_by(data) == _this_writer():
+                try:
+                    same = bytes(parquet_bytes(_declared(table, t))) == data
+                except (ValueError, TypeError, pa.ArrowException):
+                    same = False
+                why = "" if same else "not the bytes the store writes for its rows (a changed byte in a page header, the footer or its statistics)"
+            if why:
+                out.append(Problem(sweep, None, table, rel, "unreadable" if err else "checksum" if "bytes" in why else "schema",
+                                   f"{table} record: {why}", SET_ASIDE))
+    return out
 
 
 def _cross_check(sweep: str, read: _Ledger, seen: dict[str, list[tuple[str, _Seen]]],
