@@ -24,7 +24,8 @@ def verify(results: ResultsOpt = DEFAULT_RESULTS, sweep: SweepOpt = None, fmt: F
     row counts that differ, orphan and duplicate files (rows counted twice) and temporary files a
     killed writer left. Rows written before integrity records are listed as `unverifiable` (a
     notice: exit 0). Exit 0 when nothing is damaged, 1 with the table of problems otherwise;
-    `swapcheck sweep launch --repair` recomputes exactly the damaged units.
+    `swapcheck sweep launch --repair` recomputes exactly the damaged units (a unit whose only damage is
+    its ledger file, with every result file intact, gets its ledger row rebuilt from those files).
 
     Example: swapcheck sweep verify --results results --sweep kdepth-demo --format json
     """
@@ -47,8 +48,11 @@ def verify(results: ResultsOpt = DEFAULT_RESULTS, sweep: SweepOpt = None, fmt: F
     if problems or fmt is TableFormat.json:
         emit_rows(rows, fmt, title="integrity problems")
     if fmt is not TableFormat.json:
-        units = len({(p.sweep, p.unit_id) for p in damage if p.remedy == "recompute"})
-        summary = (f"{len(damage)} problem(s), {units} damaged unit(s)" if damage
+        recompute = {(p.sweep, p.unit_id) for p in damage if p.remedy == "recompute"}
+        rebuild = {(p.sweep, p.unit_id) for p in damage if p.remedy == "reconstruct"} - recompute
+        summary = (f"{len(damage)} problem(s), {len(recompute) + len(rebuild)} damaged unit(s) "
+                   f"({len(recompute)} to recompute, {len(rebuild)} ledger row(s) to rebuild from their files): "
+                   f"`swapcheck sweep launch SPEC --results {results} --repair` fixes them" if damage
                    else "clean: every recorded file is as committed")
         err.print(summary, highlight=False)
     if damage:
