@@ -277,7 +277,9 @@ def test_seeded_signals_stop_cleanly_print_the_ledgers_count_and_a_relaunch_fini
     spec.write_text(kill_spec_text("seeded", seeds=seeds, impls=SLOW_IMPLS))
     results = tmp_path / "results"
     mismatches = []
+    store = ResultStore(results)
     for i, (signum, delay) in enumerate(SCHEDULE):
+        done_before = store.done_units("seeded") if results.exists() else set()
         proc = _driver(spec, results)
         head = _started(proc)
         time.sleep(delay)
@@ -292,16 +294,20 @@ def test_seeded_signals_stop_cleanly_print_the_ledgers_count_and_a_relaunch_fini
         printed = int(COMMITTED.search(summary[0]).group(1))  # type: ignore[union-attr]
         after_exit = _ledger_counts(results, "seeded")
         time.sleep(0.5)
-        if (printed, printed) != after_exit or _ledger_counts(results, "seeded") != after_exit:
+        wrong = (printed, printed) != after_exit or _ledger_counts(results, "seeded") != after_exit
+        if wrong:
             mismatches.append((case, printed, after_exit, _ledger_counts(results, "seeded")))
+        twice = read_only_query(results, "SELECT unit_id, impl_a, impl_b, count(*) AS c FROM kdepth GROUP BY ALL "
+                                         "HAVING c > 1").num_rows if after_exit[1] else 0
+        fault_outcome(lost=len(done_before - store.done_units("seeded")), duplicated=twice, silent_wrong=int(wrong),
+                      stage=case, printed=printed, ledger=after_exit[0], exit_code=proc.returncode)
     statuses = [r["status"] for p in ResultStore(results).parquet_files("launches", "seeded")
                 for r in ResultStore(results).read_table(p).to_pylist()]
     final = _driver(spec, results)
     _, err = final.communicate(timeout=600)
-    store = ResultStore(results)
     dupes = read_only_query(results, "SELECT unit_id, impl_a, impl_b, count(*) AS c FROM kdepth GROUP BY ALL HAVING c > 1")
     fault_outcome(lost=total - len(store.done_units("seeded")), duplicated=dupes.num_rows, silent_wrong=len(mismatches),
-                  stage="seeded SIGINT/SIGTERM x12", schedule=[(int(s), d) for s, d in SCHEDULE])
+                  stage="the relaunch after twelve seeded SIGINT/SIGTERM", schedule=[(int(s), d) for s, d in SCHEDULE])
     assert not mismatches, mismatches
     assert statuses == ["interrupted"] * len(SCHEDULE), statuses
     assert final.returncode == 0, err[-3000:]
@@ -312,7 +318,8 @@ def test_seeded_signals_stop_cleanly_print_the_ledgers_count_and_a_relaunch_fini
 
 @pytest.mark.slow
 @pytest.mark.parametrize("verbose", [False, True], ids=["default", "-v"])
-def test_a_full_disk_mid_sweep_is_one_error_line_and_v_keeps_the_details(tmp_path: Path, verbose: bool) -> None:
+def test_a_full_disk_mid_sweep_is_one_error_line_and_v_keeps_the_details(tmp_path: Path, verbose: bool,
+                                                                         fault_outcome: Any) -> None:
     """Reproduced: a storage fault mid-sweep printed 1,374 lines (Ray's "Unhandled error" traceback
     of every unit in flight). Now: the start line, the stopping note and one error line; -v adds the
     worker's traceback of the fault."""
@@ -326,6 +333,7 @@ def test_a_full_disk_mid_sweep_is_one_error_line_and_v_keeps_the_details(tmp_pat
     while len(store.done_units("full")) < 4:
         assert proc.poll() is None and time.time() < deadline
         time.sleep(0.1)
+    done_at_fault = store.done_units("full")
     _break_attempts(results, "full")
     _, tail = proc.communicate(timeout=180)
     stderr = head + tail
@@ -333,6 +341,10 @@ def test_a_full_disk_mid_sweep_is_one_error_line_and_v_keeps_the_details(tmp_pat
     errors = [line for line in stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "units are committed" in errors[0] and "fix the storage" in errors[0], stderr[-3000:]
     printed = int(COMMITTED.search(errors[0]).group(1))  # type: ignore[union-attr]
+    twice = read_only_query(results, "SELECT unit_id, impl_a, impl_b, count(*) AS c FROM kdepth GROUP BY ALL HAVING c > 1")
+    fault_outcome(lost=len(done_at_fault - store.done_units("full")), duplicated=twice.num_rows,
+                  silent_wrong=int((printed, printed) != _ledger_counts(results, "full")),
+                  stage=f"full disk mid-sweep ({'-v' if verbose else 'default'})", printed=printed)
     assert (printed, printed) == _ledger_counts(results, "full")
     assert "Unhandled error" not in stderr
     if verbose:
