@@ -258,16 +258,26 @@ def _started(proc: subprocess.Popen[str], timeout: float = 240) -> str:
     raise AssertionError(f"the launch never started: {seen[-2000:]}")
 
 
-#: Twelve (signal, seconds after the start line) pairs, seeded: from before the first unit is
-#: submitted to well into the run.
-SCHEDULE = [(random.Random(20261202 + i).choice([signal.SIGINT, signal.SIGTERM]),
-             round(random.Random(20261202 + i).uniform(0.0, 4.0), 2)) for i in range(12)]
+def _schedule(i: int) -> tuple[int, int, float]:
+    """Case ``i``: (signal, units this launch commits first, then seconds), seeded. Cases 0-3 signal
+    0-4 s after the start line without waiting for a unit (Ray's workers are still starting: the
+    signal lands before or while the first units are submitted); cases 4-11 after 1-12 newly committed
+    units and 0-0.8 s more (units in flight, some committing as the signal lands)."""
+    rng = random.Random(20261202 + i)
+    signum = rng.choice([signal.SIGINT, signal.SIGTERM])
+    if i < 4:
+        return signum, 0, round(rng.uniform(0.0, 4.0), 2)
+    return signum, rng.randint(1, 12), round(rng.uniform(0.0, 0.8), 2)
+
+
+SCHEDULE = [_schedule(i) for i in range(12)]
 
 
 @pytest.mark.slow
 def test_seeded_signals_stop_cleanly_print_the_ledgers_count_and_a_relaunch_finishes(tmp_path: Path,
                                                                                      fault_outcome: Any) -> None:
-    """Twelve launches of one sweep, each stopped by SIGINT or SIGTERM at a seeded time: each exits
+    """Twelve launches of one sweep, each stopped by SIGINT or SIGTERM at a seeded point (:func:`_schedule`:
+    before the first unit commits, or after a seeded number of units, with units in flight): each exits
     130 / 143 with one summary line and no stack dump, prints the count the ledger holds once it has
     exited, and records its launch as interrupted; a last relaunch finishes with nothing lost or
     duplicated."""
@@ -278,15 +288,19 @@ def test_seeded_signals_stop_cleanly_print_the_ledgers_count_and_a_relaunch_fini
     results = tmp_path / "results"
     mismatches = []
     store = ResultStore(results)
-    for i, (signum, delay) in enumerate(SCHEDULE):
+    for i, (signum, units, delay) in enumerate(SCHEDULE):
         done_before = store.done_units("seeded") if results.exists() else set()
         proc = _driver(spec, results)
         head = _started(proc)
+        deadline = time.time() + 240
+        while units and len(store.done_units("seeded") - done_before) < units:
+            assert proc.poll() is None and time.time() < deadline, f"case {i}: the launch ended or made no progress"
+            time.sleep(0.05)
         time.sleep(delay)
         proc.send_signal(signum)
         _, tail = proc.communicate(timeout=180)
         stderr = head + tail
-        case = f"case {i}: {signal.Signals(signum).name} after {delay} s"
+        case = f"case {i}: {signal.Signals(signum).name} after {units} units and {delay} s"
         assert proc.returncode == 128 + signum, (case, stderr[-3000:])
         assert not any(s in stderr for s in NOT_CLEAN), (case, stderr[-3000:])
         summary = [line for line in stderr.splitlines() if "units are committed" in line]
@@ -300,14 +314,15 @@ def test_seeded_signals_stop_cleanly_print_the_ledgers_count_and_a_relaunch_fini
         twice = read_only_query(results, "SELECT unit_id, impl_a, impl_b, count(*) AS c FROM kdepth GROUP BY ALL "
                                          "HAVING c > 1").num_rows if after_exit[1] else 0
         fault_outcome(lost=len(done_before - store.done_units("seeded")), duplicated=twice, silent_wrong=int(wrong),
-                      stage=case, printed=printed, ledger=after_exit[0], exit_code=proc.returncode)
+                      stage=case, printed=printed, ledger=after_exit[0], exit_code=proc.returncode,
+                      committed_by_this_launch=after_exit[0] - len(done_before))
     statuses = [r["status"] for p in ResultStore(results).parquet_files("launches", "seeded")
                 for r in ResultStore(results).read_table(p).to_pylist()]
     final = _driver(spec, results)
     _, err = final.communicate(timeout=600)
     dupes = read_only_query(results, "SELECT unit_id, impl_a, impl_b, count(*) AS c FROM kdepth GROUP BY ALL HAVING c > 1")
     fault_outcome(lost=total - len(store.done_units("seeded")), duplicated=dupes.num_rows, silent_wrong=len(mismatches),
-                  stage="the relaunch after twelve seeded SIGINT/SIGTERM", schedule=[(int(s), d) for s, d in SCHEDULE])
+                  stage="the relaunch after twelve seeded SIGINT/SIGTERM", schedule=[(int(s), u, d) for s, u, d in SCHEDULE])
     assert not mismatches, mismatches
     assert statuses == ["interrupted"] * len(SCHEDULE), statuses
     assert final.returncode == 0, err[-3000:]
