@@ -129,12 +129,36 @@ class LaunchSummary:
     failures: list[tuple[str, str]] = field(default_factory=list)
 
 
-def check_sweep_identity(store: ResultStore, plan: Plan) -> None:
-    """A sweep partition holds the results of one plan: refuse a different plan under the same name."""
-    record = store.sweep_record(plan.sweep)
+def check_sweep_identity(store: ResultStore, plan: Plan, repair: bool = False) -> None:
+    """A sweep partition holds the results of one plan: refuse a different plan under the same name.
+
+    The spec record says which plan. A damaged one stops the launch (exit 2, naming it) unless
+    ``repair``: then, as when the record is missing, the ledger's units must all be units of this plan
+    (``--repair`` sets the damaged record aside and :func:`write_sweep_record` writes it anew from
+    this spec)."""
+    from storage.errors import DamagedRecord
+
+    new = {u.id for u in plan.units}
+    try:
+        record = store.sweep_record(plan.sweep)
+    except DamagedRecord as exc:
+        if not repair:
+            raise UsageError(
+                f"the spec record of sweep {plan.sweep!r}: {exc}. Run `swapcheck sweep verify --results "
+                f"{store.root} --sweep {plan.sweep}`, then relaunch with --repair: it sets the record aside and "
+                "writes it anew from this spec when the sweep's ledger holds only units of this spec. "
+                "Nothing was written.") from None
+        record = None
     if record is None:
+        ledger = store.read_ledger(plan.sweep)
+        foreign = sorted(set(ledger.rows) - new)
+        if foreign:
+            raise UsageError(
+                f"sweep {plan.sweep!r} in {store.root} has no readable spec record, and its ledger holds "
+                f"{len(foreign)} unit(s) this spec does not plan (e.g. {foreign[0]}): it was planned from a "
+                "different spec. Give this spec a new `name`, or use another --results directory. Nothing was written.")
         return
-    old, new = set(record["unit_ids"] or []), {u.id for u in plan.units}
+    old = set(record["unit_ids"] or [])
     if old != new:
         raise UsageError(
             f"sweep {plan.sweep!r} in {store.root} was planned from a different spec "
@@ -207,11 +231,21 @@ def check_placeable(pending: list[Unit], nodes: list[dict[str, float]], conn: An
                     "Nothing was run.")
 
 
-def _mark_lost_launches(store: ResultStore, sweep: str) -> list[str]:
+def _mark_lost_launches(store: ResultStore, sweep: str, warn: Callable[[str], None] = lambda line: None) -> list[str]:
     """Launches recorded as running whose launcher is gone (we hold the lock now): mark them lost."""
+    import pyarrow as pa
+
     lost = []
     for path in store.parquet_files("launches", sweep):
-        for row in store.read_table(path).to_pylist():
+        try:
+            rows = store.read_table(path).to_pylist()
+        except (pa.ArrowException, ValueError) as exc:
+            # A damaged launch record is provenance, not results: left where it is for `sweep verify`
+            # to report and `launch --repair` to set aside; the launch goes on, and says so.
+            warn(f"launch record {store.relative(path)} is damaged ({type(exc).__name__}); left as it is: "
+                 f"`swapcheck sweep verify` names it, `swapcheck sweep launch --repair` sets it aside")
+            continue
+        for row in rows:
             if row.get("status") == "running":
                 row.update(status="lost")
                 store.write("launches", sweep, str(row["launch_id"]), [row])
@@ -262,7 +296,7 @@ def _launch(spec: LoadedSpec, results: str | Path, address: str | None, num_cpus
     plan = make_plan(spec)
     store = open_store(results)
     stop.committed = lambda: committed_line(store, plan)
-    check_sweep_identity(store, plan)
+    check_sweep_identity(store, plan, repair)
     # Predictions are validated and hashed before anything is written or run.
     prereg_rows = prereg.plan_registration(store, plan.sweep, spec.prereg_paths)
     done = store.done_units(plan.sweep)
@@ -286,9 +320,10 @@ def _launch(spec: LoadedSpec, results: str | Path, address: str | None, num_cpus
         lock.acquire()
         try:
             # Under the lock: nobody else can change the partition between these checks and the run.
-            check_sweep_identity(store, plan)
+            check_sweep_identity(store, plan, repair)
             try:
-                _mark_lost_launches(store, plan.sweep)
+                _mark_lost_launches(store, plan.sweep,
+                                    lambda line: emit("message", {"level": "warning", "line": line}))
                 store.remove_stale_temporaries()
                 if repair:
                     from storage import verify

@@ -41,3 +41,16 @@ class PathEscape(StorageError):
 
     def __str__(self) -> str:
         return f"path {self.path!r} {self.why}; not followed"
+
+
+class DamagedRecord(StorageError):
+    """A record of the tree that a command needs is damaged (unreadable, a page checksum fails, a
+    foreign schema, not the one row it must hold): named with ``path`` and ``why``; nothing changed."""
+
+    def __init__(self, path: str, why: str) -> None:
+        super().__init__(path, why)
+        self.path = path
+        self.why = why
+
+    def __str__(self) -> str:
+        return f"{self.path} is damaged ({self.why})"

@@ -60,9 +60,9 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from storage.errors import PathEscape, StorageFault
+from storage.errors import DamagedRecord, PathEscape, StorageFault
 from storage.filesystems import filesystem_from_uri
-from storage.schemas import LEDGER_ROW_KEY, TABLES, UNITS, UNMANAGED_TABLES
+from storage.schemas import LEDGER_ROW_KEY, SWEEPS, TABLES, UNITS, UNMANAGED_TABLES
 
 __all__ = ["COMPRESS_FROM_BYTES", "STALE_AFTER_S", "FileRecord", "LedgerDamage", "LedgerRead", "ResultStore", "is_uri",
            "ledger_bytes", "ledger_row_from_metadata", "ledger_row_metadata", "ledger_schema_problem", "open_store",
@@ -749,11 +749,23 @@ class ResultStore:
         return self.read_ledger(sweep).done()
 
     def sweep_record(self, sweep: str) -> dict[str, Any] | None:
-        p = f"{self._partition('sweeps', sweep)}/spec.parquet"
+        """The sweep's spec record, None when it has none; :class:`DamagedRecord` (naming the file)
+        when its file is unreadable, fails a page checksum, has another schema or holds other than
+        one row."""
+        rel = f"table=sweeps/sweep={sweep}/spec.parquet"
+        p = self._p(rel)
         if not self._is_file(p):
             return None
-        rows = self.read_table(p).to_pylist()
-        return rows[0] if rows else None
+        try:
+            t = self.read_table(p)
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            raise DamagedRecord(self._where(rel), f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}") from None
+        if not SWEEPS.equals(t.schema) and not all(f.name in t.schema.names for f in SWEEPS):
+            raise DamagedRecord(self._where(rel), f"columns {t.schema.names}, the spec record has {SWEEPS.names}")
+        if t.num_rows != 1:
+            raise DamagedRecord(self._where(rel), f"{t.num_rows} rows, the spec record is one row")
+        row: dict[str, Any] = t.to_pylist()[0]
+        return row
 
     def read_unit(self, table: str, sweep: str, unit_id: str, columns: list[str] | None = None) -> list[dict[str, Any]]:
         """The rows of one unit's file ``table=<table>/sweep=<sweep>/<unit_id>.parquet`` ([] if absent)."""
