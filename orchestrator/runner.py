@@ -68,6 +68,21 @@ class StopSignals:
         self._previous: dict[int, Any] = {}
         #: What a stop says was committed (set once the launch knows its plan and store).
         self.committed: Callable[[], str] = lambda: "nothing was run"
+        #: The launch lock once held: an object store's lease can be lost (``lease.lost``), and a
+        #: launch that can no longer renew it stops before another launcher could take over.
+        self.lease: Any = None
+
+    def lease_lost(self) -> StorageFailure | None:
+        """The lease is lost (not renewed for half its life): the stop's cause, else None."""
+        from storage.lock import LeaseLost
+
+        if self.lease is None or not self.lease.lost.is_set():
+            return None
+        try:
+            self.lease.check()
+        except LeaseLost as exc:
+            return StorageFailure(str(exc))
+        return None
 
     @property
     def signum(self) -> int | None:
@@ -318,6 +333,7 @@ def _launch(spec: LoadedSpec, results: str | Path, address: str | None, num_cpus
         t0 = time.perf_counter()
         lock = LaunchLock(store.fs, store.base, plan.sweep, local=store.local, where=str(results))
         lock.acquire()
+        stop.lease = lock
         try:
             # Under the lock: nobody else can change the partition between these checks and the run.
             check_sweep_identity(store, plan, repair)
@@ -578,20 +594,29 @@ def _drain(queue: deque[Unit], in_flight: dict[Any, Unit], submit: Callable[[Uni
         emit("unit", {"unit": unit, "result": value})
 
     while (queue or in_flight) and fault is None and stop.signum is None:
+        fault = stop.lease_lost()  # a lease that cannot be renewed: stop before it can lapse
+        if fault is not None:
+            break
         while queue and len(in_flight) < WINDOW and stop.signum is None:
             submit(queue.popleft())
         for ref, value, exc in _outcomes(_ready(in_flight, stop)):
             settle(ref, value, exc, stopping=False)
     if in_flight:
         why = signal.Signals(stop.signum).name if stop.signum is not None else "the results store failed"
+        grace = stop_grace_s()
+        if stop.lease is not None and stop.lease.lost.is_set():
+            # Between a lost lease (ttl/2 without renewal) and the backstop that exits at 7/8 of its
+            # life there are 3/8 ttl: settling must leave time to count and record the stop.
+            why, grace = "the launch lease could not be renewed", min(grace, stop.lease.ttl_s / 8)
         summary.n_unsettled = _stop_in_flight(in_flight, lambda ref, value, exc: settle(ref, value, exc, stopping=True),
-                                              stop, emit, why)
+                                              stop, emit, why, grace)
     if fault is not None:
         raise fault
 
 
 def _stop_in_flight(in_flight: dict[Any, Unit], settle: Callable[[Any, Any, BaseException | None], None],
-                    stop: StopSignals, emit: Callable[[str, dict[str, Any]], None], why: str) -> int:
+                    stop: StopSignals, emit: Callable[[str, dict[str, Any]], None], why: str,
+                    grace: float | None = None) -> int:
     """Cancel the units in flight and wait (at most :func:`stop_grace_s`) until each has settled.
 
     ``ray.cancel(force=False)``: a queued unit never starts; a running one gets ``KeyboardInterrupt``
@@ -603,7 +628,7 @@ def _stop_in_flight(in_flight: dict[Any, Unit], settle: Callable[[Any, Any, Base
     """
     import ray
 
-    grace = stop_grace_s()
+    grace = stop_grace_s() if grace is None else grace
     emit("stopping", {"why": why, "in_flight": len(in_flight), "grace_s": grace})
     for ref in list(in_flight):
         try:
