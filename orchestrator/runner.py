@@ -123,11 +123,11 @@ class StopSignals:
 
 
 def stop_grace_s() -> float:
-    """:data:`STOP_GRACE_S`, or ``SWAPCHECK_STOP_GRACE_S`` when it holds a number of seconds >= 0."""
-    try:
-        return max(0.0, float(os.environ.get("SWAPCHECK_STOP_GRACE_S", STOP_GRACE_S)))
-    except ValueError:
-        return STOP_GRACE_S
+    """:data:`STOP_GRACE_S`, or ``SWAPCHECK_STOP_GRACE_S`` (0 to 3600 s; read when a launch starts, so
+    a bad value is refused before anything is written)."""
+    from swapcheck_common.env import seconds_from_env
+
+    return seconds_from_env("SWAPCHECK_STOP_GRACE_S", STOP_GRACE_S, 0.0, 3600.0, UsageError)
 
 
 @dataclass
@@ -308,6 +308,7 @@ def _launch(spec: LoadedSpec, results: str | Path, address: str | None, num_cpus
     from storage.lock import LaunchLock
 
     emit = on_event or (lambda kind, info: None)
+    stop_grace_s()  # a bad SWAPCHECK_STOP_GRACE_S is refused now, not when a stop needs it
     plan = make_plan(spec)
     store = open_store(results)
     stop.committed = lambda: committed_line(store, plan)

@@ -37,6 +37,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import pyarrow.fs as pafs
 
 from storage.errors import StorageError
+from swapcheck_common.env import seconds_from_env
 
 __all__ = ["ATTEMPTS", "DEFAULT_TIMEOUT_S", "SCHEMES", "TIMEOUT_ENV", "filesystem_from_uri", "store_timeout_s"]
 
@@ -56,16 +57,7 @@ _ALLOWED = "a directory, file:///absolute/path, s3://bucket/prefix or gs://bucke
 def store_timeout_s() -> float:
     """The bound on one object-store call, from ``SWAPCHECK_STORE_TIMEOUT_S`` (3 to 3600 s; default 30 s):
     S3 gets :data:`ATTEMPTS` attempts of a third of it each (whole seconds, at least one)."""
-    raw = os.environ.get(TIMEOUT_ENV, "").strip()
-    if not raw:
-        return DEFAULT_TIMEOUT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
-    if not 3.0 <= value <= 3600.0:  # NaN fails both comparisons
-        raise StorageError(f"{TIMEOUT_ENV}={raw!r}: give seconds between 3 and 3600 (default {DEFAULT_TIMEOUT_S:g})")
-    return value
+    return seconds_from_env(TIMEOUT_ENV, DEFAULT_TIMEOUT_S, 3.0, 3600.0, StorageError)
 
 
 def filesystem_from_uri(uri: str) -> tuple[pafs.FileSystem, str]:

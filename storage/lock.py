@@ -60,6 +60,7 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from storage.errors import StorageError, StorageFault
+from swapcheck_common.env import seconds_from_env
 
 __all__ = ["DEFAULT_TTL_S", "LaunchLock", "LeaseLost", "LockHeld", "TTL_ENV", "lease_ttl_s"]
 
@@ -74,16 +75,7 @@ RENEW_EVERY, RETRY_EVERY, LOST_AFTER, EXPIRY_STOP_AFTER = 1 / 6, 1 / 24, 1 / 2, 
 
 def lease_ttl_s() -> float:
     """The lease's time to live: ``SWAPCHECK_LEASE_TTL_S`` when set (3 to 3600 s), else 120 s."""
-    raw = os.environ.get(TTL_ENV, "").strip()
-    if not raw:
-        return DEFAULT_TTL_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
-    if not 3.0 <= value <= 3600.0:  # NaN fails both comparisons
-        raise StorageError(f"{TTL_ENV}={raw!r}: give seconds between 3 and 3600 (default {DEFAULT_TTL_S:g})")
-    return value
+    return seconds_from_env(TTL_ENV, DEFAULT_TTL_S, 3.0, 3600.0, StorageError)
 
 
 class LeaseLost(StorageFault):

@@ -43,3 +43,32 @@ def test_check_cli_choices() -> None:
     for spelling, want in [("bf16", "bfloat16"), ("BFloat16", "bfloat16"), ("torch.float16", "float16"),
                            ("half", "float16"), ("fp32", "float32"), ("float32", "float32")]:  # fmt: skip
         assert parse_dtype(spelling) is Dtype(want)
+
+
+@pytest.mark.parametrize("raw,ok", [("", 7.0), ("  ", 7.0), ("0", 0.0), ("12.5", 12.5), ("3600", 3600.0),
+                                    ("-1", None), ("3601", None), ("nan", None), ("inf", None), ("ten", None)])
+def test_seconds_from_env_takes_a_bounded_number_or_names_the_variable(monkeypatch: pytest.MonkeyPatch,
+                                                                      raw: str, ok: float | None) -> None:
+    from swapcheck_common.env import seconds_from_env
+    from swapcheck_common.errors import InputError
+
+    monkeypatch.setenv("SWAPCHECK_X_S", raw)
+    if ok is not None:
+        assert seconds_from_env("SWAPCHECK_X_S", 7.0, 0.0, 3600.0) == ok
+        return
+    with pytest.raises(InputError, match=r"SWAPCHECK_X_S=.*between 0 and 3600 \(default 7\)"):
+        seconds_from_env("SWAPCHECK_X_S", 7.0, 0.0, 3600.0)
+
+
+def test_a_bad_stop_grace_is_refused_before_a_launch_writes_anything(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from orchestrator.cli.main import app
+    from tests.conftest import tiny_spec_text
+
+    spec = tmp_path / "s.toml"
+    spec.write_text(tiny_spec_text(name="grace"))
+    monkeypatch.setenv("SWAPCHECK_STOP_GRACE_S", "soon")
+    res = CliRunner().invoke(app, ["sweep", "launch", str(spec), "--results", str(tmp_path / "r"), "--no-progress"])
+    assert res.exit_code == 2 and "SWAPCHECK_STOP_GRACE_S='soon'" in res.output, res.output
+    assert not (tmp_path / "r").exists()
