@@ -190,7 +190,7 @@ class _Unit:
 
 
 def test_progress_lines_when_stderr_is_not_a_terminal(capsys: pytest.CaptureFixture[str]) -> None:
-    from orchestrator.cli.sweep import UnitProgress
+    from orchestrator.cli.progress import UnitProgress
 
     clock = _Clock()
     progress = UnitProgress("sweep s", clock=clock, seconds=10.0)
@@ -210,7 +210,7 @@ def test_progress_lines_when_stderr_is_not_a_terminal(capsys: pytest.CaptureFixt
 
 
 def test_progress_every_ten_seconds_when_units_are_slow(capsys: pytest.CaptureFixture[str]) -> None:
-    from orchestrator.cli.sweep import UnitProgress
+    from orchestrator.cli.progress import UnitProgress
 
     clock = _Clock()
     progress = UnitProgress("sweep s", clock=clock, seconds=10.0)

@@ -79,7 +79,7 @@ def test_connection_line() -> None:
 
 
 def test_cli_prints_the_joined_cluster_only(capsys: pytest.CaptureFixture[str]) -> None:
-    from orchestrator.cli.sweep import UnitProgress
+    from orchestrator.cli.progress import UnitProgress
 
     progress = UnitProgress("sweep x", enabled=False)
     progress("cluster", Connection(True, "127.0.0.1:1", 2, nodes=1).info())

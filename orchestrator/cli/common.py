@@ -94,14 +94,11 @@ SweepOpt = Annotated[str | None, typer.Option(
 FormatOpt = Annotated[TableFormat, typer.Option("--format", help="table, json, csv or markdown.")]
 
 
-
 @contextmanager
 def user_errors() -> Iterator[None]:
-    """The one place an error becomes a message and an exit code (orchestrator.errors' table).
-
-    An error :func:`~orchestrator.errors.exit_code_for` knows prints ``error: <message>`` on stderr
-    and exits with its code (2 = bad input); anything else (a bug, ``typer.Exit``) propagates.
-    """
+    """The one place an error becomes a message and an exit code (orchestrator.errors' table): an
+    error :func:`~orchestrator.errors.exit_code_for` knows prints ``error: <message>`` on stderr (see
+    :func:`report_error`) and exits with its code; anything else (a bug, ``typer.Exit``) propagates."""
     try:
         yield
     except Exception as exc:
@@ -116,8 +113,7 @@ def user_errors() -> Iterator[None]:
 
 
 def report_error(exc: BaseException) -> None:
-    """``error: <message>`` on stderr (:func:`orchestrator.errors.user_message`: a library's fault in
-    one line); under ``-v`` a library's fault is followed by its whole text and traceback."""
+    """``error: <message>`` (``user_message``: a library's fault in one line); -v adds its traceback."""
     err.print(f"[bold red]error:[/] {escape(user_message(exc))}", highlight=False, markup=True)
     if verbosity >= VERBOSE and foreign_exit_code(exc) is not None:
         import traceback

@@ -42,7 +42,7 @@ def nightly(
     Example: swapcheck nightly sweeps/nightly.toml --baseline baselines/nightly.json --results results
     """
     with user_errors(), allow_user_kernels(user_kernels):
-        from orchestrator.cli.sweep import UnitProgress
+        from orchestrator.cli.progress import UnitProgress
         from orchestrator.nightly import run_nightly
 
         units = UnitProgress("nightly")
