@@ -486,12 +486,12 @@ def _run_units(spec: LoadedSpec, plan: Plan, pending: list[Unit], results: str, 
                emit: Callable[[str, dict[str, Any]], None], stop: StopSignals) -> None:
     import ray
 
-    from orchestrator.worker import execute_unit
+    from orchestrator.worker import run_unit_task
 
-    remote = ray.remote(execute_unit)
+    remote = ray.remote(run_unit_task)
     # A cold restart: the worker process exits after this one task, so no engine, cache or kernel
     # choice survives into the next unit (``max_calls`` is fixed per remote function).
-    remote_fresh = ray.remote(max_calls=1)(execute_unit)
+    remote_fresh = ray.remote(max_calls=1)(run_unit_task)
     queue = deque(pending)
     in_flight: dict[Any, Unit] = {}
     refs = {kind: kind_ref(kind) for kind in {u.kind for u in pending}}

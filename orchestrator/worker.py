@@ -199,6 +199,33 @@ def execute_unit(payload: dict[str, Any], results: str, sweep: str, spec_sha256:
     return {"unit_id": unit_id, "status": status, "error": error, "rows": rows, "attempts": attempt}
 
 
+def ends_process_on_cancel(fn: Callable[..., T]) -> Callable[..., T]:
+    """``fn`` as a Ray task body whose process ends when the task is cancelled.
+
+    A launch that stops cancels its units in flight (``ray.cancel``: ``KeyboardInterrupt`` in the
+    task). That may land anywhere, inside an import included — torch then stays half-initialised in
+    this worker, and every later unit the process runs fails with "partially initialized module
+    'torch'". So a cancelled task ends its process (the unit committed nothing: its ledger row is
+    written last) and Ray starts a clean worker for whatever runs next in this job.
+    """
+    @functools.wraps(fn)
+    def task(*args: Any, **kwargs: Any) -> T:
+        try:
+            return fn(*args, **kwargs)
+        except KeyboardInterrupt:
+            import sys
+
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(130)
+    return task
+
+
+def run_unit_task(payload: dict[str, Any], results: str, sweep: str, spec_sha256: str) -> dict[str, Any]:
+    """:func:`execute_unit` as the runner's Ray task (:func:`ends_process_on_cancel`)."""
+    return ends_process_on_cancel(execute_unit)(payload, results, sweep, spec_sha256)
+
+
 def record_lost_unit(payload: dict[str, Any], results: str, sweep: str, spec_sha256: str, error: str) -> None:
     """Driver side: a unit whose every attempt died (worker crash) still gets a failed ledger row.
 

@@ -367,3 +367,44 @@ def test_a_full_disk_mid_sweep_is_one_error_line_and_v_keeps_the_details(tmp_pat
     else:
         assert len(stderr.splitlines()) <= 4, stderr[-3000:]
         assert "Traceback" not in stderr and "File \"" not in stderr
+
+
+def test_a_cancelled_unit_task_ends_its_worker_process(ray_local: Any, tmp_path: Path) -> None:
+    """A cancel can land inside an import (the stack that left torch half-initialised in a worker and
+    failed every later unit there): the cancelled task's process ends, and the next task runs in a
+    clean one."""
+    import ray
+
+    @ray.remote
+    def guarded_sleeper(pid_file: str) -> int:  # as orchestrator.worker.run_unit_task calls a unit
+        from orchestrator.worker import ends_process_on_cancel
+
+        def sleeper(path: str) -> int:
+            with open(path, "w") as fh:
+                fh.write(str(os.getpid()))
+            time.sleep(30)
+            return 0
+        return ends_process_on_cancel(sleeper)(pid_file)
+
+    pid_file = tmp_path / "pid"
+    ref = guarded_sleeper.remote(str(pid_file))
+    deadline = time.time() + 60
+    while not (pid_file.exists() and pid_file.read_text()) and time.time() < deadline:
+        time.sleep(0.05)
+    pid = int(pid_file.read_text())
+    ray.cancel(ref, force=False)
+    with pytest.raises(ray.exceptions.RayError):
+        ray.get(ref, timeout=60)
+    while time.time() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError(f"worker {pid} still runs after its task was cancelled")
+    @ray.remote
+    def whose() -> int:
+        return os.getpid()
+
+    assert ray.get(whose.remote(), timeout=60) != pid
