@@ -448,7 +448,7 @@ def _subprocess(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.slow  # the real CLI in a subprocess: exit codes and stderr as a user sees them
-@pytest.mark.parametrize("case", ["truncated-half", "flip-footer-stats-unit_id"])  # the rest: in process, above
+@pytest.mark.parametrize("case", ["truncated-half"])  # the rest: in process, above, and test_campaign.py
 def test_cli_launch_and_repair_never_dump_a_stack(pristine: tuple[Path, Path], tree: Path, case: str) -> None:
     spec, clean = pristine
     unit, other = _units(tree)[0], _units(tree)[-1]
