@@ -4,8 +4,8 @@ around each stage. A run of the harness, not a measurement: it checks that every
 not what it measures (issue #22: the attention bounds script once rejected the options).
 
 The default suite runs ``run_all.py --smoke --only <stage>`` once per stage (the stages are run_all's
-own list, so a new ``benchmarks/bench_*.py`` is picked up), so that pytest-xdist spreads them over its
-workers; the slow set runs ``run_all.py --quick`` (``make bench-quick``) end to end, every stage in one run.
+own list, so a new ``benchmarks/bench_*.py`` is picked up; the two that start Ray only in the slow set's run),
+so that pytest-xdist spreads them over its workers; the slow set runs ``run_all.py --quick`` (``make bench-quick``) end to end, every stage in one run.
 """
 
 from __future__ import annotations
@@ -78,7 +78,12 @@ def test_only_with_a_stage_name_selects_that_stage_alone() -> None:
     assert [s for s in stages if run_all.selected(s, [], stages)] == stages
 
 
-@pytest.mark.parametrize("stage", STAGES)
+#: Stages whose smoke run starts Ray (10-16 s each on 2 cores): the slow set's ``run_all.py --quick``
+#: runs them end to end (below); the default set smokes every other stage.
+RAY_STAGES = {"scheduling", "cold_restart"}
+
+
+@pytest.mark.parametrize("stage", [s for s in STAGES if s not in RAY_STAGES])
 def test_run_all_smoke_stage_records_threads_and_load(stage: str, tmp_path: Path) -> None:
     done, run, wall = _run_all(tmp_path, "--smoke", "--only", stage, timeout=480)
     assert [s["stage"] for s in run["stages"]] == [stage], "--only must run exactly this one stage"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gzip
 from pathlib import Path
 
@@ -17,10 +18,29 @@ CRD_FILES = {"RayCluster": "ray.io_rayclusters.yaml.gz", "RayJob": "ray.io_rayjo
              "RayCronJob": "ray.io_raycronjobs.yaml.gz"}
 
 
+@functools.cache
 def _crd_schema(kind: str) -> dict:
-    crd = yaml.safe_load(gzip.open(CRDS / CRD_FILES[kind]).read())
+    """The CRD's v1 schema, parsed once per run (libyaml's loader where PyYAML has it: the CRDs are
+    megabytes of YAML)."""
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    crd = yaml.load(gzip.open(CRDS / CRD_FILES[kind]).read(), Loader=loader)  # noqa: S506 - a safe loader
     (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
-    return version["schema"]["openAPIV3Schema"]
+    schema: dict = version["schema"]["openAPIV3Schema"]
+    return schema
+
+
+def _validate(doc: dict, kind: str) -> None:
+    """``jsonschema.validate`` without re-checking the (large, fixed) schema against its metaschema
+    on every call: checked once per kind."""
+    schema = _crd_schema(kind)
+    cls = jsonschema.validators.validator_for(schema)
+    _checked(kind, cls)
+    cls(schema).validate(doc)
+
+
+@functools.cache
+def _checked(kind: str, cls: type) -> None:
+    cls.check_schema(_crd_schema(kind))
 
 
 def test_ray_cluster_launcher_config_passes_rays_validation() -> None:
@@ -40,7 +60,7 @@ def test_kuberay_manifest_is_one_valid_resource(path: Path) -> None:
     if doc["kind"] in CRD_FILES:
         if not CRDS.is_dir():
             pytest.skip(f"KubeRay CRDs not found at {CRDS}")
-        jsonschema.validate(doc, _crd_schema(doc["kind"]))
+        _validate(doc, doc["kind"])
 
 
 def test_crd_validation_rejects_a_broken_manifest() -> None:
@@ -49,7 +69,7 @@ def test_crd_validation_rejects_a_broken_manifest() -> None:
     doc = yaml.safe_load((REPO / "infra" / "kuberay" / "raycluster.yaml").read_text())
     del doc["spec"]["workerGroupSpecs"][0]["groupName"]
     with pytest.raises(jsonschema.ValidationError, match="groupName"):
-        jsonschema.validate(doc, _crd_schema("RayCluster"))
+        _validate(doc, "RayCluster")
 
 
 def test_nightly_definitions_agree() -> None:

@@ -249,7 +249,12 @@ CASES: dict[str, Callable[[Path], tuple[str, str]]] = {
 QUIET = {"stray-stale-temporary", "attempts-deleted", "lock-garbage", "launches-deleted"}
 
 
-@pytest.fixture(params=sorted(CASES))
+#: The second copy of each damage (the last unit's file rather than the first's) runs with the slow
+#: set: it differs only in which unit.
+DEFAULT_PARAMS = [pytest.param(c, marks=pytest.mark.slow) if c.endswith("-last") else c for c in sorted(CASES)]
+
+
+@pytest.fixture(params=DEFAULT_PARAMS)
 def faulted(request: pytest.FixtureRequest, launched: tuple[Path, Path], tmp_path: Path) -> tuple[str, Path, str, str]:
     """(case, root, the file the fault touched, its unit), on a fresh copy of the undisturbed tree."""
     root = tmp_path / "results"

@@ -411,7 +411,7 @@ def _launch(spec: Path, root: Path, *extra: str) -> Any:
     return cli.invoke(app, ["sweep", "launch", str(spec), "--results", str(root), "--no-progress", *extra])
 
 
-@pytest.mark.parametrize("case", LAUNCH_CASES[:2])
+@pytest.mark.parametrize("case", [LAUNCH_CASES[0], pytest.param(LAUNCH_CASES[1], marks=pytest.mark.slow)])
 def test_launch_over_a_damaged_ledger_warns_and_recomputes_the_unit(ray_local: object, pristine: tuple[Path, Path],
                                                                    tree: Path, case: str) -> None:
     spec, clean = pristine
