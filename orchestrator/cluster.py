@@ -272,6 +272,7 @@ def connect(address: str | None = None, num_cpus: int | None = None, timeout_s: 
                 configure_logging=True,
                 _temp_dir=session,
             )
+            os.chmod(session, 0o700)  # Ray makes its temp dir world-writable (0777): ours again, owner only
             _own_session(session)
         else:
             with _address_env(address), _bounded(timeout_s + JOIN_GRACE_S):

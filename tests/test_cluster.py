@@ -52,3 +52,15 @@ def test_embedded_ray_is_loopback_only_and_token_protected() -> None:
             server.wait(timeout=30)
         except subprocess.TimeoutExpired:
             server.kill()
+
+
+def test_the_embedded_instance_keeps_its_session_directory_private(ray_local: object) -> None:
+    """Ray makes its temp dir world-writable; the embedded instance's own directory is owner-only
+    (issue #24: per-launch session directories of mode 0777 accumulated in /tmp/ray)."""
+    import stat
+
+    from orchestrator.cluster import session_dir
+
+    where = session_dir()
+    assert where is not None and os.path.basename(where).startswith("sc-ray-")
+    assert stat.S_IMODE(os.stat(where).st_mode) == 0o700
