@@ -199,6 +199,7 @@ def test_verify_over_s3_names_a_deleted_object_and_the_catalog_warns(s3: S3, tmp
     assert rep.exit_code == 0 and "warning" in rep.output and rel.rsplit("/", 1)[1] in rep.output, rep.output
 
 
+@pytest.mark.slow  # the nightly's local run and launch/reports over S3 run by default
 def test_nightly_over_s3(s3: S3, tmp_path: Path) -> None:
     suite, baseline = tmp_path / "suite.toml", tmp_path / "baseline.json"
     suite.write_text(tiny_spec_text(name="s3nightly", seeds=1))

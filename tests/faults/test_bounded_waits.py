@@ -276,6 +276,7 @@ def test_gcs_calls_to_an_endpoint_that_refuses_fail_within_the_store_timeout(mon
     assert isinstance(exc, OSError) and seconds < 3 + 8, (exc, seconds)
 
 
+@pytest.mark.slow  # the frozen list call above runs by default
 def test_query_over_a_frozen_store_exits_3_in_one_line(frozen: Moto) -> None:
     t0 = time.monotonic()
     res = CliRunner().invoke(app, ["query", "SELECT count(*) FROM units", "--results", f"s3://{BUCKET}/frozen"])

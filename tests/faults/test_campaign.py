@@ -290,7 +290,11 @@ def test_reads_are_right_or_say_what_they_skipped(faulted: tuple[str, Path, str,
     assert not (Counter(real) - Counter(clean[0])), f"{case}: rows the undisturbed run does not have"
 
 
+@pytest.mark.parametrize("faulted", [pytest.param(c, marks=pytest.mark.slow) if c.startswith(("kdepth-", "units-"))
+                                     else c for c in sorted(CASES)], indirect=True)
 def test_verify_names_the_file_or_its_unit(faulted: tuple[str, Path, str, str]) -> None:
+    """Every case; the single-file damages of data and ledger files with the slow set (test_verify.py and
+    test_ledger_damage.py check those by default)."""
     from storage.store import ResultStore
     from storage.verify import verify
 

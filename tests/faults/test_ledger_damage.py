@@ -288,7 +288,9 @@ FORGED = {name for name in CASES if name.startswith("forged-")}
 RECOMPUTED = {"forged-sha256"}
 
 
-@pytest.fixture(params=sorted(CASES))
+#: The evenly spread byte flips run with the slow set (the named flips cover each region by default).
+@pytest.fixture(params=[pytest.param(c, marks=pytest.mark.slow) if c.startswith("flip-byte-at-") else c
+                        for c in sorted(CASES)])
 def damaged(request: pytest.FixtureRequest, tree: Path) -> tuple[Path, str, str]:
     """(root, damaged unit, case): the first or (every other case) the last unit's ledger file damaged."""
     units = _units(tree)

@@ -533,6 +533,7 @@ def _race(root: Path, sweep: str, opens: int, reports: int, units: int) -> None:
     assert failures == []
 
 
+@pytest.mark.slow  # 20 opens under a rewriting thread (about 6 s); the slow set also runs report all during a launch
 def test_a_launches_file_rewritten_in_a_loop_never_fails_an_open(root: Path) -> None:
     _race(root, SWEEP, opens=20, reports=0, units=2 * len(RESULT_TABLES))
 

@@ -159,8 +159,8 @@ def _slow_spec(name: str, seeds: int = 2) -> Any:
     return parse_spec(tiny_spec_text(name=name, impls=SLOW_IMPLS, seeds=seeds))
 
 
-@pytest.mark.parametrize("signum", [pytest.param(signal.SIGINT, marks=pytest.mark.slow), signal.SIGTERM],
-                         ids=["SIGINT", "SIGTERM"])
+@pytest.mark.slow  # a real launch stopped mid-sweep; the handler and fold tests above run by default
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_mid_launch_stops_and_the_printed_count_is_the_ledgers(ray_local: Any, tmp_path: Path, signum: int,
                                                                        fault_outcome: Any) -> None:
     spec = _slow_spec(f"sig{signum}")
@@ -371,31 +371,30 @@ def test_a_full_disk_mid_sweep_is_one_error_line_and_v_keeps_the_details(tmp_pat
 
 def test_a_cancelled_unit_task_ends_its_worker_process(ray_local: Any, tmp_path: Path) -> None:
     """A cancel can land inside an import (the stack that left torch half-initialised in a worker and
-    failed every later unit there): the cancelled task's process ends, and the next task runs in a
-    clean one."""
+    failed every later unit there): a task interrupted that way ends its process, and the next task
+    runs in a clean one. The interrupt is raised in the task itself, as ``ray.cancel`` delivers it
+    (whether a real cancel lands in time is Ray's, not what this checks)."""
     import ray
 
-    @ray.remote
-    def guarded_sleeper(pid_file: str) -> int:  # as orchestrator.worker.run_unit_task calls a unit
+    @ray.remote(max_retries=0)
+    def interrupted(pid_file: str) -> int:  # as orchestrator.worker.run_unit_task calls a unit
         from orchestrator.worker import ends_process_on_cancel
 
-        def sleeper(path: str) -> int:
-            with open(path, "w") as fh:
+        def unit() -> int:
+            with open(pid_file, "w") as fh:
                 fh.write(str(os.getpid()))
-            for _ in range(600):  # Python code between short sleeps: Ray's cancel lands at once
-                time.sleep(0.05)
-            return 0
-        return ends_process_on_cancel(sleeper)(pid_file)
+            raise KeyboardInterrupt
+        return ends_process_on_cancel(unit)()
+
+    @ray.remote
+    def whose() -> int:
+        return os.getpid()
 
     pid_file = tmp_path / "pid"
-    ref = guarded_sleeper.remote(str(pid_file))
-    deadline = time.time() + 60
-    while not (pid_file.exists() and pid_file.read_text()) and time.time() < deadline:
-        time.sleep(0.05)
-    pid = int(pid_file.read_text())
-    ray.cancel(ref, force=False)
     with pytest.raises(ray.exceptions.RayError):
-        ray.get(ref, timeout=60)
+        ray.get(interrupted.remote(str(pid_file)), timeout=120)
+    pid = int(pid_file.read_text())
+    deadline = time.time() + 60
     while time.time() < deadline:
         try:
             os.kill(pid, 0)
@@ -403,9 +402,5 @@ def test_a_cancelled_unit_task_ends_its_worker_process(ray_local: Any, tmp_path:
             break
         time.sleep(0.05)
     else:
-        raise AssertionError(f"worker {pid} still runs after its task was cancelled")
-    @ray.remote
-    def whose() -> int:
-        return os.getpid()
-
-    assert ray.get(whose.remote(), timeout=60) != pid
+        raise AssertionError(f"worker {pid} still runs after its task was interrupted")
+    assert ray.get(whose.remote(), timeout=120) != pid
