@@ -31,8 +31,9 @@ def fault_outcome(request: pytest.FixtureRequest) -> Record:
         path = os.environ.get(LOG_ENV)
         if not path:
             return
-        line = json.dumps({"case": request.node.nodeid, "lost": int(lost), "duplicated": int(duplicated),
-                           "silent_wrong": int(silent_wrong), **detail}, sort_keys=True, default=str)
+        # The test's node id is the record's key: a test's own ``case`` detail never replaces it.
+        line = json.dumps({**detail, "case": request.node.nodeid, "lost": int(lost), "duplicated": int(duplicated),
+                           "silent_wrong": int(silent_wrong)}, sort_keys=True, default=str)
         # One write of one line with O_APPEND: lines from concurrent workers never interleave.
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
