@@ -270,9 +270,10 @@ def connect(address: str | None = None, num_cpus: int | None = None, timeout_s: 
                 log_to_driver=_verbose(),
                 logging_level=logging.WARNING,
                 configure_logging=True,
-                _temp_dir=session,
+                # Ray makes its temp dir world-writable (0777): it gets a folder inside ours (0700), so
+                # nobody else can reach what it keeps there.
+                _temp_dir=os.path.join(session, "ray"),
             )
-            os.chmod(session, 0o700)  # Ray makes its temp dir world-writable (0777): ours again, owner only
             _own_session(session)
         else:
             with _address_env(address), _bounded(timeout_s + JOIN_GRACE_S):
@@ -338,7 +339,7 @@ def _new_session_dir() -> str:
     """A new directory of our own (mode 0700) for the embedded instance: under ``RAY_TMPDIR`` or the
     temp dir, or ``/tmp`` when that is too long for Ray's Unix sockets (107 bytes)."""
     base = os.environ.get("RAY_TMPDIR") or tempfile.gettempdir()
-    if len(base) + len("/sc-ray-XXXXXXXX") + _SOCKET_TAIL > 107:
+    if len(base) + len("/sc-ray-XXXXXXXX/ray") + _SOCKET_TAIL > 107:
         base = "/tmp"
     try:
         return tempfile.mkdtemp(prefix="sc-ray-", dir=base)  # 0700, created atomically, a fresh name

@@ -3,9 +3,10 @@
 around each stage. A run of the harness, not a measurement: it checks that every script still runs,
 not what it measures (issue #22: the attention bounds script once rejected the options).
 
-The default suite runs ``run_all.py --smoke --only <stage>`` once per stage (the stages are run_all's
-own list, so a new ``benchmarks/bench_*.py`` is picked up; the two that start Ray only in the slow set's run),
-so that pytest-xdist spreads them over its workers; the slow set runs ``run_all.py --quick`` (``make bench-quick``) end to end, every stage in one run.
+The slow set runs ``run_all.py --smoke --only <stage>`` once per stage (the stages are run_all's own
+list, so a new ``benchmarks/bench_*.py`` is picked up; the two that start Ray only in the end-to-end
+run), and ``run_all.py --quick`` (``make bench-quick``) end to end, every stage in one run; the default
+set checks the stage list and ``--only`` selection.
 """
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ def test_only_with_a_stage_name_selects_that_stage_alone() -> None:
 RAY_STAGES = {"scheduling", "cold_restart"}
 
 
+@pytest.mark.slow  # 3-16 s a stage; the default set checks the stage list and --only selection above
 @pytest.mark.parametrize("stage", [s for s in STAGES if s not in RAY_STAGES])
 def test_run_all_smoke_stage_records_threads_and_load(stage: str, tmp_path: Path) -> None:
     done, run, wall = _run_all(tmp_path, "--smoke", "--only", stage, timeout=480)
