@@ -19,7 +19,7 @@ instead of ``ray.init`` waiting on a handshake that never comes. ``ray.init`` it
 a timer of the same bound (plus a grace) in the main thread.
 
 The embedded instance keeps its session (logs, sockets, spilled objects) in a directory of its own,
-``<RAY_TMPDIR or the temp dir>/sc-ray-XXXXXXXX`` (mode 0700, never Ray's shared ``/tmp/ray``), removed
+``<RAY_TMPDIR or the temp dir>/sc-ray-<8 random characters>`` (mode 0700, never Ray's shared ``/tmp/ray``), removed
 when the process ends after a clean run and kept -- with a line saying where -- after a failure
 (:func:`keep_session`).
 """
@@ -339,7 +339,7 @@ def _new_session_dir() -> str:
     """A new directory of our own (mode 0700) for the embedded instance: under ``RAY_TMPDIR`` or the
     temp dir, or ``/tmp`` when that is too long for Ray's Unix sockets (107 bytes)."""
     base = os.environ.get("RAY_TMPDIR") or tempfile.gettempdir()
-    if len(base) + len("/sc-ray-XXXXXXXX/ray") + _SOCKET_TAIL > 107:
+    if len(base) + len("/sc-ray-") + 8 + len("/ray") + _SOCKET_TAIL > 107:  # mkdtemp adds 8 characters
         base = "/tmp"
     try:
         return tempfile.mkdtemp(prefix="sc-ray-", dir=base)  # 0700, created atomically, a fresh name
