@@ -6,6 +6,11 @@ own, a crash in one does not stop the others) with the harness's common options 
 thread count, the load average before and after each script, the script's own CPU time and its wall
 time, then prints one summary table: every case with its ratio, its goal and whether the goal is met.
 
+Every goal is judged on the median of the case's paired ratios (``common.JUDGED_ON``; ``best``, the
+least disturbed pair, is printed beside it as information); the summary, ``--show`` and ``--markdown``
+say so, and say "judged on the best pair" for a results file written under the earlier rule (its
+cases carry ``judge: "min"``).
+
 Every script runs with the same explicit thread count (``--threads``, default 1), for candidate and
 baseline alike: ``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``, ``OPENBLAS_NUM_THREADS`` and
 ``NUMBA_NUM_THREADS`` in its environment, and ``common.apply_threads`` in the script itself.
@@ -194,11 +199,22 @@ def _verdict(c: dict[str, Any], markdown: bool = False) -> str:
     return {True: "yes", False: "**no**" if markdown else "NO", None: "-"}[c["met"]]
 
 
+def _judged_on(cases: list[dict[str, Any]]) -> str:
+    """What the goals of these cases were judged on, in words (a results file records each case's
+    ``judge``; files from before the median rule were judged on the best pair)."""
+    rules = {c.get("judge", "min") for c in cases if c.get("goal") is not None}
+    if rules <= {"median"}:
+        return common.JUDGED_ON
+    if rules == {"min"}:
+        return "judged on the best pair (the rule before the median; this file predates it)"
+    return "judged on the median, some cases on the best pair (each case's judge says which)"
+
+
 def _tally(cases: list[dict[str, Any]]) -> str:
     judged = [c for c in cases if c["met"] is not None]
     text = f"{sum(1 for c in judged if c['met'])} of {len(judged)} goals met"
     off = [c for c in cases if c.get("comparable", True) is False and c.get("goal") is not None]
-    return text + (f"; {len(off)} not comparable (load)" if off else "")
+    return text + (f"; {len(off)} not comparable (load)" if off else "") + f"; {_judged_on(cases)}"
 
 
 def _summary(run: dict[str, Any]) -> None:
@@ -206,7 +222,8 @@ def _summary(run: dict[str, Any]) -> None:
     if not rows:
         return
     width = max(len(f"{st}: {c['case']}") for st, c in rows)
-    print(f"\n{'stage: case':{width}}  {'best':>8} {'median':>8}  {'goal':>10}  {'met':14}  baseline")
+    print(f"\ngoals {_judged_on([c for _, c in rows])}")
+    print(f"{'stage: case':{width}}  {'best':>8} {'median':>8}  {'goal':>10}  {'met':14}  baseline")
     for stage, c in rows:
         goal = "-" if c["goal"] is None else f"{c['direction']} {c['goal']:g}{c['unit']}"
         print(f"{stage + ': ' + c['case']:{width}}  {c['ratio_best']:7.2f}{c['unit']} {c['ratio_median']:7.2f}{c['unit']}"
@@ -226,7 +243,8 @@ def _markdown(run: dict[str, Any]) -> None:
     threads = f", {run['threads']} thread{'s' if run['threads'] != 1 else ''}, load threshold {run['max_load']:g}" \
         if run.get("threads") is not None else ""
     print(f"Run of {run['started_at']} ({sizes}, {run['seconds']} s{threads}): "
-          f"{m['cpu']}, {m['cores']} cores, load average before {', '.join(map(str, m['load_average']))}.\n")
+          f"{m['cpu']}, {m['cores']} cores, load average before {', '.join(map(str, m['load_average']))}. "
+          f"Goals {_judged_on([c for s in run['stages'] for c in s['cases']])}.\n")
     print("| stage | case | best | median | goal | met | baseline (same run) | load before |")
     print("|---|---|---|---|---|---|---|---|")
     for s in run["stages"]:
