@@ -44,7 +44,10 @@ of a SELECT, never EXPLAIN ANALYZE (which runs its statement).
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import re
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -62,6 +65,7 @@ import pyarrow.parquet as pq
 from storage.errors import PathEscape, QueryError, StorageError
 from storage.schemas import TABLES, UNITS, UNMANAGED_TABLES
 from storage.store import ResultStore, open_store
+from swapcheck_common.env import seconds_from_env
 
 __all__ = [
     "UNMANAGED_TABLES",
@@ -183,6 +187,10 @@ class _Bound:
     warnings: list[str] = field(default_factory=list)
     sweeps: set[str] = field(default_factory=set)  # sweeps with a ledger or a spec record
     hashed: int = 0  # files hashed at open (not found in the verified-files cache)
+    #: rel -> the identity a bound file had when it was verified (checked again after every query of a
+    #: natively scanned view), and whether its schema is exactly its table's declared one.
+    identity: dict[str, list[Any] | None] = field(default_factory=dict)
+    exact: dict[str, bool] = field(default_factory=dict)
 
 
 def _parallel(fn: Callable[[_T], _R], items: list[_T], threads: bool = True) -> list[_R]:
@@ -236,9 +244,21 @@ class VerifiedFiles:
     (temporary, then ``os.replace``). It is an optimisation only: unreadable or unwritable (a
     read-only home), it is ignored and every file is hashed; it never makes a file trusted that the
     ledger does not name with that SHA-256.
+
+    An entry also records what the full check of that file found: its row count (the ledger's, which
+    it held), and whether its Parquet schema is exactly its table's declared one (``exact``: scanned
+    as is; else with columns matched by name). A file whose identity, SHA-256 and recorded rows all
+    match an entry is bound without opening it (no hash, no footer read): the checks cost one
+    ``stat`` per file. The file is keyed by the declared schemas too (``schemas``), so a swapcheck
+    whose tables changed checks every file again.
     """
 
-    VERSION = 1
+    VERSION = 2
+    #: Entries older than this many seconds (since their file was last really read) are not trusted:
+    #: the file is hashed and checked again, so bit rot under an unchanged identity is found within a
+    #: day by reads too (``sweep verify`` finds it at once). 0: every file is hashed at every open.
+    REHASH_ENV = "SWAPCHECK_REHASH_AFTER_S"
+    REHASH_DEFAULT_S = 86_400.0
 
     def __init__(self, store: ResultStore) -> None:
         import hashlib
@@ -251,6 +271,9 @@ class VerifiedFiles:
         self.path = folder / "verified" / f"{key}.json" if folder is not None else None
         self._old = self._load()
         self._new: dict[str, dict[str, Any]] = {}
+        self._now = time.time_ns()
+        self._fresh_ns = self._now - int(seconds_from_env(self.REHASH_ENV, self.REHASH_DEFAULT_S, 0.0,
+                                                          10 * 365 * 86_400.0, StorageError) * 1e9)
         self._lock = __import__("threading").Lock()
 
     def _load(self) -> dict[str, Any]:
@@ -262,7 +285,9 @@ class VerifiedFiles:
             data = json.loads(self.path.read_bytes())
         except (OSError, ValueError):
             return {}
-        files = data.get("files") if isinstance(data, dict) and data.get("version") == self.VERSION else None
+        if not isinstance(data, dict) or data.get("version") != self.VERSION or data.get("schemas") != _SCHEMAS_KEY:
+            return {}
+        files = data.get("files")
         return files if isinstance(files, dict) else {}
 
     def identity(self, rel: str, info: pafs.FileInfo | None) -> list[Any] | None:
@@ -279,16 +304,45 @@ class VerifiedFiles:
             return None
         return ["object", int(info.size), int(info.mtime_ns)]
 
-    def known(self, rel: str, identity: list[Any] | None, sha256: str) -> bool:
-        """Whether ``rel`` was hashed to ``sha256`` and has not changed since (same identity)."""
-        entry = self._old.get(rel)
-        return (identity is not None and isinstance(entry, dict) and entry.get("sha256") == sha256
-                and entry.get("identity") == identity)
+    def known(self, rel: str, identity: list[Any] | None, sha256: str, rows: int | None) -> bool | None:
+        """Whether ``rel`` passed every check with ``sha256`` and ``rows`` and has not changed since (same
+        identity): None if not (check it), else whether its schema is exactly the declared one."""
+        entry = self._entry(rel, identity)
+        if entry is None or entry.get("sha256") != sha256 or entry.get("rows") != rows:
+            return None
+        return bool(entry.get("exact"))
 
-    def add(self, rel: str, identity: list[Any] | None, sha256: str) -> None:
+    def _entry(self, rel: str, identity: list[Any] | None) -> dict[str, Any] | None:
+        """``rel``'s entry if its identity is ``identity`` and it is fresh (read within the rehash age)."""
+        entry = self._old.get(rel)
+        if identity is None or not isinstance(entry, dict) or entry.get("identity") != identity:
+            return None
+        read_ns = entry.get("read_ns")
+        return entry if isinstance(read_ns, int) and self._fresh_ns <= read_ns <= self._now else None
+
+    def add(self, rel: str, identity: list[Any] | None, sha256: str, rows: int | None, exact: bool) -> None:
+        """Keep ``rel``'s entry (``read_ns``: when its bytes were last really read, kept from an entry
+        that vouched for it)."""
         if identity is not None:
             with self._lock:
-                self._new[rel] = {"identity": identity, "sha256": sha256}
+                self._new[rel] = {"identity": identity, "sha256": sha256, "rows": rows, "exact": exact,
+                                  "read_ns": self._read_ns(rel, identity)}
+
+    def _read_ns(self, rel: str, identity: list[Any]) -> int:
+        entry = self._entry(rel, identity)
+        return int(entry["read_ns"]) if entry is not None else self._now
+
+    def ledger_row(self, rel: str, identity: list[Any] | None) -> dict[str, Any] | None:
+        """The row a ledger file held when it was read and counted, if it has not changed since."""
+        entry = self._entry(rel, identity)
+        row = entry.get("ledger") if entry is not None else None
+        return _row_from_json(row) if isinstance(row, dict) else None
+
+    def add_ledger(self, rel: str, identity: list[Any] | None, row: dict[str, Any]) -> None:
+        if identity is not None:
+            with self._lock:
+                self._new[rel] = {"identity": identity, "ledger": _row_to_json(row),
+                                  "read_ns": self._read_ns(rel, identity)}
 
     def save(self) -> None:
         """Keep what this open verified (files no longer bound are dropped); never raises."""
@@ -303,7 +357,8 @@ class VerifiedFiles:
             self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump({"version": self.VERSION, "files": self._new}, fh, separators=(",", ":"))
+                json.dump({"version": self.VERSION, "schemas": _SCHEMAS_KEY, "files": self._new}, fh,
+                          separators=(",", ":"))
             os.replace(tmp, self.path)
             tmp = None
         except OSError:
@@ -314,6 +369,29 @@ class VerifiedFiles:
                     os.unlink(tmp)
                 except OSError:
                     pass
+
+
+#: The declared schemas the verified-files cache was checked against (a cache of other schemas is ignored).
+_SCHEMAS_KEY = hashlib.sha256(
+    "\n".join(f"{t}:{TABLES[t].remove_metadata()}" for t in sorted(TABLES)).encode()).hexdigest()[:32]
+
+
+_TIMESTAMPS = frozenset(f.name for f in UNITS if pa.types.is_timestamp(f.type))
+
+
+def _row_to_json(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: v.isoformat() if k in _TIMESTAMPS and v is not None else v for k, v in row.items()}
+
+
+def _row_from_json(row: dict[str, Any]) -> dict[str, Any] | None:
+    from datetime import datetime
+
+    if set(row) != set(UNITS.names) | {"sweep"}:
+        return None
+    try:
+        return {k: datetime.fromisoformat(v) if k in _TIMESTAMPS and v is not None else v for k, v in row.items()}
+    except (TypeError, ValueError):
+        return None
 
 
 def _local_identity(st: Any) -> list[Any]:
@@ -379,49 +457,58 @@ class _Binder:
                 h.update(chunk)
         return h.hexdigest(), self.cache.identity(rel, self.infos.get(rel))
 
-    def _identify(self, w: _Want) -> tuple[str | None, list[Any] | None]:
-        """Why ``w``'s bytes are not the ones the ledger recorded (or None), and its identity to cache."""
+    def _identify(self, w: _Want) -> tuple[str | None, list[Any] | None, bool | None]:
+        """Why ``w``'s bytes are not the ones the ledger recorded (or None), its identity (to cache,
+        and to check again after each query), and whether the cache vouches for its footer too
+        (its schema exact or not; None: it was hashed now, so its footer must be checked)."""
         assert w.sha256 is not None
         identity = self.cache.identity(w.rel, self.infos.get(w.rel))
-        if self.cache.known(w.rel, identity, w.sha256):
-            return None, identity
+        exact = self.cache.known(w.rel, identity, w.sha256, w.rows)
+        if exact is not None:
+            return None, identity, exact
         digest, identity = self._hash(w.rel)
         with self.cache._lock:
             self.out.hashed += 1
         if digest != w.sha256:
             return (f"its bytes are not the ones the ledger recorded (SHA-256 {digest[:12]}…, recorded "
-                    f"{w.sha256[:12]}…: rewritten or corrupted)"), None
-        return None, identity
+                    f"{w.sha256[:12]}…: rewritten or corrupted)"), None, None
+        if identity is None and self.store.local:
+            return "changed while it was being hashed (a writer is replacing it?)", None, None
+        return None, identity, None
 
-    def _read(self, w: _Want, whole: bool) -> tuple[str | None, pa.Table | None]:
-        """Why ``w`` must not be read (footer, rows, schema, name), or None; and, when ``whole``, all its
+    def _read(self, w: _Want, whole: bool) -> tuple[str | None, pa.Table | None, bool]:
+        """Why ``w`` must not be read (footer, rows, schema, name), or None; when ``whole``, all its
         rows (with ``sweep``), from its bytes read once: a file replaced meanwhile is read either
-        whole before or whole after, never a footer of one and pages of the other."""
+        whole before or whole after, never a footer of one and pages of the other; and whether its
+        schema is exactly the declared one (scanned as is, else with its columns matched by name)."""
         try:
             with self.store.fs.open_input_file(self._abs(w.rel)) as fh:
                 pf = pq.ParquetFile(pa.BufferReader(fh.read_buffer()) if whole else fh, page_checksum_verification=True)
                 if w.rows is not None and pf.metadata.num_rows != w.rows:
-                    return f"holds {pf.metadata.num_rows} rows, the ledger recorded {w.rows}", None
-                problem = schema_problem(pf.schema_arrow, TABLES[w.table])
+                    return f"holds {pf.metadata.num_rows} rows, the ledger recorded {w.rows}", None, False
+                declared = TABLES[w.table]
+                exact = pf.schema_arrow.equals(declared, check_metadata=False)
+                problem = schema_problem(pf.schema_arrow, declared)
                 if not whole or problem is not None:
-                    return problem, None
+                    return problem, None, exact
                 t = pf.read(use_threads=False)
             t = t.append_column("sweep", pa.array([w.sweep] * len(t), pa.string()))
-            declared = TABLES[w.table].append(pa.field("sweep", pa.string()))
-            if not t.schema.equals(declared):  # an older file: cast here, where failing is this file's problem
-                t = _conform(t, declared)
+            full = declared.append(pa.field("sweep", pa.string()))
+            if not t.schema.equals(full):  # an older file: cast here, where failing is this file's problem
+                t = _conform(t, full)
         except FileNotFoundError:
-            return "missing (deleted?)", None
+            return "missing (deleted?)", None, False
         except Exception as exc:  # noqa: BLE001 - any unreadable file is damage, never a traceback
-            return f"not a readable Parquet file ({type(exc).__name__}: {str(exc).splitlines()[0][:160]})", None
-        return None, t
+            return f"not a readable Parquet file ({type(exc).__name__}: {str(exc).splitlines()[0][:160]})", None, False
+        return None, t, exact
 
     def _check(self, wants: list[_Want], whole: bool | None = None) -> list[tuple[_Want, pa.Table | None]]:
         """The files of ``wants`` that pass the checks, each with its rows when read whole (``whole``;
         None: those no SHA-256 identifies); a warning, and a damaged unit, for each other.
 
-        The checks, cheapest first: listed, the recorded size, the recorded SHA-256 (or the
-        verified-files cache), then footer, row count and schema.
+        The checks, cheapest first: listed, the recorded size, the verified-files cache (an entry
+        for this exact file, SHA-256 and row count: done), else the recorded SHA-256, then footer,
+        row count and schema. A bound file's identity and exactness go to ``identity`` / ``exact``.
         """
         def check(w: _Want) -> tuple[str | None, pa.Table | None]:
             info = self.infos.get(w.rel)
@@ -429,23 +516,47 @@ class _Binder:
                 return "missing (deleted?)", None
             if w.size is not None and info.size is not None and int(info.size) != w.size:
                 return f"is {info.size} bytes, the ledger recorded {w.size}", None
-            identity = None
+            identity, read_whole = None, whole if whole is not None else w.sha256 is None
             if w.sha256 is not None:
                 try:
-                    problem, identity = self._identify(w)
+                    problem, identity, exact = self._identify(w)
                 except FileNotFoundError:
                     return "missing (deleted?)", None
                 except OSError as exc:
                     return f"unreadable ({type(exc).__name__}: {exc})", None
                 if problem is not None:
                     return problem, None
-            problem, rows = self._read(w, whole if whole is not None else w.sha256 is None)
-            if problem is None and w.sha256 is not None:
-                self.cache.add(w.rel, identity, w.sha256)
+                if exact is not None and not read_whole:  # the cache vouches for this file's footer
+                    self.cache.add(w.rel, identity, w.sha256, w.rows, exact)
+                    self._bound(w, identity, exact)
+                    return None, None
+            problem, rows, exact = self._read(w, read_whole)
+            if problem is None:
+                if w.sha256 is not None:
+                    self.cache.add(w.rel, identity, w.sha256, w.rows, exact)
+                self._bound(w, identity, exact)
             return problem, rows
 
+        def cached(w: _Want) -> bool:
+            """Whether the verified-files cache vouches for ``w`` (one stat: no thread needed)."""
+            info = self.infos.get(w.rel)
+            if (w.sha256 is None or info is None or whole
+                    or (w.size is not None and info.size is not None and int(info.size) != w.size)):
+                return False
+            identity = self.cache.identity(w.rel, info)
+            exact = self.cache.known(w.rel, identity, w.sha256, w.rows)
+            if exact is None:
+                return False
+            self.cache.add(w.rel, identity, w.sha256, w.rows, exact)
+            self._bound(w, identity, exact)
+            return True
+
+        quick = {w.rel for w in wants if cached(w)}
+        rest = [w for w in wants if w.rel not in quick]
+        checked = dict(zip([w.rel for w in rest], _parallel(check, rest), strict=True))
         good = []
-        for w, (p, rows) in zip(wants, _parallel(check, wants), strict=True):
+        for w in wants:
+            p, rows = checked.get(w.rel, (None, None))
             if p is None:
                 good.append((w, rows))
                 continue
@@ -455,6 +566,11 @@ class _Binder:
             else:
                 self._warn(w.rel, p, "skipped")
         return good
+
+    def _bound(self, w: _Want, identity: list[Any] | None, exact: bool) -> None:
+        with self.cache._lock:
+            self.out.identity[w.rel] = identity
+            self.out.exact[w.rel] = exact
 
     def _named(self, w: _Want, t: pa.Table) -> str | None:
         """Why a file no ledger row names is not the one record its name says (a copy, a misnamed
@@ -475,22 +591,39 @@ class _Binder:
     def _read_ledger(self, listing: dict[str, list[str]]) -> None:
         """Read every ledger file whole; a damaged one is a warning and a ``damaged`` row of its unit
         (``units`` shows the unit even though its row is lost); a readable one counts only when it
-        holds exactly one row, of the unit its file name says (else a warning: never counted)."""
+        holds exactly one row, of the unit its file name says (else a warning: never counted).
+
+        A ledger file counted before and unchanged since (its identity, :class:`VerifiedFiles`) is
+        not read again: its row comes from the cache. Every other one is read and checked whole,
+        its identity taken before its bytes are read (a file changed meanwhile no longer matches it)."""
         wants = [_Want(rel, "units", sweep, (sweep, rel.rsplit("/", 1)[1][: -len(".parquet")]))
                  for sweep, files in listing.items() for rel in files]
-        good = self._check(wants, whole=True)
+        full = UNITS.append(pa.field("sweep", pa.string()))
+        cached: list[tuple[_Want, dict[str, Any]]] = []
+        identities: dict[str, list[Any] | None] = {}
+        for w in wants:
+            identity = identities[w.rel] = self.cache.identity(w.rel, self.infos.get(w.rel))
+            row = self.cache.ledger_row(w.rel, identity)
+            if row is not None:
+                self.cache.add_ledger(w.rel, identity, row)
+                cached.append((w, row))
+        known = {w.rel for w, _ in cached}
+        good = self._check([w for w in wants if w.rel not in known], whole=True)
         counted = []
         for w, t in good:
             assert t is not None
             problem = self._named(w, t)
             if problem is None:
                 counted.append((w, t))
+                self.cache.add_ledger(w.rel, identities.get(w.rel), t.to_pylist()[0])
             else:
                 self._warn(w.rel, problem, "not counted")
-        self.out.files["units"] = [w for w, _ in counted]
-        full = UNITS.append(pa.field("sweep", pa.string()))
-        self.out.ledger = _concat([t for _, t in counted], full)
-        read = {w.rel for w, _ in good}
+        self.out.files["units"] = [w for w, _ in cached] + [w for w, _ in counted]
+        parts = [t for _, t in counted]
+        if cached:
+            parts.insert(0, pa.Table.from_pylist([row for _, row in cached], schema=full))
+        self.out.ledger = _concat(parts, full)
+        read = known | {w.rel for w, _ in good}
         self.out.lost = [{"unit_id": w.unit[1], "status": "damaged", "sweep": w.sweep}
                          for w in wants if w.rel not in read and w.unit is not None]
 
@@ -658,11 +791,64 @@ def _spill_dir() -> str:
     return path
 
 
+#: Characters DuckDB's file readers take as a glob pattern: a tree whose bound paths hold one is
+#: scanned through pyarrow instead (DuckDB would expand the pattern, not read the file named).
+_GLOB_CHARS = frozenset("*?[")
+
+
+def native_scan(store: ResultStore, bound: _Bound) -> bool:
+    """Whether the result tables' views scan with DuckDB's own Parquet reader: a local tree whose
+    bound paths hold no glob character. An object store is scanned through pyarrow's file systems
+    (DuckDB would need its httpfs extension, which a read-only connection may not install)."""
+    if not store.local or _GLOB_CHARS & set(store.base):
+        return False
+    return not any(_GLOB_CHARS & set(w.rel) for t, ws in bound.files.items() if t not in UNMANAGED_TABLES for w in ws)
+
+
+def _native_files(store: ResultStore, bound: _Bound) -> list[_Want]:
+    """The bound result files a native view reads (each identified by its SHA-256; legacy rows' files
+    are read whole at open, held in ``bound.memory``)."""
+    return [w for t, ws in bound.files.items() if t not in UNMANAGED_TABLES for w in ws if w.sha256 is not None]
+
+
+def _native_view(store: ResultStore, table: str, wants: list[_Want], bound: _Bound, memory: str | None) -> str:
+    """``CREATE VIEW`` of a result table over exactly ``wants`` with DuckDB's own reader: one
+    ``read_parquet`` per sweep over the files whose schema is exactly the declared one (no glob, no
+    hive partitioning: ``sweep`` is a constant of its branch), one more with columns matched by
+    name over the others (older files), plus ``memory`` (a registered table of rows read at open);
+    the declared columns and types, in order, plus ``sweep``."""
+    schema = TABLES[table].append(pa.field("sweep", pa.string()))
+    parts = [_typed_empty(schema)]
+    groups: dict[tuple[str, bool], list[str]] = {}
+    for w in wants:
+        if w.sha256 is not None:
+            groups.setdefault((w.sweep, bound.exact.get(w.rel, False)), []).append(f"{store.base}/{w.rel}")
+    for (sweep, exact), files in sorted(groups.items()):
+        listed = ", ".join(_literal(f) for f in files)
+        by_name = "" if exact else ", union_by_name = true"
+        parts.append(f"SELECT *, {_literal(sweep)} AS sweep FROM read_parquet([{listed}], "
+                     f"hive_partitioning = false{by_name})")
+    if memory is not None:
+        parts.append(f"SELECT * FROM {_ident(memory)}")
+    body = "\nUNION ALL BY NAME\n".join(parts)
+    if any(not exact for _sweep, exact in groups) or memory is not None:  # types as declared, whatever a file holds
+        cols = ", ".join(f"CAST({_ident(c)} AS {t}) AS {_ident(c)}" for c, t in _duck_types(schema))
+        body = f"SELECT {cols} FROM (\n{body}\n)"
+    return f"CREATE VIEW {_ident(table)} AS {body}"
+
+
 def _open(store: ResultStore, bound: _Bound, spill: str | None = None) -> duckdb.DuckDBPyConnection:
     """An in-memory connection that cannot touch a file outside its private spill directory
-    ``spill`` (none: no spilling), with one view per table over ``bound``."""
+    ``spill`` (none: no spilling) and the bound result files, with one view per table over ``bound``.
+
+    Natively scanned (:func:`native_scan`): the bound files are the connection's ``allowed_paths``
+    (exact files, not directories: a stray file beside them stays unreadable) and the views read them
+    with DuckDB's own Parquet reader (footers cached for the connection's life). Otherwise each view
+    scans a pyarrow dataset registered with the connection, and DuckDB opens no file at all.
+    """
     import os
 
+    native = native_scan(store, bound)
     config: dict[str, str | bool | int | float | list[str]] = {"temp_directory": spill or ""}
     limit = os.environ.get(MEMORY_LIMIT_ENV) or default_memory_limit()
     if limit:
@@ -672,11 +858,24 @@ def _open(store: ResultStore, bound: _Bound, spill: str | None = None) -> duckdb
     try:
         if not spill:
             con.execute("SET max_temp_directory_size = '0B'")
-        con.execute("SET enable_external_access = false")  # no allowed directory: no file, any path
+        if native:
+            allowed = [f"{store.base}/{w.rel}" for w in _native_files(store, bound)]
+            con.execute("SET allowed_paths = $paths", {"paths": allowed})
+            con.execute("SET parquet_metadata_cache = true")  # each footer read once per connection
+        con.execute("SET enable_external_access = false")  # no file, any path, but the allowed ones
         _bind_units(con, store, bound)
         for table in TABLES:
-            if table != "units":
-                con.register(table, _dataset(store, table, bound.files[table], bound.memory.get(table)))  # DuckDB opens no file
+            if table == "units":
+                continue
+            memory = bound.memory.get(table)
+            if native and table not in UNMANAGED_TABLES:
+                name = None
+                if memory is not None:
+                    name = f"_{table}_read_at_open"
+                    con.register(name, memory)
+                con.execute(_native_view(store, table, bound.files[table], bound, name))
+            else:
+                con.register(table, _dataset(store, table, bound.files[table], memory))  # DuckDB opens no file
     except BaseException:
         con.close()
         raise
@@ -773,6 +972,11 @@ class Catalog:
         self._sweeps_read = sorted(bound.sweeps)
         self._specs = sorted({w.sweep for w in bound.files['sweeps']})
         self.hashed = bound.hashed
+        #: Whether the result views scan with DuckDB's own reader (:func:`native_scan`); then the
+        #: (path, identity when verified) of each file they read, checked after every query.
+        self.native = native_scan(self.store, bound)
+        self._watched: list[tuple[str, list[Any] | None]] = (
+            [(w.rel, bound.identity.get(w.rel)) for w in _native_files(self.store, bound)] if self.native else [])
         try:
             con = _open(self.store, bound, self._spill)
         except BaseException:
@@ -808,7 +1012,7 @@ class Catalog:
         sql = named_query(name)
         bound = {p: params.get(p) for p in sql_params(sql)}
         try:
-            return _arrow(self.con.sql(sql, params=bound or None))
+            return self._unchanged(_arrow(self.con.sql(sql, params=bound or None)))
         except duckdb.Error as exc:
             raise self._failed(f"named query {name!r} failed: ", exc) from None
 
@@ -825,9 +1029,31 @@ class Catalog:
                 con.execute(st.query).fetchall()
             last = statements[-1].query
             bound = {p: params.get(p) for p in sql_params(last)}
-            return _arrow(con.sql(last, params=bound or None))
+            return self._unchanged(_arrow(con.sql(last, params=bound or None)))
         except duckdb.Error as exc:
             raise self._failed("", exc) from None
+
+    def _unchanged(self, result: _T) -> _T:
+        """``result``, once every file a native view may have read is checked to still be the one
+        verified at open (its identity: size, mtime, ctime, inode, device; one ``stat`` each). DuckDB
+        opens files by path, so a file replaced or rewritten after the open would otherwise be read
+        unverified: then the result is discarded and the query fails, naming the file."""
+        import os
+
+        changed = []
+        for rel, identity in self._watched:
+            try:
+                now = _local_identity(os.stat(f"{self.store.base}/{rel}"))
+            except OSError:
+                now = None
+            if now != identity:
+                changed.append(rel)
+        if changed:
+            more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
+            raise QueryError(f"{changed[0]}{more}: changed after this command verified it (rewritten, replaced or "
+                             f"deleted while being read); the result was discarded: run the command again, and "
+                             f"`swapcheck sweep verify --results {self.results}`")
+        return result
 
     def sweeps(self) -> list[str]:
         """The sweeps that have a spec record (one the catalog reads)."""
@@ -923,14 +1149,24 @@ def _ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def _typed_empty(schema: pa.Schema) -> str:
-    """``SELECT CAST(NULL AS <type>) AS <col>, ... WHERE false``: the declared columns, in order, no rows."""
+@functools.lru_cache(maxsize=64)
+def _duck_types_of(schema_text: str, schema: pa.Schema) -> tuple[tuple[str, str], ...]:
     con = duckdb.connect(":memory:")
     try:
         rel = con.from_arrow(pa.Table.from_pylist([], schema=schema))
-        cols = [f"CAST(NULL AS {t}) AS {_ident(c)}" for c, t in zip(rel.columns, rel.types, strict=True)]
+        return tuple((str(c), str(t)) for c, t in zip(rel.columns, rel.types, strict=True))
     finally:
         con.close()
+
+
+def _duck_types(schema: pa.Schema) -> tuple[tuple[str, str], ...]:
+    """(column, DuckDB type) of each column of ``schema``, in order (as DuckDB reads the Arrow type)."""
+    return _duck_types_of(str(schema), schema)
+
+
+def _typed_empty(schema: pa.Schema) -> str:
+    """``SELECT CAST(NULL AS <type>) AS <col>, ... WHERE false``: the declared columns, in order, no rows."""
+    cols = [f"CAST(NULL AS {t}) AS {_ident(c)}" for c, t in _duck_types(schema)]
     return f"SELECT {', '.join(cols)} WHERE false"
 
 

@@ -29,7 +29,7 @@ from typer.testing import CliRunner
 
 from orchestrator.cli.main import app
 from storage.catalog import UNMANAGED_TABLES, Catalog, VerifiedFiles
-from storage.errors import StorageError
+from storage.errors import QueryError, StorageError
 from storage.schemas import TABLES
 from storage.store import FileRecord, ResultStore
 
@@ -445,9 +445,12 @@ def test_a_cache_that_cannot_be_used_is_never_fatal(root: Path, tmp_path: Path, 
             cache.chmod(0o700)
 
 
-def test_a_cache_entry_never_trusts_bytes_the_ledger_did_not_record(root: Path, _own_cache: Path) -> None:
+def test_a_cache_entry_never_trusts_bytes_the_ledger_did_not_record(root: Path, _own_cache: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """A forged cache entry for a changed file (as after bit rot under an unchanged identity): the
-    cache matches only with the ledger's SHA-256, and a changed data page still fails the read (page CRCs)."""
+    cache matches only with the ledger's SHA-256 and row count; an entry older than the rehash age
+    (``SWAPCHECK_REHASH_AFTER_S``) is not trusted, so the rotten file is hashed again and never read;
+    and ``sweep verify``, which hashes every file whatever the cache says, names it."""
     victim = _part(root, "kdepth") / f"{uid('kdepth', 0)}.parquet"
     meta = pq.ParquetFile(victim).metadata
     column = meta.row_group(0).column(meta.schema.names.index("unit_id"))
@@ -457,18 +460,35 @@ def test_a_cache_entry_never_trusts_bytes_the_ledger_did_not_record(root: Path, 
     data[start] ^= 0x5A
     victim.write_bytes(bytes(data))
     store = ResultStore(root)
-    cache = VerifiedFiles(store)
     rel = victim.relative_to(root).as_posix()
-    recorded = pq.read_table(_part(root, "units") / victim.name).column("files")[0].as_py()[0]["sha256"]
-    cache.add(rel, cache.identity(rel, None), hashlib.sha256(bytes(data)).hexdigest())  # the wrong hash
-    cache.save()
-    with Catalog(root) as cat:
-        assert cat.hashed >= 1 and any(victim.name in w for w in cat.warnings)
-    cache = VerifiedFiles(store)
-    cache.add(rel, cache.identity(rel, None), recorded)  # the ledger's hash: the cache now vouches for it
-    cache.save()
-    res = _cli("query", _sql(uid("kdepth", 0)), "--results", str(root), "--format", "json")
-    assert res.exit_code == 2 and "sweep verify" in res.output, res.output
+    record = pq.read_table(_part(root, "units") / victim.name).column("files")[0].as_py()[0]
+    recorded, rows = record["sha256"], record["rows"]
+
+    def forge(sha256: str, rows: int, age_s: float = 0.0) -> None:
+        cache = VerifiedFiles(store)
+        cache.add(rel, cache.identity(rel, None), sha256, rows, True)
+        cache._new[rel]["read_ns"] -= int(age_s * 1e9)
+        cache.save()
+
+    def caught() -> bool:
+        with Catalog(root) as cat:
+            return cat.hashed >= 1 and any(victim.name in w for w in cat.warnings)
+
+    forge(hashlib.sha256(bytes(data)).hexdigest(), rows)  # the wrong hash
+    assert caught()
+    forge(recorded, rows + 1)  # the ledger's hash, another row count
+    assert caught()
+    forge(recorded, rows, age_s=VerifiedFiles.REHASH_DEFAULT_S + 60)  # the ledger's, but a day old
+    assert caught()
+    forge(recorded, rows)  # the ledger's hash, fresh: hashed again only when every open must hash
+    monkeypatch.setenv(VerifiedFiles.REHASH_ENV, "0")
+    assert caught()
+    monkeypatch.setenv(VerifiedFiles.REHASH_ENV, "-1")
+    res = _cli("query", _sql(uid("kdepth", 0)), "--results", str(root))
+    assert res.exit_code == 2 and VerifiedFiles.REHASH_ENV in res.output, res.output
+    monkeypatch.delenv(VerifiedFiles.REHASH_ENV)
+    res = _cli("sweep", "verify", "--results", str(root))
+    assert res.exit_code != 0 and victim.name in res.output, res.output
 
 
 # -- a file replaced while the catalog opens ----------------------------------------------------------------
@@ -560,3 +580,89 @@ def test_a_bad_spill_dir_is_exit_2_naming_the_variable_and_the_path(root: Path, 
     assert len(lines) == 1 and "SWAPCHECK_SPILL_DIR" in lines[0] and str(spill) in res.output.replace("\n", "")
     with pytest.raises(StorageError, match="SWAPCHECK_SPILL_DIR"):
         Catalog(root)
+
+
+# -- DuckDB's own reader over the verified files (issue #25) --------------------------------------------------
+
+def test_views_scan_natively_with_the_declared_types_and_the_same_rows(root: Path) -> None:
+    """A local tree is scanned by DuckDB's own Parquet reader: each view has the declared columns and
+    types, in order, and the same rows as through pyarrow datasets (the object-store path)."""
+    import storage.catalog as catalog
+
+    def read(native: bool) -> dict[str, Any]:
+        orig = catalog.native_scan
+        if not native:
+            catalog.native_scan = lambda store, bound: False
+        try:
+            with Catalog(root) as cat:
+                assert cat.native is native
+                return {t: (cat.query(f'DESCRIBE "{t}"').select(["column_name", "column_type"]).to_pylist(),
+                            cat.query(f'SELECT * FROM "{t}" ORDER BY ALL').to_pylist()) for t in TABLES}
+        finally:
+            catalog.native_scan = orig
+
+    assert read(True) == read(False)
+
+
+def test_a_later_open_reads_no_file_of_a_verified_tree(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first open hashes and checks every file; a later one only stats them (no hash, no footer,
+    no ledger file read: its rows come from the cache) and reads the same rows."""
+    from storage import catalog
+
+    with Catalog(root) as cat:
+        first = _counts(cat, RESULT_TABLES + ["units"]), cat.query("SELECT * FROM units ORDER BY ALL").to_pylist()
+    opened: list[str] = []
+    real = catalog._Binder._read
+
+    def spy(self: Any, w: Any, whole: bool) -> Any:
+        opened.append(w.rel)
+        return real(self, w, whole)
+
+    monkeypatch.setattr(catalog._Binder, "_read", spy)
+    with Catalog(root) as cat:
+        assert cat.hashed == 0 and cat.warnings == []
+        again = _counts(cat, RESULT_TABLES + ["units"]), cat.query("SELECT * FROM units ORDER BY ALL").to_pylist()
+    assert again == first
+    assert not [rel for rel in opened if rel.startswith(("table=units/", "table=kdepth/"))], opened
+
+
+def test_a_file_replaced_after_the_open_fails_the_query_instead_of_being_read(root: Path) -> None:
+    """DuckDB opens files by path at query time: a result file replaced (or rewritten) after the
+    catalog verified it fails the query, naming the file, rather than feeding it unverified bytes."""
+    victim = _part(root, "kdepth") / f"{uid('kdepth', 0)}.parquet"
+    with Catalog(root) as cat:
+        assert cat.query(_sql(uid("kdepth", 0))).to_pylist() == [{"n": ROWS}]
+        data = victim.read_bytes()
+        tmp = victim.with_name(".replacement")
+        tmp.write_bytes(data)  # the same bytes under a new inode: still not what was verified
+        os.replace(tmp, victim)
+        with pytest.raises(QueryError, match=f"{victim.name}.*changed after this command verified it"):
+            cat.query(_sql(uid("kdepth", 0)))
+        with pytest.raises(QueryError, match="changed after"):
+            cat.named_arrow("kdepth_summary", sweep=SWEEP)
+
+
+def test_sql_cannot_write_a_bound_file(root: Path) -> None:
+    """The bound files are the connection's allowed paths (reads); a COPY onto one is refused by the
+    statement allow-list (exit 2), the file unchanged; reading another file of the tree is refused."""
+    victim = _part(root, "kdepth") / f"{uid('kdepth', 0)}.parquet"
+    before = victim.read_bytes()
+    for sql in (f"COPY (SELECT 1 AS x) TO '{victim}' (FORMAT parquet, USE_TMP_FILE false)",
+                f"EXPLAIN ANALYZE COPY (SELECT 1 AS x) TO '{victim}' (USE_TMP_FILE false)"):
+        res = _cli("query", sql, "--results", str(root))
+        assert res.exit_code == 2, res.output
+    assert victim.read_bytes() == before
+    stray = _part(root, "kdepth") / "stray.parquet"
+    shutil.copy(victim, stray)
+    res = _cli("query", f"SELECT count(*) FROM read_parquet('{stray}')", "--results", str(root))
+    assert res.exit_code == 2 and "Permission" in res.output, res.output
+
+
+def test_a_root_with_glob_characters_is_read_through_pyarrow(template: dict[bool, Path], tmp_path: Path) -> None:
+    """DuckDB's readers expand ``*``, ``?`` and ``[`` in a path: a results root holding one is scanned
+    through pyarrow datasets instead, with the same rows."""
+    root = tmp_path / "results[1]"
+    shutil.copytree(template[False], root)
+    with Catalog(root) as cat:
+        assert not cat.native
+        assert _counts(cat, ["kdepth"]) == {"kdepth": 2 * ROWS} and cat.warnings == []
