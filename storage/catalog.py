@@ -29,16 +29,28 @@ with one, each file holding the one record its name says) are read whole at open
 once, as are result files of legacy ledger rows (no SHA-256): no statistic of theirs is used, and a
 file replaced meanwhile is seen whole before or after.
 
-**Read-only by construction.** The views scan pyarrow datasets bound to explicit file lists (no
-globbing, so ``[``, ``*``, ``?`` in ``--results`` are plain characters), registered with the
-connection before it is locked: DuckDB itself never opens a result file. The connection's one
-directory is a private spill directory (fresh, mode 0700, under ``$SWAPCHECK_SPILL_DIR`` or the
-system's temporary directory, removed on close), so that a query larger than memory spills instead
-of failing; then ``enable_external_access = false`` (COPY, EXPORT, ATTACH, INSTALL/LOAD,
-``read_*``/``glob`` and every other file system route fail with a Permission Error on every path
-but that spill directory, which DuckDB keeps reachable for itself) and ``lock_configuration =
-true`` (no SET/PRAGMA/RESET can undo it). On top of that, user SQL passes an allow-list taken from DuckDB's own parse
-(``duckdb.extract_statements``): SELECT (DESCRIBE, SHOW and SUMMARIZE parse as SELECT) and EXPLAIN
+**What a later open costs.** The :class:`VerifiedFiles` cache vouches for a file whose identity
+is unchanged since it passed every check (within ``SWAPCHECK_REHASH_AFTER_S``): no hash, no footer,
+and for a ledger file no read (its row is in the entry). So a later open stats each file once.
+
+**How views scan.** A local tree (:func:`native_scan`) is scanned by DuckDB's own Parquet reader:
+one ``read_parquet`` per sweep over an explicit list of the verified files (``hive_partitioning =
+false``; ``sweep`` a constant of its branch, so a filter on it prunes whole branches), the files'
+footers cached for the connection's life. DuckDB checks no page CRC, so after every query the
+catalog stats each bound file again and discards the result if any changed since it was verified
+(:meth:`Catalog._unchanged`). An object store, or a root whose path holds a glob character (DuckDB
+would expand it), is scanned through pyarrow datasets with page CRCs verified, registered with the
+connection: DuckDB itself opens no file there.
+
+**Read-only by construction.** The connection's allowed paths are exactly the verified result files
+(none on the pyarrow route) and its one directory is a private spill directory (fresh, mode 0700,
+under ``$SWAPCHECK_SPILL_DIR`` or the system's temporary directory, removed on close), so that a
+query larger than memory spills instead of failing; then ``enable_external_access = false`` (COPY,
+EXPORT, ATTACH, INSTALL/LOAD, ``read_*``/``glob`` and every other file system route fail with a
+Permission Error on every other path) and ``lock_configuration = true`` (no SET/PRAGMA/RESET can undo
+it). An allowed path can be written by a COPY; what refuses that, and every other write, is the
+allow-list user SQL passes, taken from DuckDB's own parse (``duckdb.extract_statements``): SELECT
+(DESCRIBE, SHOW and SUMMARIZE parse as SELECT) and EXPLAIN
 of a SELECT, never EXPLAIN ANALYZE (which runs its statement).
 """
 
