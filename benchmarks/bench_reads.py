@@ -1,18 +1,34 @@
-"""Reads at scale: the report commands against hand-written DuckDB over the same files.
+"""Reads at scale: the report commands and ``query`` against hand-written DuckDB + Python over the same
+files, computing the same numbers (issue #25).
 
 Rows come from ``benchmarks/gen_rows.py`` (cached under ``--dir``). Each case runs the swapcheck
-command (``python -m orchestrator.cli.main ...``) and its baseline, each in a fresh subprocess
-(``peak_rss_of``), alternately; ``Case.extra`` records both sides' peak RSS. The baselines read the
-same Parquet files with DuckDB's own ``read_parquet`` (no catalog, no ledger checks) and compute the
-same table: agreement (self-reproducibility, cross-arm, first divergence, per-position agreement),
-flips (per pair: counts, exact interval, ROC-AUC and a logistic fit with scikit-learn, decade
-calibration, 90% flip margin), the K-depth summary, all of those for ``report all``, and a group-by
-for ``query``.
+command (``python -m orchestrator.cli.main ...``) and its baseline (``benchmarks/reads_baseline.py``),
+each in a fresh subprocess (``peak_rss_of``), alternately; both print their output (JSON, or CSV for
+``query``) to a file. The goal is <= 1.5x, judged on the median of the pairs; ``Case.extra`` records
+both sides' peak RSS.
 
-    .venv/bin/python benchmarks/bench_reads.py                      # 10M rows (default)
-    .venv/bin/python benchmarks/bench_reads.py --quick              # 1M rows
-    .venv/bin/python benchmarks/bench_reads.py --rows 100000000     # 100M rows
+**The same numbers.** Each baseline computes what its report computes (``reads_baseline.py``'s
+docstring lists it): the agreement grid over every position either arm generated, the
+first-divergence and per-position tables, the flip-risk figures with every interval by the same
+library calls (exact and Wilson intervals, the seeded sequence bootstrap of the AUC, the logistic
+fit), the K-depth table with its near-zero totals, the ledger summary with the units whose files
+are missing or resized, the certificate's K-depth, end-to-end and flip figures with their exact
+intervals and K-trends. After the timing, the last pair's outputs are compared number by number
+(``compare``: counts exactly, floats to a relative 1e-6; the logistic coefficients and the model's
+predictions to 1e-3, as the fits of the same data in another row order; the bootstrap interval to
+0.02): a case whose numbers differ is printed as such, recorded with ``same_numbers: false`` and
+makes the script exit 1 after writing its cases. ``report all`` is checked through its parts (its
+baseline computes them in one process, each once); ``query`` compares the CSV text.
+
+Cases (``--cases``, comma separated; default all nine): ``query`` (a group-by), ``agreement``,
+``flips``, ``kdepth``, ``units``, ``noise-floor``, ``certificate``, ``conformance`` (the certificate's
+baseline: the same numbers), ``all``.
+
+    .venv/bin/python benchmarks/bench_reads.py                      # 10M rows (default), 3 pairs per case
+    .venv/bin/python benchmarks/bench_reads.py --quick              # 1M rows, 2 pairs
     .venv/bin/python benchmarks/bench_reads.py --smoke              # 20k rows, agreement and query, one pair
+    .venv/bin/python benchmarks/bench_reads.py --rows 100000000     # 100M rows: agreement only, one pair
+                                                                    # (minutes per side; --repeat 3 to judge)
 
 Threads: both sides' processes inherit ``--threads`` (default 1) through the environment
 (``common.apply_threads``: ``OMP_NUM_THREADS`` sizes Arrow's CPU pool, the BLAS pools of the baseline's
@@ -22,8 +38,14 @@ thread count (one per core), the same on both sides, recorded as ``duckdb_thread
 
 from __future__ import annotations
 
+import csv
+import io
+import json
+import math
 import sys
+import tempfile
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -43,105 +65,184 @@ from gen_rows import DEFAULT_DIR, ensure_rows  # noqa: E402
 
 PY = sys.executable
 CLI = [PY, "-m", "orchestrator.cli.main"]
-GROUP_BY = "SELECT arm, prompt_index % 16 AS bucket, count(*) AS n, sum(token) AS s, avg(margin) AS m FROM generations GROUP BY ALL"
+GROUP_BY = "SELECT arm, prompt_index % 16 AS bucket, count(*) AS n, sum(token) AS s, avg(margin) AS m FROM generations GROUP BY ALL ORDER BY ALL"
 
-#: The hand-written baselines: one Python program, run with the results root and which tables to make.
-BASELINE = r'''
-import glob, sys
-import duckdb
-root, what = sys.argv[1], sys.argv[2].split(",")
-con = duckdb.connect()
-def view(t):
-    files = sorted(glob.glob(f"{root}/table={t}/sweep=*/*.parquet"))
-    con.execute(f"CREATE VIEW {t} AS SELECT * FROM read_parquet({files!r}, hive_partitioning = true)")
-for t in ("generations", "sequences", "arm_runs", "teacher_forced", "kdepth"):
-    view(t)
-out = []
-if "agreement" in what:
-    out.append(con.sql("""
-        SELECT sweep, arm, count(DISTINCT restart) AS restarts,
-               count(*) FILTER (WHERE same) AS identical, count(*) AS total
-        FROM (SELECT sweep, arm, prompt_index, count(DISTINCT sequence_hash) = 1 AS same
-              FROM sequences GROUP BY ALL)
-        JOIN (SELECT sweep, arm, count(DISTINCT restart) AS restart FROM sequences GROUP BY ALL) USING (sweep, arm)
-        GROUP BY sweep, arm""").fetchall())
-    con.execute("""CREATE TEMP VIEW g AS SELECT sweep, arm, prompt_index, position, token, margin
-                   FROM generations WHERE restart = 0""")
-    con.execute("""CREATE TEMP VIEW c AS SELECT x.sweep, x.arm AS a, y.arm AS b, x.prompt_index, x.position,
-                   x.token AS ta, y.token AS tb, x.margin AS ma, y.margin AS mb, x.token <> y.token AS differs
-                   FROM g x JOIN g y ON x.sweep = y.sweep AND x.prompt_index = y.prompt_index
-                   AND x.position = y.position AND x.arm < y.arm""")
-    out.append(con.sql("""
-        SELECT x.sweep, x.arm, y.arm, count(*) FILTER (WHERE x.sequence_hash = y.sequence_hash), count(*)
-        FROM sequences x JOIN sequences y ON x.sweep = y.sweep AND x.prompt_index = y.prompt_index AND x.arm < y.arm
-        WHERE x.restart = 0 AND y.restart = 0 GROUP BY ALL""").fetchall())
-    out.append(con.sql("""
-        SELECT sweep, a, b, prompt_index, count(*), min(position) FILTER (WHERE differs),
-               arg_min(ta, position) FILTER (WHERE differs), arg_min(tb, position) FILTER (WHERE differs),
-               arg_min(ma, position) FILTER (WHERE differs), arg_min(mb, position) FILTER (WHERE differs)
-        FROM c GROUP BY ALL ORDER BY ALL""").fetchall())
-    out.append(con.sql("""
-        WITH f AS (SELECT sweep, a, b, prompt_index, min(position) FILTER (WHERE differs) AS fd FROM c GROUP BY ALL)
-        SELECT sweep, a, b, position, count(*), count(*) FILTER (WHERE NOT differs),
-               count(*) FILTER (WHERE fd IS NULL OR fd > position)
-        FROM c JOIN f USING (sweep, a, b, prompt_index) GROUP BY ALL ORDER BY ALL""").fetchall())
-if "kdepth" in what:
-    out.append(con.sql("""
-        SELECT sweep, dtype, out_dtype, comparison, impl_a, impl_b, scale_mode, k, count(DISTINCT seed),
-               sum(elements), sum(differing), max(max_spacing), sum(hist_1), sum(hist_2), sum(hist_gt2)
-        FROM kdepth GROUP BY ALL ORDER BY ALL""").fetchall())
-if "flips" in what:
-    import numpy as np
-    from scipy.stats import binomtest
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.metrics import roc_auc_score
-    pairs = con.sql("SELECT DISTINCT sweep, ref_arm, arm FROM teacher_forced ORDER BY ALL").fetchall()
-    for sweep, ref, arm in pairs:
-        m, f = con.execute("SELECT ref_margin, flip FROM teacher_forced WHERE sweep = ? AND ref_arm = ? AND arm = ?",
-                           [sweep, ref, arm]).fetchnumpy().values()
-        m, f = np.asarray(m, dtype=np.float64), np.asarray(f, dtype=bool)
-        k, n = int(f.sum()), f.size
-        row = [sweep, ref, arm, n, k, binomtest(k, n).proportion_ci(method="exact")]
-        if 0 < k < n:
-            x = np.log10(m + 1e-7)
-            row.append(roc_auc_score(f, -m))
-            row.append(LogisticRegression(C=1.0, max_iter=1000).fit(((x - x.mean()) / x.std())[:, None], f).coef_)
-            row.append(np.quantile(m[f], 0.9, method="inverted_cdf"))
-        edges = np.array([0.0, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0, np.inf])
-        b = np.searchsorted(edges, m, side="right") - 1
-        row.append((np.bincount(b, minlength=10), np.bincount(b, weights=f, minlength=10)))
-        out.append(row)
-if "query" in what:
-    out.append(con.sql(sys.argv[3]).fetchall())
-print(len(out))
-'''
+BASELINE = [PY, str(Path(__file__).with_name("reads_baseline.py"))]
+#: The goal of every case: swapcheck's command over the hand-written baseline, median of the pairs.
+GOAL = 1.5
+#: Tolerances of ``compare`` by key (relative, or absolute where named): fits and resampling.
+LOOSE = {"intercept": 1e-3, "slope": 1e-3, "predicted_rate": 1e-3}
+ABSOLUTE = {"auc_ci": 0.02}
 
 
-def _side(cmd: list[str]) -> tuple[float, int]:
-    seconds, rss, done = peak_rss_of(cmd, cwd=str(REPO))
+def _close(a: float, b: float, key: str) -> bool:
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    if key in ABSOLUTE:
+        return abs(a - b) <= ABSOLUTE[key]
+    return abs(a - b) <= max(LOOSE.get(key, 1e-6) * max(abs(a), abs(b)), 1e-12)
+
+
+def compare(cand: Any, base: Any, path: str = "", key: str = "", out: list[str] | None = None) -> list[str]:
+    """Where ``base`` (the baseline's output) differs from ``cand`` (the report's): every key of a
+    baseline object must be in the report's with the same value; lists element by element."""
+    out = [] if out is None else out
+    if isinstance(base, dict):
+        if not isinstance(cand, dict):
+            out.append(f"{path}: an object in the baseline, {type(cand).__name__} in the report")
+            return out
+        for k, v in base.items():
+            if k not in cand:
+                out.append(f"{path}.{k}: missing in the report")
+            else:
+                compare(cand[k], v, f"{path}.{k}", k if k not in ("interval",) else key, out)
+    elif isinstance(base, list):
+        if not isinstance(cand, list) or len(cand) != len(base):
+            out.append(f"{path}: {len(base)} items in the baseline, "
+                       f"{len(cand) if isinstance(cand, list) else type(cand).__name__} in the report")
+            return out
+        for i, (c, b) in enumerate(zip(cand, base, strict=True)):
+            compare(c, b, f"{path}[{i}]", key, out)
+    elif isinstance(base, bool) or base is None or isinstance(base, str):
+        if cand != base:
+            out.append(f"{path}: {base!r} in the baseline, {cand!r} in the report")
+    elif isinstance(base, int | float):
+        if not isinstance(cand, int | float) or isinstance(cand, bool) or not _close(float(cand), float(base), key):
+            out.append(f"{path}: {base!r} in the baseline, {cand!r} in the report")
+    return out
+
+
+def _cert_view(certs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The certificate's numbers keyed as the baseline keys them (kernel pair sorted, scale mode)."""
+    kd: dict[str, Any] = {}
+    cross: dict[str, Any] = {}
+    tf: dict[str, Any] = {}
+    for c in certs:
+        for sm in c["scale_modes"]:
+            k = sm["kdepth"]
+            if k.get("status") == "run":
+                kd["|".join([*sorted((c["kernel_a"], c["kernel_b"])), sm["scale_mode"]])] = {
+                    "elements": k["elements"], "differing": k["differing"], "ppm": k["ppm"],
+                    "ppm_ci_low": k["ppm_ci_low"], "ppm_ci_high": k["ppm_ci_high"],
+                    "per_k": [{f: p[f] for f in ("k", "elements", "differing", "max_spacing", "reference_max_spacing")}
+                              for p in k["per_k"]],
+                    "trend": {f: k["trend"][f] for f in ("slope", "slope_ci_low", "slope_ci_high")}}
+            e = sm["end_to_end"]
+            for p in e.get("arm_pairs", []) if e.get("status") == "run" else []:
+                cross[f"{p['arm_a']}|{p['arm_b']}"] = {"identical": p["identical"], "total": p["total"],
+                                                       "identical_ci": [p["identical_ci_low"], p["identical_ci_high"]]}
+                for f in p["flips"]:
+                    tf[f"{f['ref_arm']}|{f['arm']}"] = {"positions": f["positions"], "flips": f["flips"],
+                                                        "flip_rate_ci": [f["flip_rate_ci_low"], f["flip_rate_ci_high"]]}
+    return {"kdepth": kd, "cross": cross, "teacher_forced": tf}
+
+
+def _matrix_view(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """``report conformance``'s matrix rows keyed as the baseline keys its K-depth sections."""
+    return {"kdepth": {"|".join([*sorted((r["kernel_a"], r["kernel_b"])), r["scale_mode"]]): {
+        "elements": r["kdepth_elements"], "differing": r["kdepth_differing"], "ppm_ci_low": r["kdepth_ppm_ci_low"],
+        "ppm_ci_high": r["kdepth_ppm_ci_high"],
+        "trend": {"slope": r["k_trend_slope"], "slope_ci_low": r["k_trend_slope_ci_low"],
+                  "slope_ci_high": r["k_trend_slope_ci_high"]}} for r in rows if r.get("kdepth_elements")}}
+
+
+def check(name: str, cand_path: Path, base_path: Path) -> tuple[int, list[str]]:
+    """(values compared, differences) between the report's output and its baseline's."""
+    if name == "query":
+        a, b = (list(csv.reader(io.StringIO(p.read_text()))) for p in (cand_path, base_path))
+        if len(a) != len(b) or not a or a[0] != b[0]:
+            return sum(map(len, b)), [f"the CSV differs ({len(a)} vs {len(b)} lines; first: {a[:1]} vs {b[:1]})"]
+        return sum(map(len, b)), compare([[_cell(x) for x in r] for r in a[1:]], [[_cell(x) for x in r] for r in b[1:]],
+                                         "query")
+    cand = json.loads(cand_path.read_text())
+    base = json.loads(base_path.read_text())
+    if name == "all":
+        return 0, []  # checked through its parts (each baseline below is one of its parts)
+    if name in ("certificate", "conformance"):
+        b = base["certificate"]
+        if name == "certificate":
+            view, want = _cert_view(cand), {k: b[k] for k in ("kdepth", "cross", "teacher_forced")}
+            # the certificate shows only the arm pairs whose arms ran two different kernels
+            want["cross"] = {k: v for k, v in want["cross"].items() if k in view["cross"]}
+            want["teacher_forced"] = {k: v for k, v in want["teacher_forced"].items() if k in view["teacher_forced"]}
+        else:
+            view = _matrix_view(cand)
+            want = {"kdepth": {k: {f: v[f] for f in ("elements", "differing", "ppm_ci_low", "ppm_ci_high", "trend")}
+                               for k, v in b["kdepth"].items()}}
+        diffs = compare(view, want, name)
+        if name == "certificate" and (not view["kdepth"] or not view["cross"]):
+            diffs.append("certificate: nothing to compare (no K-depth or end-to-end section)")
+        return _count(want), diffs
+    want = base[name]
+    return _count(want), compare(cand, want, name)
+
+
+def _cell(text: str) -> Any:
+    """A CSV cell as a number where it is one (the two sides print floats with other digits)."""
+    try:
+        return int(text)
+    except ValueError:
+        try:
+            return float(text)
+        except ValueError:
+            return text
+
+
+def _count(x: Any) -> int:
+    if isinstance(x, dict):
+        return sum(_count(v) for v in x.values())
+    if isinstance(x, list):
+        return sum(_count(v) for v in x)
+    return 1
+
+
+def _side(cmd: list[str], out: Path) -> tuple[float, int]:
+    seconds, rss, done = peak_rss_of(cmd, stdout_path=out, cwd=str(REPO))
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd[:6])} failed ({done.returncode}): {done.stderr[-2000:]}")
     return seconds, rss
 
 
-def measure(name: str, candidate: list[str], baseline: list[str], repeat: int, rows: int) -> Case:
+def measure(name: str, candidate: list[str], baseline: list[str], repeat: int, rows: int, where: Path) -> Case:
+    """``repeat`` pairs, each side in a fresh process printing to a file; then the last outputs compared."""
     rss: dict[str, list[int]] = {"candidate": [], "baseline": []}
     seconds: dict[str, list[float]] = {"candidate": [], "baseline": []}
+    outputs = {side: where / f"{name.replace(' ', '_')}.{side}.out" for side in seconds}
 
     def run(side: str, cmd: list[str]) -> None:
-        s, r = _side(cmd)
+        s, r = _side(cmd, outputs[side])
         seconds[side].append(s)
         rss[side].append(r)
 
     interleaved({"candidate": lambda: run("candidate", candidate), "baseline": lambda: run("baseline", baseline)},
                 repeat=repeat, warmup=0)
-    return Case(stage="reads", case=f"{name} @ {rows:,} rows", baseline="hand-written DuckDB over the same files",
-                seconds=seconds["candidate"], baseline_seconds=seconds["baseline"], goal=1.25,
+    compared, diffs = check(name.removeprefix("report ").split()[0], outputs["candidate"], outputs["baseline"])
+    same = not diffs
+    notes = (f"same numbers: {compared:,} values compared" if compared else "checked through its parts") if same else \
+        f"NUMBERS DIFFER ({len(diffs)}): " + "; ".join(diffs[:3])
+    return Case(stage="reads", case=f"{name} @ {rows:,} rows", baseline="hand-written DuckDB + Python, same numbers",
+                seconds=seconds["candidate"], baseline_seconds=seconds["baseline"], goal=GOAL, notes=notes,
                 extra={"rows": rows, "duckdb_threads": "DuckDB's default (one per core), both sides",
                        "peak_rss_bytes": max(rss["candidate"]),
                        "baseline_peak_rss_bytes": max(rss["baseline"]),
                        "peak_rss_ratio": max(rss["candidate"]) / max(rss["baseline"]),
+                       "output_bytes": {side: p.stat().st_size for side, p in outputs.items()},
+                       "same_numbers": same, "values_compared": compared, "differences": diffs[:20],
                        "seconds_candidate": seconds["candidate"], "seconds_baseline": seconds["baseline"]})
+
+
+#: Every case: its name in --cases, the swapcheck command's arguments, the baseline's WHAT.
+CASES = {
+    "query": (["query", "--format", "csv", GROUP_BY], ["query", GROUP_BY]),
+    "agreement": (["report", "agreement", "--format", "json"], ["agreement"]),
+    "flips": (["report", "flips", "--format", "json"], ["flips"]),
+    "kdepth": (["report", "kdepth", "--format", "json"], ["kdepth"]),
+    "units": (["report", "units", "--format", "json"], ["units"]),
+    "noise-floor": (["report", "noise-floor", "--format", "json"], ["noise-floor"]),
+    "certificate": (["report", "certificate", "--format", "json"], ["certificate"]),
+    "conformance": (["report", "conformance", "--format", "json"], ["certificate"]),
+    "all": (["report", "all", "--format", "json"], ["all"]),
+}
 
 
 def main() -> None:
@@ -149,36 +250,47 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=None, help="per-position rows (default 10M; --quick: 1M; --smoke: 20k)")
     ap.add_argument("--dir", type=Path, default=DEFAULT_DIR,
                     help="where generated rows are cached (default $SWAPCHECK_BENCH_ROWS_DIR or /tmp/swapcheck-bench-rows)")
-    ap.add_argument("--repeat", type=int, default=None, help="pairs of runs per case (default 3; --quick: 2; --smoke: 1)")
-    ap.add_argument("--cases", default=None, help="comma-separated cases (default all five; --smoke: agreement,query)")
+    ap.add_argument("--repeat", type=int, default=None,
+                    help="pairs of runs per case (default 3; --quick: 2; --smoke and 100M rows: 1)")
+    ap.add_argument("--cases", default=None,
+                    help=f"comma-separated cases of {', '.join(CASES)} (default all; --smoke: agreement,query; "
+                         "100M rows and more: agreement)")
     args = ap.parse_args()
     rows = args.rows or pick(args, 10_000_000, 1_000_000, 20_000)
-    repeat = args.repeat or pick(args, 3, 2, 1)
-    args.cases = args.cases or ("agreement,query" if tier(args) == "smoke" else "agreement,flips,kdepth,all,query")
+    huge = rows >= 100_000_000
+    repeat = args.repeat or (1 if huge else pick(args, 3, 2, 1))
+    args.cases = args.cases or ("agreement,query" if tier(args) == "smoke" else "agreement" if huge else ",".join(CASES))
+    wanted = [c.strip() for c in args.cases.split(",")]
+    unknown = sorted(set(wanted) - set(CASES))
+    if unknown:
+        ap.error(f"--cases: unknown {', '.join(unknown)} (known: {', '.join(CASES)})")
     print(f"threads {apply_threads(args.threads)}", flush=True)
     root = str(ensure_rows(args.dir, rows))
-    base = [PY, "-c", BASELINE, root]
-    cases = {
-        "report agreement": (CLI + ["report", "agreement", "--results", root, "--format", "json"], base + ["agreement"]),
-        "report flips": (CLI + ["report", "flips", "--results", root, "--format", "json"], base + ["flips"]),
-        "report kdepth": (CLI + ["report", "kdepth", "--results", root, "--format", "json"], base + ["kdepth"]),
-        "report all": (CLI + ["report", "all", "--results", root, "--format", "json", "-o", "/dev/null"],
-                       base + ["agreement,flips,kdepth"]),
-        "query group-by": (CLI + ["query", "--results", root, "--format", "csv", GROUP_BY], base + ["query", GROUP_BY]),
-    }
-    wanted = [c.strip() for c in args.cases.split(",")]
     out = []
-    for name, (cand, bl) in cases.items():
-        if name.removeprefix("report ").split()[0] in wanted:
-            case = measure(name, cand, bl, repeat, rows)
+    failed = []
+    with tempfile.TemporaryDirectory(prefix="swapcheck-bench-reads-") as tmp:
+        for name, (cand, what) in CASES.items():
+            if name not in wanted:
+                continue
+            label = name if name == "query" else f"report {name}"
+            cmd = CLI + cand[:2] + ["--results", root] + cand[2:] if name != "query" else \
+                CLI + ["query", "--results", root] + cand[1:]
+            case = measure(label, cmd, [*BASELINE, root, ",".join(what[:1]), *what[1:]], repeat, rows, Path(tmp))
             out.append(case)
+            if not case.extra["same_numbers"]:
+                failed.append(label)
             gib = 2.0 ** 30
-            print(f"{name}: {min(case.seconds):.2f} s vs {min(case.baseline_seconds):.2f} s; peak RSS "
-                  f"{case.extra['peak_rss_bytes'] / gib:.2f} GiB vs {case.extra['baseline_peak_rss_bytes'] / gib:.2f} GiB",
-                  flush=True)
+            print(f"{label}: median {sorted(case.seconds)[len(case.seconds) // 2]:.2f} s vs "
+                  f"{sorted(case.baseline_seconds)[len(case.baseline_seconds) // 2]:.2f} s; peak RSS "
+                  f"{case.extra['peak_rss_bytes'] / gib:.2f} GiB vs {case.extra['baseline_peak_rss_bytes'] / gib:.2f} GiB; "
+                  f"{case.notes}", flush=True)
     for c in out:
         c.extra["machine"] = machine()
-    emit(out, args.json, title=f"reads at {rows:,} per-position rows (report commands vs hand-written DuckDB)")
+    emit(out, args.json, title=f"reads at {rows:,} per-position rows (swapcheck vs hand-written DuckDB + Python, "
+                               "same numbers)")
+    if failed:
+        print(f"the numbers of {', '.join(failed)} differ from their baselines' (see above)", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":
