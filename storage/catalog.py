@@ -66,11 +66,10 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from types import TracebackType
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import duckdb
 import pyarrow as pa
-import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
@@ -78,6 +77,9 @@ from storage.errors import PathEscape, QueryError, StorageError
 from storage.schemas import TABLES, UNITS, UNMANAGED_TABLES
 from storage.store import ResultStore, open_store
 from swapcheck_common.env import seconds_from_env
+
+if TYPE_CHECKING:
+    import pyarrow.dataset as pads
 
 __all__ = [
     "UNMANAGED_TABLES",
@@ -727,7 +729,10 @@ class _Binder:
 def _dataset(store: ResultStore, table: str, wants: list[_Want],
              memory: pa.Table | None = None) -> pa.Table | pads.Dataset:
     """What a table's view scans: its verified files (a dataset: scanned natively at query time,
-    their statistics trusted because their bytes are the ledger's) plus ``memory`` (rows read at open)."""
+    their statistics trusted because their bytes are the ledger's) plus ``memory`` (rows read at open).
+    The pyarrow route only (:func:`native_scan`): ``pyarrow.dataset`` is imported here, not by every command."""
+    import pyarrow.dataset as pads
+
     schema = TABLES[table].append(pa.field("sweep", pa.string()))
     files = [w for w in wants if w.sha256 is not None] if table not in UNMANAGED_TABLES else []
     if not files:
