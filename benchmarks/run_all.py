@@ -26,6 +26,7 @@ summary prints "not comparable" instead of yes/NO.
     python benchmarks/run_all.py --smoke         # the smallest sizes: the harness end to end in about a minute
     python benchmarks/run_all.py --only reads    # the stage "reads" (a name that is no stage: those containing it)
     python benchmarks/run_all.py --threads 2     # another thread count (the same for every script)
+    python benchmarks/run_all.py --only growth   # bench_growth.py (not a stage of a plain run: OPTIONAL)
 
 Exit status: 0 when every script ran (goals met or not, comparable or not: a missed goal is a finding,
 printed as NO and recorded with ``met: false``), 1 when a script failed.
@@ -53,9 +54,17 @@ HERE = Path(__file__).parent
 ORDER = ["emulation", "writer", "cold_restart", "scheduling", "reads"]
 
 
-def scripts() -> list[Path]:
+#: Scripts that are not stages of a plain run: run only when ``--only`` names them exactly (growth
+#: measures units and rows at several sizes: tens of minutes; docs/scaling.md).
+OPTIONAL = ("growth",)
+
+
+def scripts(optional: bool = False) -> list[Path]:
+    """The stage scripts in their order; ``optional``: also the ``OPTIONAL`` ones, last."""
     found = {p.stem.removeprefix("bench_"): p for p in HERE.glob("bench_*.py")}
-    return [found[s] for s in ORDER if s in found] + [p for s, p in sorted(found.items()) if s not in ORDER]
+    stages = [found[s] for s in ORDER if s in found] + [p for s, p in sorted(found.items())
+                                                         if s not in ORDER and s not in OPTIONAL]
+    return stages + ([found[s] for s in OPTIONAL if s in found] if optional else [])
 
 
 def selected(stage: str, only: list[str], stages: list[str]) -> bool:
@@ -142,10 +151,10 @@ def main() -> int:
     own, own_at = 0.0, time.perf_counter()  # this run's own share of the 1-minute load average, and when
     failed = []
     t_all = time.perf_counter()
-    stages = [s.stem.removeprefix("bench_") for s in scripts()]
-    for script in scripts():
+    stages = [s.stem.removeprefix("bench_") for s in scripts(optional=True)]
+    for script in scripts(optional=True):
         stage = script.stem.removeprefix("bench_")
-        if not selected(stage, args.only, stages):
+        if not selected(stage, args.only, stages) or (stage in OPTIONAL and stage not in args.only):
             continue
         with tempfile.TemporaryDirectory(prefix="swapcheck-bench-") as tmp:
             out = Path(tmp) / "cases.json"

@@ -1,0 +1,243 @@
+"""How the costs that grow with a sweep grow: units (plan, skip-check, relaunch) and rows (reads).
+
+Not one of ``make bench``'s stages (``run_all.py`` runs it only when ``--only growth`` names it: it
+takes tens of minutes at its default sizes). It prints, and records with ``--json``, the seconds at
+each size and the exponent between consecutive sizes, ``log(t2 / t1) / log(n2 / n1)`` (1.0 = linear):
+docs/scaling.md's "Measured growth" table comes from it. Exponents are less sensitive to a busy
+machine than seconds (a neighbour slows both sizes), but not immune: the load average before and
+after each measure is recorded beside it.
+
+**Units** (``--units``, default 1000,10000,100000): a finished sweep of N units of the benchmark kind
+``sched_bench`` (benchmarks/bench_scheduling.py: one row each). It is written without Ray, through
+the real store API, as a launch would have committed it: per unit its result file
+(``ResultStore.write``) and its ``ok`` ledger row (``orchestrator.worker.ledger_row`` with the file's
+record, ``ResultStore.record_unit``), with ``os.fsync`` made a no-op while writing and one ``os.sync``
+after (the files are the same; only the setup's time differs). The tree is cached under ``--dir``
+(``units-N/``, reused when its marker exists). Measured on it, each the median of ``--repeat``
+(default 3; 1 at 100,000 units and more):
+
+* ``plan``: ``orchestrator.plan.make_plan`` of the spec;
+* ``skip-check``: ``ResultStore.done_units`` (the ledger read);
+* ``relaunch``: ``orchestrator.runner.launch`` of the same spec on the finished sweep (plan, skip-check,
+  lock, sweep and launch records; nothing pending, so Ray is not started).
+
+**Rows** (``--rows``, default 1000000,10000000; add 100000000 for 100M, which takes several minutes
+per command): the gen_rows tree (benchmarks/gen_rows.py, cached under ``--rows-dir``) read by
+``swapcheck report agreement --format json`` and ``swapcheck query`` (bench_reads.py's group-by), each
+in a fresh process, the median of ``--repeat`` (1 at 100M), and beside each the hand-written baseline
+of bench_reads.py (benchmarks/reads_baseline.py), which computes the same numbers.
+
+    .venv/bin/python benchmarks/bench_growth.py [--units 1000,10000,100000] [--rows 1000000,10000000]
+                                                [--quick | --smoke] [--threads N] [--json out.json]
+
+``--quick``: units 1000,10000 and rows 1000000,10000000 (no 100k units). ``--smoke`` (a check of
+the harness): units 50,100 and rows 20000,40000, one repetition.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+for _p in (str(REPO), str(HERE)):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+import common  # noqa: E402
+
+#: Bump when the cached unit trees change.
+VERSION = "1"
+SWEEP = "growth"
+
+
+def exponent(n1: int, t1: float, n2: int, t2: float) -> float:
+    return math.log(t2 / t1) / math.log(n2 / n1) if t1 > 0 and t2 > 0 and n2 != n1 else float("nan")
+
+
+def _median(fn: Callable[[], Any], repeat: int) -> tuple[float, list[float]]:
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), times
+
+
+def spec_for(where: Path, n: int) -> Any:
+    import bench_scheduling
+
+    from orchestrator.spec import load_spec
+
+    path = where / f"{SWEEP}-{n}.toml"
+    path.write_text(bench_scheduling.spec_text(SWEEP, n, 0.0))
+    return load_spec(path)
+
+
+def finished_sweep(directory: Path, n: int) -> tuple[Path, Any]:
+    """The results root of a finished ``n``-unit sweep (cached), and its spec."""
+    import bench_scheduling
+    import pyarrow as pa
+
+    from orchestrator.plan import make_plan
+    from orchestrator.worker import ledger_row
+    from storage.store import ResultStore, utcnow
+
+    bench_scheduling.register()
+    directory.mkdir(parents=True, exist_ok=True)
+    spec = spec_for(directory, n)
+    root = directory / f"units-{n}"
+    marker = directory / f"units-{n}.json"
+    if marker.exists() and root.exists() and json.loads(marker.read_text()).get("version") == VERSION:
+        return root, spec
+    marker.unlink(missing_ok=True)
+    if root.exists():
+        import shutil
+
+        shutil.rmtree(root)
+    plan = make_plan(spec)
+    store = ResultStore(root)
+    real_fsync = os.fsync
+    t0 = time.perf_counter()
+    os.fsync = lambda fd: None  # setup only: the same files, written faster; one os.sync below
+    try:
+        for u in plan.units:
+            rec = store.write(bench_scheduling.TABLE, plan.sweep, u.id, pa.table(
+                {"unit_id": [u.id], "experiment": [u.experiment], "i": [u.params["i"]], "slept_s": [0.0]}))
+            payload = {**u.to_payload(), "description": u.describe()}
+            store.record_unit(plan.sweep, ledger_row(payload, spec.sha256, status="ok", attempts=1, started=utcnow(),
+                                                     duration_s=0.0, error=None, tables=[rec.table], rows=rec.rows,
+                                                     ran_here=False, files=[rec]))
+    finally:
+        os.fsync = real_fsync
+    os.sync()
+    seconds = time.perf_counter() - t0
+    marker.write_text(json.dumps({"units": n, "version": VERSION, "seconds": round(seconds, 1)}))
+    print(f"  wrote a finished sweep of {n:,} units under {root} in {seconds:.1f} s", flush=True)
+    return root, spec
+
+
+def measure_units(directory: Path, n: int, repeat: int) -> dict[str, Any]:
+    from orchestrator.plan import make_plan
+    from orchestrator.runner import launch
+    from storage.store import ResultStore
+
+    root, spec = finished_sweep(directory, n)
+    load_before = common.load_average()
+    plan_s, plan_all = _median(lambda: make_plan(spec), repeat)
+    sweep = make_plan(spec).sweep
+
+    def skip() -> None:
+        assert len(ResultStore(root).done_units(sweep)) == n
+
+    def relaunch() -> None:
+        summary = launch(spec, root)
+        assert summary.n_skipped == n and summary.n_ok == 0, summary
+
+    skip_s, skip_all = _median(skip, repeat)
+    relaunch_s, relaunch_all = _median(relaunch, repeat)
+    out = {"units": n, "plan_s": plan_s, "skip_s": skip_s, "relaunch_s": relaunch_s,
+           "times": {"plan": plan_all, "skip": skip_all, "relaunch": relaunch_all},
+           "load_before": load_before, "load_after": common.load_average()}
+    print(f"  {n:>9,} units: plan {plan_s:.3f} s, skip-check {skip_s:.3f} s, relaunch {relaunch_s:.3f} s "
+          f"(median of {repeat}; load {load_before[0]:.1f} -> {out['load_after'][0]:.1f})", flush=True)
+    return out
+
+
+def measure_rows(rows_dir: Path, n: int, repeat: int) -> dict[str, Any]:
+    from bench_reads import BASELINE, CLI, GROUP_BY
+    from gen_rows import ensure_rows
+
+    root = str(ensure_rows(rows_dir, n))
+    commands = {
+        "report agreement": CLI + ["report", "agreement", "--results", root, "--format", "json"],
+        "report agreement, baseline": [*BASELINE, root, "agreement"],
+        "query": CLI + ["query", "--results", root, "--format", "csv", GROUP_BY],
+        "query, baseline": [*BASELINE, root, "query", GROUP_BY],
+    }
+    load_before = common.load_average()
+    out: dict[str, Any] = {"rows": n, "seconds": {}, "times": {}, "peak_rss_bytes": {}, "load_before": load_before}
+    with tempfile.TemporaryDirectory(prefix="swapcheck-growth-") as tmp:
+        for name, cmd in commands.items():
+            times, rss = [], []
+            for _ in range(repeat):
+                s, r, done = common.peak_rss_of(cmd, stdout_path=Path(tmp) / "out", cwd=str(REPO))
+                if done.returncode != 0:
+                    raise RuntimeError(f"{name} failed: {done.stderr[-2000:]}")
+                times.append(s)
+                rss.append(r)
+            out["seconds"][name] = statistics.median(times)
+            out["times"][name] = times
+            out["peak_rss_bytes"][name] = max(rss)
+    out["load_after"] = common.load_average()
+    print(f"  {n:>11,} rows: " + ", ".join(f"{k} {v:.2f} s" for k, v in out["seconds"].items())
+          + f" (median of {repeat}; load {load_before[0]:.1f} -> {out['load_after'][0]:.1f})", flush=True)
+    return out
+
+
+def main() -> None:
+    ap = common.parser(__doc__.splitlines()[0] if __doc__ else "bench_growth")
+    ap.add_argument("--units", default=None, help="unit counts (default 1000,10000,100000; --quick 1000,10000; --smoke 50,100)")
+    ap.add_argument("--rows", default=None,
+                    help="row counts (default 1000000,10000000; --smoke 20000,40000); 100000000 adds 100M")
+    ap.add_argument("--repeat", type=int, default=None,
+                    help="repetitions per measure, median taken (default 3; 1 at 100k units or 100M rows; --smoke 1)")
+    ap.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()) / "swapcheck-bench-growth",
+                    help="where the finished sweeps are cached (default /tmp/swapcheck-bench-growth)")
+    from gen_rows import DEFAULT_DIR
+
+    ap.add_argument("--rows-dir", type=Path, default=DEFAULT_DIR, help="where gen_rows trees are cached")
+    ap.add_argument("--no-units", action="store_true", help="skip the units measures")
+    ap.add_argument("--no-rows", action="store_true", help="skip the rows measures")
+    args = ap.parse_args()
+    units = [int(x) for x in (args.units or common.pick(args, "1000,10000,100000", "1000,10000", "50,100")).split(",")]
+    rows = [int(x) for x in (args.rows or common.pick(args, "1000000,10000000", "1000000,10000000", "20000,40000")).split(",")]
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # a relaunch with work left would start Ray
+    print(f"threads {common.apply_threads(args.threads)}; load average {common.load_average()}", flush=True)
+
+    def reps(big: bool) -> int:
+        return args.repeat or (1 if big or common.tier(args) == "smoke" else 3)
+
+    cases: list[common.Case] = []
+    results: dict[str, Any] = {"units": [], "rows": []}
+    if not args.no_units:
+        print("units (a finished sweep: plan, skip-check, relaunch)", flush=True)
+        for n in units:
+            results["units"].append(measure_units(args.dir, n, reps(n >= 100_000)))
+        for a, b in zip(results["units"], results["units"][1:], strict=False):
+            for what in ("plan", "skip", "relaunch"):
+                e = exponent(a["units"], a[f"{what}_s"], b["units"], b[f"{what}_s"])
+                cases.append(common.Case("growth", f"{what}, {a['units']:,} -> {b['units']:,} units",
+                                         f"the same at {a['units']:,} units", [b[f"{what}_s"]], [a[f"{what}_s"]],
+                                         goal=None, quantity="seconds at the larger size / at the smaller",
+                                         notes=f"exponent {e:.2f}", extra={"exponent": e, "small": a, "large": b}))
+    if not args.no_rows:
+        print("rows (report agreement and query, fresh processes; hand-written baselines beside them)", flush=True)
+        for n in rows:
+            results["rows"].append(measure_rows(args.rows_dir, n, reps(n >= 100_000_000)))
+        for a, b in zip(results["rows"], results["rows"][1:], strict=False):
+            for what in a["seconds"]:
+                e = exponent(a["rows"], a["seconds"][what], b["rows"], b["seconds"][what])
+                cases.append(common.Case("growth", f"{what}, {a['rows']:,} -> {b['rows']:,} rows",
+                                         f"the same at {a['rows']:,} rows", [b["seconds"][what]], [a["seconds"][what]],
+                                         goal=None, quantity="seconds at the larger size / at the smaller",
+                                         notes=f"exponent {e:.2f}",
+                                         extra={"exponent": e, "peak_rss_bytes": [a["peak_rss_bytes"][what],
+                                                                                  b["peak_rss_bytes"][what]]}))
+    print("\nexponents, log(t2/t1) / log(n2/n1) (1.0 = linear):")
+    for c in cases:
+        print(f"  {c.case:48} {c.extra['exponent']:5.2f}  ({c.baseline_seconds[0]:.3f} s -> {c.seconds[0]:.3f} s)")
+    common.emit(cases, args.json, title="growth: seconds at the larger size over the smaller (no goals)")
+
+
+if __name__ == "__main__":
+    main()
