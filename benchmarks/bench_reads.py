@@ -61,7 +61,6 @@ from common import (  # noqa: E402
     pick,
     tier,
 )
-from gen_rows import DEFAULT_DIR, ensure_rows  # noqa: E402
 
 PY = sys.executable
 CLI = [PY, "-m", "orchestrator.cli.main"]
@@ -246,6 +245,9 @@ CASES = {
 
 
 def main() -> None:
+    # the store, imported here: compare and check need none of it
+    from gen_rows import DEFAULT_DIR, ensure_rows
+
     ap = parser(__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=None, help="per-position rows (default 10M; --quick: 1M; --smoke: 20k)")
     ap.add_argument("--dir", type=Path, default=DEFAULT_DIR,

@@ -79,6 +79,42 @@ def test_only_with_a_stage_name_selects_that_stage_alone() -> None:
     assert [s for s in stages if run_all.selected(s, [], stages)] == stages
 
 
+def test_growth_runs_only_when_named() -> None:
+    # bench_growth.py takes tens of minutes: a plain run (and the parametrization below) leaves it out.
+    assert "growth" not in STAGES and "growth" in run_all.OPTIONAL
+    assert [p.stem for p in run_all.scripts(optional=True)][-1] == "bench_growth"
+
+
+def test_every_goal_is_judged_on_the_median_and_the_summary_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    import common
+
+    c = common.Case("reads", "r", "b", seconds=[3.0, 1.0, 8.0], baseline_seconds=[1.0, 1.0, 2.0], goal=2.5)
+    assert (c.ratio_min, c.ratio_median, c.judged, c.met) == (1.0, 3.0, 3.0, False)  # one lucky pair is not enough
+    run = {"threads": 1, "max_load": 1.5, "stages": [{"stage": "reads", "cases": [c.record()]}]}
+    run_all._summary(run)
+    assert "judged on the median" in capsys.readouterr().out
+    old = {**c.record(), "judge": "min", "met": True}  # a results file written under the best-pair rule
+    run_all._summary({**run, "stages": [{"stage": "reads", "cases": [old]}]})
+    assert "judged on the best pair" in capsys.readouterr().out
+
+
+def test_reads_check_compares_every_number_of_the_baseline(tmp_path: Path) -> None:
+    import bench_reads
+
+    report = {"pairs": [{"positions": 10, "flips": 2, "auc_ci": [0.81, 0.9], "model": {"slope": -1.5}, "extra": "x"}]}
+    same = {"pairs": [{"positions": 10, "flips": 2, "auc_ci": [0.8, 0.9], "model": {"slope": -1.5000001}}]}
+    assert bench_reads.compare(report, same) == []  # bootstrap interval and fit within their tolerances
+    off = {"pairs": [{"positions": 10, "flips": 3, "model": {"slope": -1.5}, "auc": 0.9}]}
+    assert bench_reads.compare(report, off) == [".pairs[0].flips: 3 in the baseline, 2 in the report",
+                                                ".pairs[0].auc: missing in the report"]
+    cand, base = tmp_path / "c.csv", tmp_path / "b.csv"
+    cand.write_text("arm,n,m\nref,3,0.1\n")
+    base.write_text("arm,n,m\nref,3,0.10000000000000001\n")
+    assert bench_reads.check("query", cand, base) == (6, [])
+    base.write_text("arm,n,m\nref,4,0.1\n")
+    assert bench_reads.check("query", cand, base)[1] == ["query[0][1]: 4 in the baseline, 3 in the report"]
+
+
 #: Stages whose smoke run starts Ray (10-16 s each on 2 cores): the slow set's ``run_all.py --quick``
 #: runs them end to end (below); the default set smokes every other stage.
 RAY_STAGES = {"scheduling", "cold_restart"}
@@ -93,6 +129,16 @@ def test_run_all_smoke_stage_records_threads_and_load(stage: str, tmp_path: Path
     s = run["stages"][0]
     _check_stage(s, run)
     print(f"run_all.py --smoke --only {stage}: {wall:.1f} s wall, stage {s['seconds']} s, {s['cpu_seconds']} CPU s")
+
+
+@pytest.mark.slow  # about a minute: two small finished sweeps and two small row trees
+def test_run_all_runs_growth_when_named(tmp_path: Path) -> None:
+    done, run, wall = _run_all(tmp_path, "--smoke", "--only", "growth", timeout=900)
+    assert [s["stage"] for s in run["stages"]] == ["growth"]
+    _check_stage(run["stages"][0], run)
+    cases = run["stages"][0]["cases"]
+    assert {c["case"].split(",")[0] for c in cases} >= {"plan", "skip", "relaunch", "report agreement", "query"}
+    assert all(c["goal"] is None and "exponent" in c["extra"] for c in cases)
 
 
 @pytest.mark.slow
