@@ -5,8 +5,11 @@ not what it measures (issue #22: the attention bounds script once rejected the o
 
 The slow set runs ``run_all.py --smoke --only <stage>`` once per stage (the stages are run_all's own
 list, so a new ``benchmarks/bench_*.py`` is picked up; the two that start Ray only in the end-to-end
-run), and ``run_all.py --quick`` (``make bench-quick``) end to end, every stage in one run; the default
-set checks the stage list and ``--only`` selection.
+run), ``run_all.py --quick`` (``make bench-quick``) end to end, every stage in one run, and
+``run_all.py --smoke --only growth`` (bench_growth.py: not a stage of a plain run); the default set
+checks the stage list and ``--only`` selection, that goals are judged on the median of the pairs and
+the summary says so, and that the reads stage's number-by-number check of a report against its
+baseline flags a difference.
 """
 
 from __future__ import annotations
