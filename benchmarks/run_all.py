@@ -122,7 +122,8 @@ def main() -> int:
                          f"per core: {common.default_max_load()} here)")
     ap.add_argument("--only", action="append", default=[], help="run only this stage, or (a name that is no stage's) the stages whose name contains this")
     ap.add_argument("--out", type=Path, default=HERE / "results.json", help="where the collected results go")
-    ap.add_argument("--timeout", type=float, default=900.0, help="seconds one script may take")
+    ap.add_argument("--timeout", type=float, default=1800.0,
+                    help="seconds one script may take (default 1800: the reads stage runs 27 pairs at 10M rows)")
     ap.add_argument("--show", type=Path, default=None, metavar="RESULTS_JSON",
                     help="run nothing: print the summary of an earlier run's results file")
     ap.add_argument("--markdown", action="store_true", help="with --show: the summary as a Markdown table")
