@@ -13,7 +13,7 @@ the real store API, as a launch would have committed it: per unit its result fil
 (``ResultStore.write``) and its ``ok`` ledger row (``orchestrator.worker.ledger_row`` with the file's
 record, ``ResultStore.record_unit``), with ``os.fsync`` made a no-op while writing and one ``os.sync``
 after (the files are the same; only the setup's time differs). The tree is cached under ``--dir``
-(``units-N/``, reused when its marker exists). Measured on it, each the median of ``--repeat``
+(default ``growth/`` under the rows cache: ``units-N/``, reused when its marker exists). Measured on it, each the median of ``--repeat``
 (default 3; 1 at 100,000 units and more):
 
 * ``plan``: ``orchestrator.plan.make_plan`` of the spec;
@@ -191,10 +191,11 @@ def main() -> None:
                     help="row counts (default 1000000,10000000; --smoke 20000,40000); 100000000 adds 100M")
     ap.add_argument("--repeat", type=int, default=None,
                     help="repetitions per measure, median taken (default 3; 1 at 100k units or 100M rows; --smoke 1)")
-    ap.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()) / "swapcheck-bench-growth",
-                    help="where the finished sweeps are cached (default /tmp/swapcheck-bench-growth)")
     from gen_rows import DEFAULT_DIR
 
+    ap.add_argument("--dir", type=Path, default=DEFAULT_DIR / "growth",
+                    help="where the finished sweeps are cached (default: growth/ under the rows cache, "
+                         "$SWAPCHECK_BENCH_ROWS_DIR or /tmp/swapcheck-bench-rows)")
     ap.add_argument("--rows-dir", type=Path, default=DEFAULT_DIR, help="where gen_rows trees are cached")
     ap.add_argument("--no-units", action="store_true", help="skip the units measures")
     ap.add_argument("--no-rows", action="store_true", help="skip the rows measures")
