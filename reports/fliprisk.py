@@ -51,7 +51,9 @@ positions, no flips, only flips) give ``None`` with a note, never a made-up numb
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -97,6 +99,14 @@ _CHUNK_ELEMENTS = 4_000_000
 #: The sequence bootstrap works on per-sequence sufficient statistics (``_sufficient_statistics``);
 #: False: on per-position weights (the reference implementation, same numbers, for the tests).
 _SUFFICIENT_STATISTICS = True
+#: The sequence bootstrap uses the dense pair matrix (``_pair_matrix``) while it has at most this many
+#: elements (128 MB) ...
+_PAIR_MATRIX_MAX = 16_000_000
+#: ... and at most this many times the pair's positions (a dense product does about that many
+#: multiply-adds in the time the sparse statistics take for one); beyond, the sparse statistics.
+_PAIR_MATRIX_RATIO = 16
+#: Elements of one block of the pair matrix's bucket rows (about L2-cache sized).
+_PAIR_BLOCK = 131_072
 
 
 class FlipData:
@@ -130,6 +140,8 @@ class FlipData:
 
     def for_pair(self, pid: int) -> FlipData:
         """The positions of pair ``pid`` alone, with that pair's key and dropped/mismatch counts."""
+        if len(self.pairs) == 1 and pid == 0 and not self.pair.any():
+            return self
         sel = self.pair == pid
         return FlipData(self.margin[sel], self.flip[sel], self.sequence[sel], np.zeros(int(sel.sum()), np.int64),
                         pairs=[self.pairs[pid]], dropped=self.pair_dropped[pid],
@@ -145,10 +157,48 @@ def load(cat: Catalog, sweep: str | None = None, ref_arm: str | None = None,
     (``dropped``); ``ref_mismatch`` counts positions where the reference arm's own argmax is not the
     token it generated (should be 0: teacher forcing reproduces greedy decoding). Both are also
     counted per pair (``pair_dropped``, ``pair_ref_mismatch``). The rows of every selected pair are
-    returned together; analyse them one pair at a time (``for_pair``, ``flip_report``).
+    returned together, pairs in (sweep, ref_arm, arm) order; analyse them one pair at a time
+    (``for_pair``, ``flip_report``).
+
+    DuckDB returns the rows in no particular order; each pair's are put in one canonical order here
+    (ref_restart, prompt_index, position; NULLs last), with numpy, because the logistic fit's and the
+    calibration's floating-point sums depend on the order. ``sequence`` numbers the reference
+    sequences (ref_restart, prompt_index) of each pair in that order, densely, continuing across pairs.
+    Pairs whose keys are all known are read one at a time (``flip_pair_positions``, no numbering
+    join); a selection with a NULL key is read whole (``flip_positions``).
     """
-    t = cat.named_arrow("flip_positions", sweep=sweep, ref_arm=ref_arm, arm=arm)
-    return _from_arrow(t)
+    if sweep is not None and ref_arm is not None and arm is not None:
+        return _load_pairs(cat, [{"sweep": sweep, "ref_arm": ref_arm, "arm": arm}])
+    keys = [{"sweep": k["sweep"], "ref_arm": k["ref_arm"], "arm": k["arm"]}
+            for k in cat.named("teacher_forced_pairs", sweep=sweep)
+            if (ref_arm is None or k["ref_arm"] == ref_arm) and (arm is None or k["arm"] == arm)]
+    if all(None not in k.values() for k in keys):
+        return _load_pairs(cat, keys)
+    return _from_arrow(cat.named_arrow("flip_positions", sweep=sweep, ref_arm=ref_arm, arm=arm))
+
+
+def _load_pairs(cat: Catalog, keys: list[dict[str, Any]]) -> FlipData:
+    """The pairs of ``keys`` (none NULL), each read alone with ``flip_pair_positions``; pairs without rows
+    are left out."""
+    parts = []
+    for key in keys:
+        t = cat.named_arrow("flip_pair_positions", **key)
+        if t.num_rows:
+            parts.append(_from_arrow(t, key))
+    return parts[0] if len(parts) == 1 else _concat(parts)
+
+
+def _concat(parts: list[FlipData]) -> FlipData:
+    """One ``FlipData`` of single-pair parts, in order: pair ids and sequence numbers continue."""
+    if not parts:
+        return FlipData(np.zeros(0), np.zeros(0, bool))
+    offsets = np.cumsum([0] + [int(p.sequence.max()) + 1 if len(p) else 0 for p in parts[:-1]])
+    return FlipData(np.concatenate([p.margin for p in parts]), np.concatenate([p.flip for p in parts]),
+                    np.concatenate([p.sequence + off for p, off in zip(parts, offsets, strict=True)]),
+                    np.concatenate([np.full(len(p), i, np.int64) for i, p in enumerate(parts)]),
+                    pairs=[p.pairs[0] for p in parts], dropped=sum(p.dropped for p in parts),
+                    ref_mismatch=sum(p.ref_mismatch for p in parts),
+                    pair_dropped=[p.dropped for p in parts], pair_ref_mismatch=[p.ref_mismatch for p in parts])
 
 
 def _numpy(col: Any, dtype: Any, null: Any) -> np.ndarray:
@@ -156,43 +206,126 @@ def _numpy(col: Any, dtype: Any, null: Any) -> np.ndarray:
     return np.asarray(col.fill_null(null).to_numpy(), dtype=dtype) if len(col) else np.zeros(0, dtype=dtype)
 
 
-def _from_arrow(t: Any) -> FlipData:
-    """``FlipData`` from the rows of ``flip_positions`` (an Arrow table), with Arrow and numpy only."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
+def _codes(col: Any) -> tuple[np.ndarray, int]:
+    """Order-preserving integer codes 0..size-1 of an integer Arrow column, NULL last (as DuckDB sorts)."""
+    valid = _numpy(col.is_valid(), bool, False)
+    values = _numpy(col, np.int64, 0)
+    if not valid.any():
+        return np.zeros(values.size, np.int64), 1
+    lo, hi = int(values[valid].min()), int(values[valid].max())
+    if hi - lo <= 4 * values.size + 1024:
+        codes, size = values - lo, hi - lo + 2
+    else:
+        distinct, inverse = np.unique(values[valid], return_inverse=True)
+        codes, size = np.zeros(values.size, np.int64), distinct.size + 1
+        codes[valid] = inverse
+    codes[~valid] = size - 1
+    return codes, size
 
+
+def _dense(codes: np.ndarray) -> tuple[np.ndarray, int]:
+    distinct, inverse = np.unique(codes, return_inverse=True)
+    return inverse.astype(np.int64), int(distinct.size)
+
+
+def _joined(a: tuple[np.ndarray, int], b: tuple[np.ndarray, int]) -> tuple[np.ndarray, int]:
+    """Codes of the pairs (a, b), ordered as a then b (int64: renumbered densely first if needed)."""
+    (ca, na), (cb, nb) = a, b
+    if na * nb >= 2**62:
+        ca, na = _dense(ca)
+    if na * nb >= 2**62:
+        cb, nb = _dense(cb)
+    return ca * nb + cb, na * nb
+
+
+def _from_arrow(t: Any, key: dict[str, Any] | None = None) -> FlipData:
+    """``FlipData`` from the rows of ``flip_positions`` (an Arrow table, with ``pair_id`` and the keys) or of
+    ``flip_pair_positions`` (the one pair ``key``), with Arrow and numpy only, in the canonical order."""
+    import pyarrow as pa
+
+    n = t.num_rows
     margin = _numpy(t.column("ref_margin").cast(pa.float64()), np.float64, np.nan)
     flip_col = t.column("flip")
     has_flip = _numpy(flip_col.is_valid(), bool, False)
     flip = _numpy(flip_col, bool, False)
     with np.errstate(invalid="ignore"):
         ok = has_flip & np.isfinite(margin) & (margin >= 0)
-    mismatch = _numpy(pc.not_equal(t.column("ref_token"), t.column("ref_argmax")), bool, False)
-    pair_ids = _numpy(t.column("pair_id"), np.int64, 0)
-    n_pairs = int(pair_ids.max()) + 1 if pair_ids.size else 0
-    ids, first = np.unique(pair_ids, return_index=True)
-    keys = t.select(["sweep", "ref_arm", "arm"]).take(pa.array(first, pa.int64())).to_pylist()
-    pairs = dict(zip(ids.tolist(), keys, strict=True))
+    mismatch = _numpy(t.column("ref_mismatch"), bool, False)
+    if key is None:
+        pair_ids = _numpy(t.column("pair_id"), np.int64, 0)
+        n_pairs = int(pair_ids.max()) + 1 if n else 0
+        ids, first = np.unique(pair_ids, return_index=True)
+        keys = dict(zip(ids.tolist(), t.select(["sweep", "ref_arm", "arm"]).take(pa.array(first, pa.int64())).to_pylist(),
+                        strict=True))
+        pairs = [keys[k] for k in sorted(keys)]
+    else:
+        pair_ids, n_pairs, pairs = np.zeros(n, np.int64), 1, [dict(key)]
+    sequence = _joined(_joined((pair_ids, max(n_pairs, 1)), _codes(t.column("ref_restart"))),
+                       _codes(t.column("prompt_index")))
+    order_key, _ = _joined(sequence, _codes(t.column("position")))
+    keep = np.flatnonzero(ok)
+    by_key = order_key[keep]
+    order = np.argsort(by_key)
+    ranked = by_key[order]
+    if ranked.size > 1 and bool((ranked[1:] == ranked[:-1]).any()):
+        # the same position twice: order those by margin and flag too, so that no order is left to chance
+        order = np.lexsort((flip[keep], margin[keep], by_key))
+    rows = keep[order]
+    seq = sequence[0][rows]
+    seq = np.concatenate(([0], np.cumsum(seq[1:] != seq[:-1]))) if seq.size else seq  # dense, in order
     per_pair_dropped = np.bincount(pair_ids[~ok], minlength=n_pairs)
     per_pair_mismatch = np.bincount(pair_ids[mismatch], minlength=n_pairs)
-    sequence = _numpy(t.column("sequence_id"), np.int64, 0)
-    return FlipData(margin[ok], flip[ok], sequence[ok], pair_ids[ok],
-                    pairs=[pairs[k] for k in sorted(pairs)], dropped=int((~ok).sum()),
+    return FlipData(margin[rows], flip[rows], seq, pair_ids[rows], pairs=pairs, dropped=int((~ok).sum()),
                     ref_mismatch=int(mismatch.sum()),
-                    pair_dropped=[int(per_pair_dropped[k]) for k in sorted(pairs)],
-                    pair_ref_mismatch=[int(per_pair_mismatch[k]) for k in sorted(pairs)])
+                    pair_dropped=[int(c) for c in per_pair_dropped[:len(pairs)]],
+                    pair_ref_mismatch=[int(c) for c in per_pair_mismatch[:len(pairs)]])
 
 
 # -- AUC ------------------------------------------------------------------------------------------
 
-def auc(margin: np.ndarray, flip: np.ndarray) -> float | None:
-    """ROC-AUC of ``-margin`` for ``flip`` (sklearn), or None unless both classes are present."""
-    from sklearn.metrics import roc_auc_score
+class _Sorted:
+    """One pair's positions sorted by margin, once: the AUC, its bootstrap and the concentration all
+    read this one sort. Positions of equal margin may lie in any order: every figure taken from it
+    counts whole runs of equal margins (``starts``), so none depends on that order."""
 
+    def __init__(self, margin: np.ndarray, flip: np.ndarray) -> None:
+        self.order = np.argsort(margin)
+        self.margin = margin[self.order]
+        self.flip = flip[self.order]
+        n = self.margin.size
+        self.starts = np.flatnonzero(np.r_[True, self.margin[1:] != self.margin[:-1]]) if n else np.zeros(0, np.int64)
+        self.cum_flips = np.cumsum(self.flip, dtype=np.int64)
+        self.n_pos = int(self.cum_flips[-1]) if n else 0
+        self.n_neg = n - self.n_pos
+
+    def at_or_below(self, m: float) -> tuple[int, int]:
+        """Positions, and flips among them, with margin <= ``m``."""
+        n = int(np.searchsorted(self.margin, m, side="right"))
+        return n, int(self.cum_flips[n - 1]) if n else 0
+
+
+def _ranks_auc(s: _Sorted) -> float | None:
+    """ROC-AUC of -margin from the sorted margins (the Mann-Whitney form): flip/non-flip pairs with the
+    flip at the smaller margin, ties one half, over all pairs; in integers, so exact up to one rounding."""
+    if s.n_pos == 0 or s.n_neg == 0:
+        return None
+    ends = np.r_[s.starts[1:], s.margin.size]
+    pos_run = np.diff(np.r_[0, s.cum_flips[ends - 1]])
+    neg_run = (ends - s.starts) - pos_run
+    neg_above = s.n_neg - np.cumsum(neg_run)
+    twice = int(np.dot(pos_run, 2 * neg_above + neg_run))
+    return twice / (2 * s.n_pos * s.n_neg)
+
+
+def auc(margin: np.ndarray, flip: np.ndarray) -> float | None:
+    """ROC-AUC of ``-margin`` for ``flip``, or None unless both classes are present.
+
+    The rank (Mann-Whitney) form of one sort: equal to scikit-learn's ``roc_auc_score`` (which sums the
+    trapezoids of the ROC curve in floating point) to within a few units in the last place."""
     flip = np.asarray(flip, dtype=bool)
     if flip.size == 0 or flip.all() or not flip.any():
         return None
-    return float(roc_auc_score(flip, -np.asarray(margin, dtype=np.float64)))
+    return _ranks_auc(_Sorted(np.asarray(margin, dtype=np.float64), flip))
 
 
 def _weighted_auc(pos_w: np.ndarray, neg_w: np.ndarray, starts: np.ndarray) -> np.ndarray:
@@ -244,9 +377,8 @@ def _sufficient_statistics(margin: np.ndarray, flip: np.ndarray, seq: np.ndarray
     return flips, ties, above
 
 
-def _sufficient_auc(stats: tuple[Any, Any, Any], counts: np.ndarray, n_pos: np.ndarray,
-                    n_neg: np.ndarray) -> np.ndarray:
-    """AUC per row of sequence counts (resamples x sequences) from ``_sufficient_statistics``."""
+def _sufficient_numerator(stats: tuple[Any, Any, Any], counts: np.ndarray) -> np.ndarray:
+    """The AUC numerator per row of sequence counts (resamples x sequences) from ``_sufficient_statistics``."""
     flips, ties, above = stats
     wt = counts.T
     f = np.asarray(flips @ wt).T  # resamples x buckets
@@ -254,7 +386,69 @@ def _sufficient_auc(stats: tuple[Any, Any, Any], counts: np.ndarray, n_pos: np.n
     a = np.asarray(above @ wt).T
     # R_k = sum_(j >= k) a_j + sum_(j > k) e_j: reverse cumulative sums.
     rest = np.cumsum((a + e)[:, ::-1], axis=1)[:, ::-1] - e
-    num = (f * (rest + 0.5 * e)).sum(axis=1)
+    return np.asarray((f * (rest + 0.5 * e)).sum(axis=1), dtype=np.float64)
+
+
+def _pair_matrix(s: _Sorted, row: np.ndarray, n_rows: int, col: np.ndarray, n_cols: int) -> np.ndarray:
+    """C[a, b]: the (flip in row sequence a, non-flip in column sequence b) position pairs with the flip
+    at the smaller margin, ties one half; ``row``/``col``: each sorted position's sequence row (used
+    for flips) and column (used for non-flips).
+
+    With u_0 < ... < u_(K-1) the distinct flip margins and r_j the number of them below non-flip j,
+    a flip at u_k gains G[k, t] = #{j in t: r_j > k} + #{j in t: u_k = m_j} / 2 from column t, and
+    C = F^T G (F: flips per bucket and row). 2G is formed in integers, a cache-sized block of buckets
+    at a time, from the running count of non-flips at or below; C is exact (integers and halves).
+    """
+    from scipy import sparse
+
+    f = s.flip
+    fm, f_row = s.margin[f], row[f]
+    nm, n_col = s.margin[~f], col[~f]
+    new = np.r_[True, fm[1:] != fm[:-1]]
+    u = fm[new]
+    bucket = np.cumsum(new) - 1  # each flip's distinct margin, ascending
+    k = u.size
+    r = np.searchsorted(u, nm, side="left")  # ascending, as nm is
+    tie = (r < k) & (u[np.minimum(r, k - 1)] == nm)
+    twice = np.zeros((n_rows, n_cols), np.int64)
+    left = 2 * np.bincount(n_col, minlength=n_cols)  # 2 x the non-flips of each column above the block
+    step = max(1, _PAIR_BLOCK // max(n_cols, 1))
+    cuts = np.r_[np.arange(0, k, step), k]  # blocks of buckets; non-flips above every flip (r = K) stay out
+    r_cuts = np.asarray(np.searchsorted(r, cuts, side="left"))
+    f_cuts = np.asarray(np.searchsorted(bucket, cuts, side="left"))
+    for i, k0 in enumerate(cuts[:-1].tolist()):
+        c = int(cuts[i + 1]) - k0
+        a, b = r_cuts[i], r_cuts[i + 1]
+        cell = (r[a:b] - k0) * n_cols + n_col[a:b]
+        g = np.bincount(cell, minlength=c * n_cols).reshape(c, n_cols)
+        np.cumsum(g, axis=0, out=g)
+        g *= -2
+        g += left
+        left = g[-1].copy()
+        t = tie[a:b]
+        if t.any():
+            g += np.bincount(cell[t], minlength=c * n_cols).reshape(c, n_cols)
+        fa, fb = f_cuts[i], f_cuts[i + 1]
+        rows, local = np.unique(f_row[fa:fb], return_inverse=True)
+        fk = sparse.csr_matrix((np.ones(fb - fa, np.int64), (local, bucket[fa:fb] - k0)), shape=(rows.size, c))
+        twice[rows] += fk @ g
+    return twice * 0.5
+
+
+def _dense_ids(seq: np.ndarray) -> tuple[np.ndarray, int]:
+    """Sequence ids renumbered 0..n-1 in their order (as ``np.unique``'s inverse), cheaply when they
+    already are a contiguous range."""
+    if seq.size:
+        lo = int(seq.min())
+        shifted = seq - lo
+        if int(shifted.max()) < 4 * seq.size + 1024 and bool(np.bincount(shifted).all()):
+            return shifted, int(shifted.max()) + 1
+    distinct, inverse = np.unique(seq, return_inverse=True)
+    return inverse.astype(np.int64), int(distinct.size)
+
+
+def _ratio(num: np.ndarray, n_pos: np.ndarray, n_neg: np.ndarray) -> np.ndarray:
+    """AUC = numerator / (flips x non-flips) per resample; NaN without both classes."""
     with np.errstate(invalid="ignore", divide="ignore"):
         out = num / (n_pos * n_neg)
     out[(n_pos == 0) | (n_neg == 0)] = np.nan
@@ -270,11 +464,13 @@ def bootstrap_auc(margin: np.ndarray, flip: np.ndarray, sequence: np.ndarray | N
     replacement, however many there are; resamples that happen to hold no flip or only flips have no
     AUC and are left out (``used`` counts the rest). A resample with sequence counts w has the AUC
     w_F C w / ((w P)(w N)) (C: flip/non-flip pairs between two sequences, the flip at the smaller
-    margin, ties one half; P, N: flips and non-flips per sequence); its numerator is computed from
-    per-sequence counts in buckets between consecutive distinct flip margins
-    (``_sufficient_statistics``), so the cost grows with the flips and sequences, not with the
-    positions, and no sequences x sequences matrix is formed. Every term is an integer or a half
-    integer, so the result equals the per-position computation exactly.
+    margin, ties one half; P, N: flips and non-flips per sequence). C is computed once
+    (``_pair_matrix``) and every chunk of resamples is one dense matrix product with it, while C (rows:
+    sequences with a flip, columns: with a non-flip) has at most ``_PAIR_MATRIX_MAX`` elements and
+    ``_PAIR_MATRIX_RATIO`` times the positions; beyond that, the numerator comes from per-sequence counts
+    in buckets between consecutive distinct flip margins (``_sufficient_statistics``: sparse products,
+    whose cost grows with the flips and sequences, not their square). Every term is an integer or a
+    half integer, so either way the result equals the per-position computation exactly.
     ``unit="position"`` resamples flipped and unflipped positions separately (stratified), so every
     resample has the observed flip count: each chunk of resamples is a weight matrix over the
     positions sorted by margin, reduced per run of equal margins.
@@ -283,45 +479,66 @@ def bootstrap_auc(margin: np.ndarray, flip: np.ndarray, sequence: np.ndarray | N
         raise ValueError(f"unit {unit!r}: allowed: sequence, position")
     margin = np.asarray(margin, dtype=np.float64)
     flip = np.asarray(flip, dtype=bool)
+    if flip.size == 0 or flip.all() or not flip.any() or resamples < 1:
+        return _bootstrap(None, sequence, resamples=resamples, level=level, seed=seed, unit=unit)
+    return _bootstrap(_Sorted(margin, flip), sequence, resamples=resamples, level=level, seed=seed, unit=unit)
+
+
+def _bootstrap(s: _Sorted | None, sequence: np.ndarray | None, *, resamples: int, level: float, seed: int,
+               unit: str) -> dict[str, Any]:
+    """``bootstrap_auc`` on positions already sorted by margin (None: no interval to compute)."""
     info: dict[str, Any] = {"method": "percentile bootstrap", "unit": unit, "level": level,
                             "resamples": resamples, "seed": seed, "used": 0, "ci": None,
                             "sequences": None}
-    if flip.size == 0 or flip.all() or not flip.any() or resamples < 1:
+    if s is None or s.n_pos == 0 or s.n_neg == 0 or resamples < 1:
         return info
-    order = np.argsort(margin, kind="stable")
-    m_sorted, f_sorted = margin[order], flip[order]
-    starts = np.flatnonzero(np.r_[True, m_sorted[1:] != m_sorted[:-1]])
-    n = margin.size
+    m_sorted, f_sorted, starts = s.margin, s.flip, s.starts
+    n = m_sorted.size
     rng = np.random.default_rng(seed)
-    stats: tuple[Any, Any, Any] | None = None
+    numerator: Callable[[np.ndarray], np.ndarray] | None = None  # sequence counts (resamples x sequences) -> the AUC numerators
     if unit == "sequence":
-        seq = np.zeros(n, dtype=np.int64) if sequence is None else np.asarray(sequence, dtype=np.int64)
-        _, seq_dense = np.unique(seq[order], return_inverse=True)
-        n_seq = int(seq_dense.max()) + 1
+        seq = np.zeros(n, dtype=np.int64) if sequence is None else np.asarray(sequence, dtype=np.int64)[s.order]
+        seq_dense, n_seq = _dense_ids(seq)
         info["sequences"] = n_seq
+        width = n_seq
         if _SUFFICIENT_STATISTICS:
-            stats = _sufficient_statistics(m_sorted, f_sorted, seq_dense, n_seq)
             pos_per_seq = np.bincount(seq_dense, weights=f_sorted, minlength=n_seq)
             neg_per_seq = np.bincount(seq_dense, weights=~f_sorted, minlength=n_seq)
+            rows, cols = np.flatnonzero(pos_per_seq), np.flatnonzero(neg_per_seq)
+            if rows.size * cols.size <= min(_PAIR_MATRIX_MAX, _PAIR_MATRIX_RATIO * n):
+                row_of, col_of = np.zeros(n_seq, np.int64), np.zeros(n_seq, np.int64)
+                row_of[rows], col_of[cols] = np.arange(rows.size), np.arange(cols.size)
+                pairs = _pair_matrix(s, row_of[seq_dense], rows.size, col_of[seq_dense], cols.size)
+
+                def dense(counts: np.ndarray) -> np.ndarray:
+                    return np.asarray(((counts[:, rows] @ pairs) * counts[:, cols]).sum(axis=1), dtype=np.float64)
+                numerator = dense
+            else:
+                stats = _sufficient_statistics(m_sorted, f_sorted, seq_dense, n_seq)
+                width = max(n_seq, stats[0].shape[0])
+
+                def sparse(counts: np.ndarray) -> np.ndarray:
+                    return _sufficient_numerator(stats, counts)
+                numerator = sparse
     else:
         pos_idx = np.flatnonzero(f_sorted)
         neg_idx = np.flatnonzero(~f_sorted)
     chunk = max(1, min(resamples, _CHUNK_ELEMENTS // max(n, 1)))  # the draws' chunking fixes the numbers
     aucs: list[np.ndarray] = []
     pending: list[np.ndarray] = []  # sequence counts drawn, not yet evaluated (evaluated in larger batches)
-    # resamples evaluated together: the (resamples x buckets) products stay within a quarter chunk
-    batch = max(1, _CHUNK_ELEMENTS // 4 // max(n_seq, stats[0].shape[0])) if stats is not None else 1
+    # resamples evaluated together: the (resamples x sequences or buckets) products stay within a quarter chunk
+    batch = max(1, _CHUNK_ELEMENTS // 4 // width) if numerator is not None else 1
     done = 0
     while done < resamples:
         b = min(chunk, resamples - done)
         if unit == "sequence":
             counts = _row_bincount(rng.integers(0, n_seq, size=(b, n_seq)), n_seq).astype(np.float64)
-            if stats is not None:
+            if numerator is not None:
                 pending.append(counts)
                 if sum(c.shape[0] for c in pending) >= batch or done + b >= resamples:
                     counts = np.concatenate(pending)
                     pending = []
-                    aucs.append(_sufficient_auc(stats, counts, counts @ pos_per_seq, counts @ neg_per_seq))
+                    aucs.append(_ratio(numerator(counts), counts @ pos_per_seq, counts @ neg_per_seq))
             else:
                 w = counts[:, seq_dense]
                 aucs.append(_weighted_auc(w * f_sorted, w * ~f_sorted, starts))
@@ -410,7 +627,9 @@ def rate_interval(k: int, n: int, level: float = 0.95) -> dict[str, Any]:
     return info
 
 
+@functools.cache
 def _wilson_source() -> str:
+    """Which library's Wilson interval (looked up once per process)."""
     import importlib.util
 
     if importlib.util.find_spec("statsmodels") is not None:
@@ -418,19 +637,30 @@ def _wilson_source() -> str:
     return "scipy.stats.binomtest(k, n).proportion_ci(method='wilson')"
 
 
-def wilson_interval(k: int, n: int, level: float = 0.95) -> list[float]:
-    """Wilson score interval of k in n: statsmodels' ``proportion_confint`` if installed, else scipy's."""
+@functools.cache
+def _wilson() -> Callable[[int, int, float], tuple[float, float]]:
+    """The Wilson interval of ``_wilson_source`` as one function (imported once per process)."""
     if _wilson_source().startswith("statsmodels"):
         import importlib
 
         confint = importlib.import_module("statsmodels.stats.proportion").proportion_confint
-        lo, hi = confint(k, n, alpha=1.0 - level, method="wilson")
-    else:
-        from scipy.stats import binomtest
 
+        def statsmodels_wilson(k: int, n: int, level: float) -> tuple[float, float]:
+            lo, hi = confint(k, n, alpha=1.0 - level, method="wilson")
+            return float(lo), float(hi)
+        return statsmodels_wilson
+    from scipy.stats import binomtest
+
+    def scipy_wilson(k: int, n: int, level: float) -> tuple[float, float]:
         ci = binomtest(k, n).proportion_ci(confidence_level=level, method="wilson")
-        lo, hi = ci.low, ci.high
-    return [max(0.0, float(lo)), min(1.0, float(hi))]
+        return float(ci.low), float(ci.high)
+    return scipy_wilson
+
+
+def wilson_interval(k: int, n: int, level: float = 0.95) -> list[float]:
+    """Wilson score interval of k in n: statsmodels' ``proportion_confint`` if installed, else scipy's."""
+    lo, hi = _wilson()(k, n, level)
+    return [max(0.0, lo), min(1.0, hi)]
 
 
 def positions_needed(rate: float, level: float = 0.95) -> int:
@@ -503,19 +733,20 @@ def calibration(margin: np.ndarray, flip: np.ndarray, model: dict[str, Any] | No
     else:
         raise ValueError(f"bins {bins!r}: allowed: decades, quantile")
     pred = predict(model, margin) if model else None
+    n_in = np.bincount(which, minlength=edges.size - 1)
+    k_in = np.bincount(which[flip], minlength=edges.size - 1)
     rows = []
     for i in range(edges.size - 1):
-        sel = which == i
-        n = int(sel.sum())
+        n, k = int(n_in[i]), int(k_in[i])
         if not n:
             continue
-        k = int(flip[sel].sum())
         lo, hi = float(edges[i]), float(edges[i + 1])
         label = _label(lo, hi) if bins == "decades" else (
             f"[{lo:.3g}, {hi:.3g}]" if i == edges.size - 2 else f"[{lo:.3g}, {hi:.3g})")
         rows.append({"bin": label, "margin_lo": lo, "margin_hi": None if math.isinf(hi) else hi,
                      "positions": n, "flips": k, "observed_rate": k / n, "observed_ci": wilson_interval(k, n, level),
-                     "predicted_rate": None if pred is None else float(pred[sel].mean())})
+                     # the mean in the positions' own order: the same sum, to the last bit, however read
+                     "predicted_rate": None if pred is None else float(pred[which == i].mean())})
     return rows
 
 
@@ -527,21 +758,26 @@ def concentration(margin: np.ndarray, flip: np.ndarray, share: float) -> dict[st
     it is next to ``share``, the more flips concentrate at small margins (``enrichment`` = flip rate at
     or below / overall flip rate).
     """
-    margin = np.asarray(margin, dtype=np.float64)
     flip = np.asarray(flip, dtype=bool)
     if not flip.any():
         return None
-    m = float(np.quantile(margin[flip], share, method="inverted_cdf"))
-    below = margin <= m
-    n_below = int(below.sum())
-    k_below = int((flip & below).sum())
-    n_above = margin.size - n_below
-    rate_all = float(flip.mean())
+    return _concentration(_Sorted(np.asarray(margin, dtype=np.float64), flip), share)
+
+
+def _concentration(s: _Sorted, share: float) -> dict[str, Any] | None:
+    """``concentration`` from the positions sorted by margin (counts by binary search)."""
+    if not s.n_pos:
+        return None
+    m = float(np.quantile(s.margin[s.flip], share, method="inverted_cdf"))
+    n_below, k_below = s.at_or_below(m)
+    n = s.margin.size
+    n_above = n - n_below
+    rate_all = s.n_pos / n
     rate_below = k_below / n_below
     return {"flip_share": share, "margin": m, "flips_at_or_below": k_below,
-            "share_of_flips": k_below / int(flip.sum()), "positions_at_or_below": n_below,
-            "share_of_positions": n_below / margin.size, "flip_rate_at_or_below": rate_below,
-            "flip_rate_above": (int((flip & ~below).sum()) / n_above) if n_above else None,
+            "share_of_flips": k_below / s.n_pos, "positions_at_or_below": n_below,
+            "share_of_positions": n_below / n, "flip_rate_at_or_below": rate_below,
+            "flip_rate_above": ((s.n_pos - k_below) / n_above) if n_above else None,
             "enrichment": rate_below / rate_all}
 
 
@@ -576,13 +812,14 @@ def analyze(data: FlipData, *, bins: str = "decades", resamples: int = 1000, see
 
     Raises ValueError when ``data`` holds positions of more than one pair: pairs are never pooled.
     """
-    if np.unique(data.pair).size > 1:
+    if data.pair.size and bool((data.pair != data.pair[0]).any()):
         raise ValueError(f"analyze takes one (sweep, ref_arm, arm) pair; this data holds {np.unique(data.pair).size} "
                          "(use flip_report, or FlipData.for_pair): pairs are never pooled")
     margin, flip = data.margin, data.flip
     positions, flips = len(data), int(flip.sum())
     notes: list[str] = []
     note = _undefined_note(positions, flips)
+    ranked = _Sorted(margin, flip) if flips else None  # the one sort: AUC, its bootstrap, concentration
     if note:
         notes.append(note)
     rate_ci = rate_interval(flips, positions, level)
@@ -595,7 +832,9 @@ def analyze(data: FlipData, *, bins: str = "decades", resamples: int = 1000, see
     if ci_note:
         notes.append(ci_note)
     elif note is None:
-        boot = bootstrap_auc(margin, flip, data.sequence, resamples=resamples, level=level, seed=seed, unit=ci_unit)
+        if ci_unit not in ("sequence", "position"):
+            raise ValueError(f"unit {ci_unit!r}: allowed: sequence, position")
+        boot = _bootstrap(ranked, data.sequence, resamples=resamples, level=level, seed=seed, unit=ci_unit)
         if boot["ci"] is None:
             notes.append("no bootstrap resample held both classes: no interval")
         elif boot["used"] < resamples:
@@ -607,7 +846,7 @@ def analyze(data: FlipData, *, bins: str = "decades", resamples: int = 1000, see
     model = fit_logistic(margin, flip, eps) if note is None else None
     if note is None and model is None:
         notes.append("every position has the same margin: no logistic model")
-    conc = [c for s in CONCENTRATION_SHARES if (c := concentration(margin, flip, s)) is not None]
+    conc = [c for s in CONCENTRATION_SHARES if ranked and (c := _concentration(ranked, s)) is not None]
     if data.dropped:
         notes.append(f"{data.dropped} rows without a usable margin or flag were left out")
     if data.ref_mismatch:
@@ -620,7 +859,7 @@ def analyze(data: FlipData, *, bins: str = "decades", resamples: int = 1000, see
         "flip_rate_ci": rate_ci["interval"],
         "rate_ci": rate_ci,
         "power": power(positions, rate_ci, level) if positions else None,
-        "auc": auc(margin, flip),
+        "auc": _ranks_auc(ranked) if ranked else None,
         "auc_ci": boot["ci"],
         "auc_note": note,
         "auc_ci_note": ci_note,
@@ -652,11 +891,10 @@ def flip_report(cat: Catalog, sweep: str | None = None, ref_arm: str | None = No
     # One pair at a time: memory is bounded by the largest pair, never by the whole table. A NULL key
     # cannot be selected alone: then the selection is read whole.
     selections = [{"sweep": k["sweep"], "ref_arm": k["ref_arm"], "arm": k["arm"]} for k in keys]
-    if not all(None not in sel.values() for sel in selections):
-        selections = [{"sweep": sweep, "ref_arm": ref_arm, "arm": arm}]
+    whole = not all(None not in sel.values() for sel in selections)
     pairs = []
-    for sel in selections:
-        data = load(cat, **sel)
+    for sel in [{"sweep": sweep, "ref_arm": ref_arm, "arm": arm}] if whole else selections:
+        data = (_from_arrow(cat.named_arrow("flip_positions", **sel)) if whole else _load_pairs(cat, [sel]))
         pairs += [{**key, **analyze(data.for_pair(pid), **options)} for pid, key in enumerate(data.pairs)]
     notes = [] if pairs else ["no teacher-forced positions for this selection"]
     return {"filters": {"sweep": sweep, "ref_arm": ref_arm, "arm": arm}, "pairs": pairs, "notes": notes}
