@@ -107,16 +107,16 @@ def test_seed_example() -> None:
 @given(cases(), st.lists(st.sampled_from(sorted(DESCRIBED_BY)), min_size=4, max_size=4, unique=True))
 def test_kernels_inside_their_algorithms(c: Case, names: list[str]) -> None:
     """100 inputs x 4 kernels, forward and both backwards: 400 kernel cases per run (the fast sibling
-    of test_kernels_inside_their_algorithms_many, 7200 cases in the slow set)."""
+    of test_kernels_inside_their_algorithms_many, 3600 cases in the slow set)."""
     for name in names:
         _check_kernel(name, c)
 
 
 @pytest.mark.slow
-@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases(max_l=8, max_s=24))
 def test_kernels_inside_their_algorithms_many(c: Case) -> None:
-    """600 inputs x all 12 kernels (7200 kernel cases), longer rows (several online blocks)."""
+    """300 inputs x all 12 kernels (3600 kernel cases), longer rows (several online blocks)."""
     for name in DESCRIBED_BY:
         _check_kernel(name, c)
 
