@@ -19,10 +19,11 @@ import json
 import logging
 import os
 import signal
+import statistics
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,20 @@ log = logging.getLogger("swapcheck.runner")
 
 #: Units in flight at once; Ray queues the rest cheaply, this only bounds driver memory.
 WINDOW = 2000
+#: How long one Ray task of tiny units should take (``SWAPCHECK_BATCH_TARGET_S``; 0: one unit per
+#: task, no batching). A Ray task and a durable commit cost about a millisecond each: units much
+#: shorter than that are packed into tasks of several units that share one commit (:class:`Batches`).
+BATCH_TARGET_S = 0.075
+#: Units whose observed median duration is at least this long are never batched.
+SHORT_UNIT_S = 0.02
+#: The most units in one task.
+MAX_BATCH = 64
+#: How many of a batch class's recent unit durations its batch size is chosen from (their median),
+#: and how many it needs before its units are batched.
+OBSERVED = 32
+OBSERVED_MIN = 3
+#: Tasks of one batch class in flight at once, per slot the cluster has for it.
+TASKS_PER_SLOT = 4
 #: Longest wait on Ray in one call (seconds): how soon the wait loop sees a signal.
 POLL_S = 0.25
 #: How long a stopping launch waits for the units it cancelled to settle (``SWAPCHECK_STOP_GRACE_S``);
@@ -130,6 +145,109 @@ def stop_grace_s() -> float:
     return seconds_from_env("SWAPCHECK_STOP_GRACE_S", STOP_GRACE_S, 0.0, 3600.0, UsageError)
 
 
+def batch_target_s() -> float:
+    """:data:`BATCH_TARGET_S`, or ``SWAPCHECK_BATCH_TARGET_S`` (0 to 60 s, 0 = no batching; read when a
+    launch starts, so a bad value is refused before anything is written)."""
+    from swapcheck_common.env import seconds_from_env
+
+    return seconds_from_env("SWAPCHECK_BATCH_TARGET_S", BATCH_TARGET_S, 0.0, 60.0, UsageError)
+
+
+class Batches:
+    """The pending units of one stage, handed out as Ray tasks of one or more units.
+
+    Units of one *batch class* (the same kind and resources, ``fresh_process`` false) may share a
+    task, which runs them one after another and commits them with one durable commit
+    (:func:`orchestrator.worker.execute_units`). The size of a class's tasks is chosen from the
+    durations its finished units report (``duration_s`` of their summaries): one unit per task until
+    :data:`OBSERVED_MIN` units of the class have finished; then, while the median of the last
+    :data:`OBSERVED` durations is below :data:`SHORT_UNIT_S`, as many units as take about
+    ``target_s`` (at most :data:`MAX_BATCH`, and no more than spreads the class's remaining units
+    over its slots, so the tail of a stage keeps every slot busy). A class has at most
+    :data:`TASKS_PER_SLOT` tasks per slot in flight: enough to keep every slot busy with units of
+    :data:`SHORT_UNIT_S` or longer, few enough that the choice is made again as durations come in
+    (the window is never filled with single-unit tasks before anything is known: the first unit in
+    a worker process pays its imports). Cold restarts (``fresh_process``) run one per task, with no
+    limit but the window, as before batching existed; ``target_s`` 0 turns batching off likewise.
+
+    A batch whose worker was lost after Ray's retries is not recorded as lost: its units are handed
+    out again one per task (:meth:`retry_alone`), so one unit that kills its worker costs only itself.
+    """
+
+    def __init__(self, pending: list[Unit], target_s: float, capacity: dict[str, float]) -> None:
+        self.target_s = target_s
+        self.capacity = capacity
+        self.queues: dict[Any, deque[Unit]] = {}
+        for unit in pending:
+            self.queues.setdefault(self.key(unit), deque()).append(unit)
+        self.alone: deque[Unit] = deque()
+        self.observed: dict[Any, deque[float]] = {}
+        self.tasks: dict[Any, int] = {}  # tasks in flight per batch class
+        self.n_tasks = 0
+
+    def key(self, unit: Unit) -> Any:
+        """The unit's batch class: units of one class may share a task (None: never batched)."""
+        if unit.fresh_process or self.target_s <= 0:
+            return None
+        res = unit.resources
+        return (unit.kind, res.num_cpus, res.num_gpus, res.memory_gb)
+
+    def __len__(self) -> int:
+        return len(self.alone) + sum(len(q) for q in self.queues.values())
+
+    def slots(self, unit: Unit) -> int:
+        """How many units like ``unit`` the cluster runs at once (at least 1)."""
+        res = unit.resources
+        fits = [self.capacity.get(name, 0.0) / want for name, want in (("CPU", res.num_cpus), ("GPU", res.num_gpus)) if want > 0]
+        return max(1, int(min(fits)) if fits else int(self.capacity.get("CPU", 1.0)))
+
+    def size(self, key: Any, unit: Unit) -> int:
+        """How many units of class ``key`` the next task takes."""
+        seen = self.observed.get(key)
+        if key is None or seen is None or len(seen) < OBSERVED_MIN:
+            return 1
+        median = statistics.median(seen)
+        if median >= SHORT_UNIT_S:
+            return 1
+        spread = -(-len(self.queues[key]) // self.slots(unit))  # the rest over every slot
+        return max(1, min(MAX_BATCH, int(self.target_s / max(median, 1e-4)), spread))
+
+    def take(self, room: int) -> list[Unit]:
+        """The units of the next task (at most ``room``), or [] when none may be submitted now."""
+        if self.alone:
+            unit = self.alone.popleft()
+            self._started(self.key(unit))
+            return [unit]
+        for key, queue in self.queues.items():
+            if not queue:
+                continue
+            if key is not None and self.tasks.get(key, 0) >= TASKS_PER_SLOT * self.slots(queue[0]):
+                continue  # enough of this class in flight: wait for one to finish
+            n = min(self.size(key, queue[0]), room, len(queue))
+            self._started(key)
+            return [queue.popleft() for _ in range(n)]
+        return []
+
+    def _started(self, key: Any) -> None:
+        self.n_tasks += 1
+        if key is not None:
+            self.tasks[key] = self.tasks.get(key, 0) + 1
+
+    def settled(self, units: list[Unit], durations: list[float | None] | None = None) -> None:
+        """A task of ``units`` settled; ``durations`` are the units' own (None: it reported none)."""
+        key = self.key(units[0])
+        if key is None:
+            return
+        self.tasks[key] = max(0, self.tasks.get(key, 0) - 1)
+        found = [float(d) for d in durations or [] if d is not None]
+        if found:
+            self.observed.setdefault(key, deque(maxlen=OBSERVED)).extend(found)
+
+    def retry_alone(self, units: list[Unit]) -> None:
+        """Hand ``units`` out again, one per task, before anything else."""
+        self.alone.extend(units)
+
+
 @dataclass
 class LaunchSummary:
     sweep: str
@@ -141,6 +259,8 @@ class LaunchSummary:
     seconds: float = 0.0
     #: Units cancelled by a stop that had not settled within the grace period (they may still commit).
     n_unsettled: int = 0
+    #: Ray tasks submitted (a task runs one unit, or a batch of tiny units: :class:`Batches`).
+    n_tasks: int = 0
     failures: list[tuple[str, str]] = field(default_factory=list)
 
 
@@ -309,6 +429,7 @@ def _launch(spec: LoadedSpec, results: str | Path, address: str | None, num_cpus
 
     emit = on_event or (lambda kind, info: None)
     stop_grace_s()  # a bad SWAPCHECK_STOP_GRACE_S is refused now, not when a stop needs it
+    batch_target_s()  # and a bad SWAPCHECK_BATCH_TARGET_S
     plan = make_plan(spec)
     store = open_store(results)
     stop.committed = lambda: committed_line(store, plan)
@@ -486,33 +607,37 @@ def _run_units(spec: LoadedSpec, plan: Plan, pending: list[Unit], results: str, 
                emit: Callable[[str, dict[str, Any]], None], stop: StopSignals) -> None:
     import ray
 
-    from orchestrator.worker import run_unit_task
+    from orchestrator.worker import run_units_task
 
-    remote = ray.remote(run_unit_task)
+    remote = ray.remote(run_units_task)
     # A cold restart: the worker process exits after this one task, so no engine, cache or kernel
     # choice survives into the next unit (``max_calls`` is fixed per remote function).
-    remote_fresh = ray.remote(max_calls=1)(run_unit_task)
-    queue = deque(pending)
-    in_flight: dict[Any, Unit] = {}
+    remote_fresh = ray.remote(max_calls=1)(run_units_task)
+    in_flight: dict[Any, list[Unit]] = {}
     refs = {kind: kind_ref(kind) for kind in {u.kind for u in pending}}
+    batches = Batches(pending, batch_target_s(), dict(ray.cluster_resources()))
 
-    def submit(unit: Unit) -> None:
+    def submit(units: list[Unit]) -> None:
+        unit = units[0]
         res = unit.resources
         opts: dict[str, Any] = {
             "num_cpus": res.num_cpus,
             "num_gpus": res.num_gpus,
             "max_retries": spec.sweep.max_retries,
             "retry_exceptions": False,
-            "name": f"{unit.kind}:{unit.id}",
+            "name": f"{unit.kind}:{unit.id}" + (f"+{len(units) - 1}" if len(units) > 1 else ""),
         }
         if res.memory_gb:
             opts["memory"] = int(res.memory_gb * 2**30)
-        payload = {**unit.to_payload(), "description": unit.describe(), "kind_ref": refs[unit.kind]}
+        payloads = [{**u.to_payload(), "description": u.describe(), "kind_ref": refs[u.kind]} for u in units]
         fn = remote_fresh if unit.fresh_process else remote
-        ref = fn.options(**opts).remote(payload, results, plan.sweep, spec.sha256)
-        in_flight[ref] = unit
+        ref = fn.options(**opts).remote(payloads, results, plan.sweep, spec.sha256)
+        in_flight[ref] = units
 
-    _drain(queue, in_flight, submit, spec, plan, results, summary, emit, stop)
+    try:
+        _drain(batches, in_flight, submit, spec, plan, results, summary, emit, stop)
+    finally:
+        summary.n_tasks += batches.n_tasks
 
 
 def _outcomes(refs: list[Any]) -> list[tuple[Any, Any, BaseException | None]]:
@@ -532,7 +657,7 @@ def _outcomes(refs: list[Any]) -> list[tuple[Any, Any, BaseException | None]]:
     return out
 
 
-def _ready(in_flight: dict[Any, Unit], stop: StopSignals, timeout: float = POLL_S) -> list[Any]:
+def _ready(in_flight: Mapping[Any, object], stop: StopSignals, timeout: float = POLL_S) -> list[Any]:
     """The refs in flight that have finished, waiting at most ``timeout`` for the first."""
     import ray
 
@@ -552,54 +677,78 @@ def _ready(in_flight: dict[Any, Unit], stop: StopSignals, timeout: float = POLL_
     return ready
 
 
-def _drain(queue: deque[Unit], in_flight: dict[Any, Unit], submit: Callable[[Unit], None], spec: LoadedSpec,
-           plan: Plan, results: str, summary: LaunchSummary, emit: Callable[[str, dict[str, Any]], None],
-           stop: StopSignals) -> None:
-    """Submit and collect units until all are done, a signal arrives or the store fails.
+def _which(units: list[Unit]) -> str:
+    """``unit <id>``, and for a batch how many it was one of (messages)."""
+    return f"unit {units[0].id}" + (f" (one of a batch of {len(units)})" if len(units) > 1 else "")
 
-    Stopping (a signal, a storage failure) submits nothing more and cancels what is in flight
-    (:func:`_stop_in_flight`): the count printed afterwards is then the count that stays.
+
+def _drain(batches: Batches, in_flight: dict[Any, list[Unit]], submit: Callable[[list[Unit]], None],
+           spec: LoadedSpec, plan: Plan, results: str, summary: LaunchSummary,
+           emit: Callable[[str, dict[str, Any]], None], stop: StopSignals) -> None:
+    """Submit and collect tasks until every unit is done, a signal arrives or the store fails.
+
+    A unit counts (``summary``, its ``unit`` event) only when its task has returned: for a batch,
+    once the batch's one durable commit is done. Stopping (a signal, a storage failure) submits
+    nothing more and cancels what is in flight (:func:`_stop_in_flight`): the count printed
+    afterwards is then the count that stays.
     """
     import ray
 
     from orchestrator.worker import record_lost_unit
 
     fault: StorageFailure | None = None
+    n_in_flight = 0  # units
 
     def settle(ref: Any, value: Any, exc: BaseException | None, stopping: bool) -> None:
-        nonlocal fault
-        unit = in_flight.pop(ref)
+        nonlocal fault, n_in_flight
+        units = in_flight.pop(ref)
+        n_in_flight -= len(units)
         if exc is not None:
+            batches.settled(units)
             cause = getattr(exc, "cause", None)
             if isinstance(cause, OSError | StorageError) or isinstance(exc, OSError):
-                log.info("unit %s could not commit its results:\n%s", unit.id, exc)  # -v: the whole traceback
+                log.info("%s could not commit its results:\n%s", _which(units), exc)  # -v: the whole traceback
                 if fault is None:
                     first = str(cause or exc).splitlines()[0] if str(cause or exc) else type(exc).__name__
-                    fault = StorageFailure(f"unit {unit.id} could not commit its results: {first}")
+                    fault = StorageFailure(f"{_which(units)} could not commit its results: {first}")
                 return
             if stopping or isinstance(exc, ray.exceptions.TaskCancelledError):
                 return  # cancelled, or lost while stopping: no ledger row, a relaunch recomputes it
+            if len(units) > 1:
+                # Not the batch's fault as a whole: each unit runs again alone, and only a unit whose
+                # own task is lost gets a failed row.
+                log.info("a batch of %d units lost its worker after %d retries; each runs again alone: %s",
+                         len(units), spec.sweep.max_retries, str(exc)[:2000])
+                batches.retry_alone(units)
+                return
             error = f"{type(exc).__name__}: worker lost after {spec.sweep.max_retries} retries: {str(exc)[:2000]}"
             try:
-                record_lost_unit(unit.to_payload(), results, plan.sweep, spec.sha256, error)
+                record_lost_unit(units[0].to_payload(), results, plan.sweep, spec.sha256, error)
             except (OSError, StorageError) as os_exc:
                 if fault is None:
-                    fault = StorageFailure(f"cannot record unit {unit.id}: {os_exc}")
+                    fault = StorageFailure(f"cannot record unit {units[0].id}: {os_exc}")
                 return
-            value = {"unit_id": unit.id, "status": "failed", "error": error, "rows": 0}
-        if value["status"] == "ok":
-            summary.n_ok += 1
+            value = [{"unit_id": units[0].id, "status": "failed", "error": error, "rows": 0}]
         else:
-            summary.n_failed += 1
-            summary.failures.append((unit.id, (value.get("error") or "").splitlines()[0]))
-        emit("unit", {"unit": unit, "result": value})
+            batches.settled(units, [v.get("duration_s") for v in value])
+        for unit, outcome in zip(units, value, strict=True):
+            if outcome["status"] == "ok":
+                summary.n_ok += 1
+            else:
+                summary.n_failed += 1
+                summary.failures.append((unit.id, (outcome.get("error") or "").splitlines()[0]))
+            emit("unit", {"unit": unit, "result": outcome, "batch": len(units)})
 
-    while (queue or in_flight) and fault is None and stop.signum is None:
+    while (batches or in_flight) and fault is None and stop.signum is None:
         fault = stop.lease_lost()  # a lease that cannot be renewed: stop before it can lapse
         if fault is not None:
             break
-        while queue and len(in_flight) < WINDOW and stop.signum is None:
-            submit(queue.popleft())
+        while batches and n_in_flight < WINDOW and stop.signum is None:
+            units = batches.take(WINDOW - n_in_flight)
+            if not units:
+                break  # a batch class waits for its first finished unit
+            submit(units)
+            n_in_flight += len(units)
         for ref, value, exc in _outcomes(_ready(in_flight, stop)):
             settle(ref, value, exc, stopping=False)
     if in_flight:
@@ -615,7 +764,7 @@ def _drain(queue: deque[Unit], in_flight: dict[Any, Unit], submit: Callable[[Uni
         raise fault
 
 
-def _stop_in_flight(in_flight: dict[Any, Unit], settle: Callable[[Any, Any, BaseException | None], None],
+def _stop_in_flight(in_flight: dict[Any, list[Unit]], settle: Callable[[Any, Any, BaseException | None], None],
                     stop: StopSignals, emit: Callable[[str, dict[str, Any]], None], why: str,
                     grace: float | None = None) -> int:
     """Cancel the units in flight and wait (at most :func:`stop_grace_s`) until each has settled.
@@ -624,21 +773,24 @@ def _stop_in_flight(in_flight: dict[Any, Unit], settle: Callable[[Any, Any, Base
     and commits nothing (its ledger row would be written last, and a kind's ``KeyboardInterrupt`` is
     never recorded as a failure); a unit already committing may still finish, and is then counted.
     ``force=True`` is not used: killing a worker whose reply is on its way trips a check inside Ray.
-    A unit that has not settled in time (a kind stuck in native code) is left to Ray: the driver's
-    exit ends its job, and the ledger says whether it committed. Returns how many had not settled.
+    A batch is cancelled as one task: the interrupt ends its process (``ends_process_on_cancel``)
+    before its group commit, or inside it, where the units whose ledger files were already renamed
+    stay committed and the rest are not. A unit that has not settled in time (a kind stuck in native
+    code) is left to Ray: the driver's exit ends its job, and the ledger says whether it committed.
+    Returns how many units had not settled.
     """
     import ray
 
     grace = stop_grace_s() if grace is None else grace
-    emit("stopping", {"why": why, "in_flight": len(in_flight), "grace_s": grace})
+    emit("stopping", {"why": why, "in_flight": sum(len(units) for units in in_flight.values()), "grace_s": grace})
     for ref in list(in_flight):
         try:
             ray.cancel(ref, force=False)
         except ray.exceptions.RayError as cancel_error:  # finished meanwhile, or its owner is gone: waited for below
-            log.info("cancelling %s: %s", in_flight[ref].id, cancel_error)
+            log.info("cancelling %s: %s", _which(in_flight[ref]), cancel_error)
     signals = len(stop.received)
     deadline = time.monotonic() + grace
     while in_flight and time.monotonic() < deadline and len(stop.received) <= signals:  # another signal: stop now
         for ref, value, exc in _outcomes(_ready(in_flight, stop)):
             settle(ref, value, exc)
-    return len(in_flight)
+    return sum(len(units) for units in in_flight.values())

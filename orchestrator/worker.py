@@ -31,7 +31,15 @@ from typing import Any, TypeVar
 import pyarrow as pa
 
 from storage.errors import StorageFault
-from storage.store import FileRecord, ResultStore, hostname, open_store, to_table, utcnow
+from storage.store import (
+    FileRecord,
+    ResultStore,
+    StagedUnit,
+    hostname,
+    open_store,
+    to_table,
+    utcnow,
+)
 from tasks.kinds import canonical_json, get_kind
 
 T = TypeVar("T")
@@ -151,20 +159,24 @@ def ledger_row(payload: dict[str, Any], spec_sha256: str, *, status: str, attemp
     }
 
 
-def execute_unit(payload: dict[str, Any], results: str, sweep: str, spec_sha256: str) -> dict[str, Any]:
-    """Run one unit and commit its results; returns a small summary for the driver.
+@dataclass
+class _Ran:
+    """One unit run in this worker, not yet committed: its tables, how its ledger row is built, and
+    its summary for the driver (``rows`` and ``duration_s`` set when the row is built)."""
 
-    Raises :class:`StorageFault` (and writes no ledger row) when the results tree fails; an
-    exception inside the kind's ``run()`` or rows that do not fit a table's schema are the unit's
-    failure, committed as a ``failed`` ledger row.
+    unit_id: str
+    arrow: dict[str, pa.Table]
+    row: Callable[[list[FileRecord]], dict[str, Any]]
+    summary: dict[str, Any]
+
+
+def _run_unit(store: ResultStore, payload: dict[str, Any], sweep: str, spec_sha256: str) -> _Ran:
+    """Mark the attempt, run the kind, check its tables: everything of a unit but the commit.
+
+    Raises :class:`StorageFault` when the results tree fails (the attempt marker, an artifact, an
+    earlier stage's rows); an exception inside the kind's ``run()`` or rows that do not fit a table's
+    schema are the unit's failure (status ``failed``, no tables).
     """
-    import torch
-
-    # One thread per unit keeps runs deterministic and lets Ray pack units onto cores.
-    threads = max(1, int(os.environ.get("SWAPCHECK_THREADS_PER_UNIT", "1")))
-    if torch.get_num_threads() != threads:
-        torch.set_num_threads(threads)
-    store = _store_call(results, lambda: _store(results))
     unit_id = payload["id"]
     attempt = _store_call(str(store.root / "_state" / "attempts" / f"sweep={sweep}" / unit_id),
                           lambda: store.mark_attempt(sweep, unit_id, _node_id()))
@@ -187,16 +199,74 @@ def execute_unit(payload: dict[str, Any], results: str, sweep: str, spec_sha256:
     except Exception as exc:  # noqa: BLE001 - any task failure is recorded, never lost
         status, arrow = "failed", {}
         error = f"{type(exc).__name__}: {exc}\n" + "".join(traceback.format_exc(limit=8))
+    summary: dict[str, Any] = {"unit_id": unit_id, "status": status, "error": error, "rows": 0, "attempts": attempt,
+                               "duration_s": 0.0}
 
     def row(files: list[FileRecord]) -> dict[str, Any]:
+        summary["duration_s"] = duration = time.perf_counter() - t0
+        summary["rows"] = sum(f.rows for f in files)
         return ledger_row(payload, spec_sha256, status=status, attempts=attempt, started=started,
-                          duration_s=time.perf_counter() - t0, error=error, tables=[f.table for f in files],
-                          rows=sum(f.rows for f in files), ran_here=True, files=files)
+                          duration_s=duration, error=error, tables=[f.table for f in files],
+                          rows=summary["rows"], ran_here=True, files=files)
 
-    # Result files and then the ledger row (renamed last); a storage fault names its file.
-    files = store.commit_unit(sweep, unit_id, arrow, row)
-    rows = sum(f.rows for f in files)
-    return {"unit_id": unit_id, "status": status, "error": error, "rows": rows, "attempts": attempt}
+    return _Ran(unit_id, arrow, row, summary)
+
+
+#: A batch commits the units it has staged once they hold this many bytes, and stages the rest for its
+#: next commit: a worker never holds more than about this much of a batch's files in memory.
+COMMIT_BYTES = 64 * 2**20
+
+
+def execute_units(payloads: list[dict[str, Any]], results: str, sweep: str, spec_sha256: str) -> list[dict[str, Any]]:
+    """Run a batch of units one after another and commit them together; one summary per unit.
+
+    Each unit is run as :func:`execute_unit` runs it (its own attempt marker, its own failure
+    handling: a kind that raises is that unit's ``failed`` row, the others are unaffected; its own
+    ledger row) and serialized in memory (:meth:`ResultStore.stage_unit`) when it finishes, so its
+    ``duration_s`` is its own. Then ONE group commit (:meth:`ResultStore.commit_units`) writes every
+    file of the batch, makes them durable with one barrier, renames the result files into place and
+    then the ledger files (a batch holding :data:`COMMIT_BYTES` commits early and goes on). A batch
+    of one unit commits as :func:`execute_unit` always has (:meth:`ResultStore.commit_unit`).
+
+    The driver counts the units done when this returns. Killed before that (SIGKILL, OOM, node
+    loss), the batch has published no ledger file, or, dying inside the commit's renames, the ledger
+    files of some units, each complete; Ray re-runs the whole batch and the files of a unit, named by
+    its id, are replaced, so no row is ever duplicated. Raises :class:`StorageFault` (and publishes
+    no ledger file after the fault) when the results tree fails.
+    """
+    import torch
+
+    # One thread per unit keeps runs deterministic and lets Ray pack units onto cores.
+    threads = max(1, int(os.environ.get("SWAPCHECK_THREADS_PER_UNIT", "1")))
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    store = _store_call(results, lambda: _store(results))
+    if len(payloads) == 1:
+        ran = _run_unit(store, payloads[0], sweep, spec_sha256)
+        # Result files and then the ledger row (renamed last); a storage fault names its file.
+        store.commit_unit(sweep, ran.unit_id, ran.arrow, ran.row)
+        return [ran.summary]
+    summaries: list[dict[str, Any]] = []
+    staged: list[StagedUnit] = []
+    for payload in payloads:
+        ran = _run_unit(store, payload, sweep, spec_sha256)
+        staged.append(store.stage_unit(sweep, ran.unit_id, ran.arrow, ran.row))
+        summaries.append(ran.summary)
+        if sum(u.nbytes for u in staged) >= COMMIT_BYTES:
+            store.commit_units(staged)
+            staged = []
+    store.commit_units(staged)
+    return summaries
+
+
+def execute_unit(payload: dict[str, Any], results: str, sweep: str, spec_sha256: str) -> dict[str, Any]:
+    """Run one unit and commit its results; returns a small summary for the driver.
+
+    Raises :class:`StorageFault` (and writes no ledger row) when the results tree fails; an
+    exception inside the kind's ``run()`` or rows that do not fit a table's schema are the unit's
+    failure, committed as a ``failed`` ledger row.
+    """
+    return execute_units([payload], results, sweep, spec_sha256)[0]
 
 
 def ends_process_on_cancel(fn: Callable[..., T]) -> Callable[..., T]:
@@ -222,8 +292,14 @@ def ends_process_on_cancel(fn: Callable[..., T]) -> Callable[..., T]:
 
 
 def run_unit_task(payload: dict[str, Any], results: str, sweep: str, spec_sha256: str) -> dict[str, Any]:
-    """:func:`execute_unit` as the runner's Ray task (:func:`ends_process_on_cancel`)."""
+    """:func:`execute_unit` as a Ray task (:func:`ends_process_on_cancel`)."""
     return ends_process_on_cancel(execute_unit)(payload, results, sweep, spec_sha256)
+
+
+def run_units_task(payloads: list[dict[str, Any]], results: str, sweep: str, spec_sha256: str) -> list[dict[str, Any]]:
+    """:func:`execute_units` as the runner's Ray task (:func:`ends_process_on_cancel`): a cancel
+    that lands mid-batch ends the process before the batch commits anything more."""
+    return ends_process_on_cancel(execute_units)(payloads, results, sweep, spec_sha256)
 
 
 def record_lost_unit(payload: dict[str, Any], results: str, sweep: str, spec_sha256: str, error: str) -> None:
