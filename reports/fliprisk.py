@@ -105,8 +105,10 @@ _PAIR_MATRIX_MAX = 16_000_000
 #: ... and at most this many times the pair's positions (a dense product does about that many
 #: multiply-adds in the time the sparse statistics take for one); beyond, the sparse statistics.
 _PAIR_MATRIX_RATIO = 16
-#: Elements of one block of the pair matrix's bucket rows (about L2-cache sized).
-_PAIR_BLOCK = 131_072
+#: The fewest positions in one block of the pair matrix's sorted positions (``_pair_matrix``).
+_PAIR_RUN = 64
+#: Columns of one tile of the pair matrix's sparse product (``_pair_matrix``).
+_PAIR_TILE = 256
 
 
 class FlipData:
@@ -208,18 +210,20 @@ def _numpy(col: Any, dtype: Any, null: Any) -> np.ndarray:
 
 def _codes(col: Any) -> tuple[np.ndarray, int]:
     """Order-preserving integer codes 0..size-1 of an integer Arrow column, NULL last (as DuckDB sorts)."""
-    valid = _numpy(col.is_valid(), bool, False)
     values = _numpy(col, np.int64, 0)
-    if not valid.any():
+    if col.null_count == len(col):
         return np.zeros(values.size, np.int64), 1
-    lo, hi = int(values[valid].min()), int(values[valid].max())
+    valid = _numpy(col.is_valid(), bool, False) if col.null_count else None
+    present = values if valid is None else values[valid]
+    lo, hi = int(present.min()), int(present.max())
     if hi - lo <= 4 * values.size + 1024:
         codes, size = values - lo, hi - lo + 2
     else:
-        distinct, inverse = np.unique(values[valid], return_inverse=True)
+        distinct, inverse = np.unique(present, return_inverse=True)
         codes, size = np.zeros(values.size, np.int64), distinct.size + 1
-        codes[valid] = inverse
-    codes[~valid] = size - 1
+        codes[slice(None) if valid is None else valid] = inverse
+    if valid is not None:
+        codes[~valid] = size - 1
     return codes, size
 
 
@@ -389,50 +393,107 @@ def _sufficient_numerator(stats: tuple[Any, Any, Any], counts: np.ndarray) -> np
     return np.asarray((f * (rest + 0.5 * e)).sum(axis=1), dtype=np.float64)
 
 
-def _pair_matrix(s: _Sorted, row: np.ndarray, n_rows: int, col: np.ndarray, n_cols: int) -> np.ndarray:
-    """C[a, b]: the (flip in row sequence a, non-flip in column sequence b) position pairs with the flip
-    at the smaller margin, ties one half; ``row``/``col``: each sorted position's sequence row (used
-    for flips) and column (used for non-flips).
+def _pair_matrix(s: _Sorted, seq: np.ndarray, n_seq: int) -> np.ndarray:
+    """2C, C[a, b] the (flip in sequence a, non-flip in sequence b) position pairs with the flip at the
+    smaller margin, ties one half (``seq``: each sorted position's sequence, dense ids < ``n_seq``).
 
-    With u_0 < ... < u_(K-1) the distinct flip margins and r_j the number of them below non-flip j,
-    a flip at u_k gains G[k, t] = #{j in t: r_j > k} + #{j in t: u_k = m_j} / 2 from column t, and
-    C = F^T G (F: flips per bucket and row). 2G is formed in integers, a cache-sized block of buckets
-    at a time, from the running count of non-flips at or below; C is exact (integers and halves).
+    Counted in integers, in three parts over the sorted positions cut into blocks of whole runs of
+    equal margins (about ``_PAIR_RUN`` positions, or one longer run alone): pairs in different blocks
+    (2 each: per sequence, its flips per block times the non-flips per sequence in later blocks, one
+    sparse product), pairs in one block but different runs (2 each: enumerated, at most the block's
+    length per flip) and pairs in one run (1 each: per run, flips per sequence times non-flips per
+    sequence). Every entry is an integer: exact.
     """
     from scipy import sparse
 
-    f = s.flip
-    fm, f_row = s.margin[f], row[f]
-    nm, n_col = s.margin[~f], col[~f]
-    new = np.r_[True, fm[1:] != fm[:-1]]
-    u = fm[new]
-    bucket = np.cumsum(new) - 1  # each flip's distinct margin, ascending
-    k = u.size
-    r = np.searchsorted(u, nm, side="left")  # ascending, as nm is
-    tie = (r < k) & (u[np.minimum(r, k - 1)] == nm)
-    twice = np.zeros((n_rows, n_cols), np.int64)
-    left = 2 * np.bincount(n_col, minlength=n_cols)  # 2 x the non-flips of each column above the block
-    step = max(1, _PAIR_BLOCK // max(n_cols, 1))
-    cuts = np.r_[np.arange(0, k, step), k]  # blocks of buckets; non-flips above every flip (r = K) stay out
-    r_cuts = np.asarray(np.searchsorted(r, cuts, side="left"))
-    f_cuts = np.asarray(np.searchsorted(bucket, cuts, side="left"))
-    for i, k0 in enumerate(cuts[:-1].tolist()):
-        c = int(cuts[i + 1]) - k0
-        a, b = r_cuts[i], r_cuts[i + 1]
-        cell = (r[a:b] - k0) * n_cols + n_col[a:b]
-        g = np.bincount(cell, minlength=c * n_cols).reshape(c, n_cols)
-        np.cumsum(g, axis=0, out=g)
-        g *= -2
-        g += left
-        left = g[-1].copy()
-        t = tie[a:b]
-        if t.any():
-            g += np.bincount(cell[t], minlength=c * n_cols).reshape(c, n_cols)
-        fa, fb = f_cuts[i], f_cuts[i + 1]
-        rows, local = np.unique(f_row[fa:fb], return_inverse=True)
-        fk = sparse.csr_matrix((np.ones(fb - fa, np.int64), (local, bucket[fa:fb] - k0)), shape=(rows.size, c))
-        twice[rows] += fk @ g
-    return twice * 0.5
+    n = s.margin.size
+    starts = s.starts
+    ties = starts.size < n  # else every run is one position
+    ends = np.r_[starts[1:], n] if ties else starts + 1
+    # blocks: the first run starting in each stretch of ``step`` positions, and every run at least as long;
+    # ``step`` balances the pairs enumerated in blocks (flips x step / 2, about 3 times the cost of one
+    # element of a block row) against the block rows (positions / step x sequences), and keeps those
+    # within _PAIR_MATRIX_MAX elements
+    n_flips = max(s.n_pos, 1)
+    step = max(_PAIR_RUN, math.isqrt(2 * n * n_seq // (3 * n_flips)), -(-n * n_seq // _PAIR_MATRIX_MAX))
+    if ties:
+        first = starts[np.r_[True, (starts[1:] // step) != (starts[:-1] // step)]]
+        cuts = np.unique(np.r_[first, starts[(ends - starts) >= step], n])
+    else:
+        cuts = np.r_[np.arange(0, n, step), n]
+    n_blocks = cuts.size - 1
+    fpos, npos = np.flatnonzero(s.flip), np.flatnonzero(~s.flip)
+    f_seq, n_seq_of = seq[fpos], seq[npos]
+    f_block = np.searchsorted(cuts, fpos, side="right") - 1
+    n_block = np.repeat(np.arange(n_blocks), np.diff(np.searchsorted(npos, cuts, side="left")))
+    # different blocks: 2 x (flips of a in block q) x (non-flips of b in blocks after q)
+    # (int32 throughout: every count here is at most 2 x positions^2 of one sequence pair, far below 2^31)
+    later = np.bincount(n_block * n_seq + n_seq_of, minlength=n_blocks * n_seq).astype(np.int32)
+    later = later.reshape(n_blocks, n_seq)
+    # suffix sums row by row (a cumulative sum down the columns of a C-ordered array is slow), shifted by one
+    running = np.zeros(n_seq, np.int32)
+    for q in range(n_blocks - 1, -1, -1):
+        running, later[q] = running + later[q], running
+    flips_in = sparse.csr_matrix((np.full(fpos.size, 2, np.int32), (f_seq, f_block)), shape=(n_seq, n_blocks))
+    twice = np.zeros((n_seq, n_seq), np.int32)
+    for c0 in range(0, n_seq if n_blocks else 0, _PAIR_TILE):  # column tiles: the rows read stay in cache
+        c1 = min(n_seq, c0 + _PAIR_TILE)
+        twice[:, c0:c1] = flips_in @ np.ascontiguousarray(later[:, c0:c1])
+
+    def nonflips_before(p: np.ndarray) -> np.ndarray:
+        return np.asarray(p - np.where(p > 0, s.cum_flips[np.maximum(p - 1, 0)], 0), dtype=np.int64)
+    # one block, different runs: each flip with the non-flips after its run up to the block's end, 2 each
+    f_run = np.searchsorted(starts, fpos, side="right") - 1 if ties else fpos
+    _add_range_pairs(twice, f_seq, nonflips_before(ends[f_run]), nonflips_before(cuts[f_block + 1]), n_seq_of, 2)
+    if not ties:
+        return twice
+    # one run: 1 x (flips of a in the run) x (non-flips of b in it), for runs holding both
+    flips_per_run = np.diff(np.r_[0, s.cum_flips[ends - 1]])
+    mixed = (flips_per_run > 0) & (flips_per_run < ends - starts)
+    if mixed.any():
+        n_run = np.searchsorted(starts, npos, side="right") - 1
+        keep_f, keep_n = mixed[f_run], mixed[n_run]
+        phi = sparse.csr_matrix((np.ones(int(keep_f.sum()), np.int64), (f_run[keep_f], f_seq[keep_f])),
+                                shape=(starts.size, n_seq))
+        psi = sparse.csr_matrix((np.ones(int(keep_n.sum()), np.int64), (n_run[keep_n], n_seq_of[keep_n])),
+                                shape=(starts.size, n_seq))
+        twice += (phi.T @ psi).toarray()
+    return twice
+
+
+def _folded(twice: np.ndarray) -> np.ndarray:
+    """2T from 2C, T upper triangular with w^T T w = w^T C w: T_aa = C_aa, T_ab = C_ab + C_ba (a < b).
+    Only the upper triangle is written (the rest is left as allocated: never read), tile by tile, so that
+    the transposed reads stay in cache."""
+    n = twice.shape[0]
+    out = np.empty((n, n))
+    b = _PAIR_TILE
+    for i in range(0, n, b):
+        for j in range(i, n, b):
+            np.add(twice[i:i + b, j:j + b], twice[j:j + b, i:i + b].T, out=out[i:i + b, j:j + b], dtype=np.float64)
+    out[np.diag_indices(n)] *= 0.5
+    return out
+
+
+def _add_range_pairs(out: np.ndarray, rows: np.ndarray, lo: np.ndarray, hi: np.ndarray, cols: np.ndarray,
+                     weight: int) -> None:
+    """out[rows[i], cols[j]] += weight for every j in [lo[i], hi[i]), a bounded number of pairs at a time."""
+    lens = np.maximum(hi - lo, 0)
+    total = np.cumsum(lens)
+    flat = out.reshape(-1)
+    n_cols = out.shape[1]
+    done = 0
+    while done < rows.size:
+        # as many rows as keep this batch's pairs near _CHUNK_ELEMENTS (at least one row)
+        base = int(total[done - 1]) if done else 0
+        stop = max(done + 1, int(np.searchsorted(total, base + _CHUNK_ELEMENTS, side="right")))
+        ln = lens[done:stop]
+        count = int(ln.sum())
+        if count:
+            offsets = np.repeat(np.cumsum(ln) - ln - lo[done:stop], ln)
+            cells = np.repeat(rows[done:stop] * n_cols, ln) + cols[np.arange(count) - offsets]
+            np.add.at(flat, cells, flat.dtype.type(weight))  # the same dtype: ufunc.at's fast loop
+        done = stop
 
 
 def _dense_ids(seq: np.ndarray) -> tuple[np.ndarray, int]:
@@ -504,14 +565,17 @@ def _bootstrap(s: _Sorted | None, sequence: np.ndarray | None, *, resamples: int
         if _SUFFICIENT_STATISTICS:
             pos_per_seq = np.bincount(seq_dense, weights=f_sorted, minlength=n_seq)
             neg_per_seq = np.bincount(seq_dense, weights=~f_sorted, minlength=n_seq)
-            rows, cols = np.flatnonzero(pos_per_seq), np.flatnonzero(neg_per_seq)
-            if rows.size * cols.size <= min(_PAIR_MATRIX_MAX, _PAIR_MATRIX_RATIO * n):
-                row_of, col_of = np.zeros(n_seq, np.int64), np.zeros(n_seq, np.int64)
-                row_of[rows], col_of[cols] = np.arange(rows.size), np.arange(cols.size)
-                pairs = _pair_matrix(s, row_of[seq_dense], rows.size, col_of[seq_dense], cols.size)
+            if n_seq * n_seq <= min(_PAIR_MATRIX_MAX, _PAIR_MATRIX_RATIO * n):
+                # w^T C w = w^T T w with T upper triangular: T_aa = C_aa, T_ab = C_ab + C_ba (a < b),
+                # one triangular product per batch (half a full product's work); every entry exact
+                folded = _folded(_pair_matrix(s, seq_dense, n_seq))
+                lower = folded.T  # Fortran-ordered: BLAS reads its lower triangle, the upper one of 2T
 
                 def dense(counts: np.ndarray) -> np.ndarray:
-                    return np.asarray(((counts[:, rows] @ pairs) * counts[:, cols]).sum(axis=1), dtype=np.float64)
+                    from scipy.linalg.blas import dtrmm
+
+                    product = dtrmm(1.0, lower, counts.T, side=0, lower=1).T  # (2T^T W^T)^T = 2 W T
+                    return np.asarray((product * counts).sum(axis=1) * 0.5, dtype=np.float64)
                 numerator = dense
             else:
                 stats = _sufficient_statistics(m_sorted, f_sorted, seq_dense, n_seq)
@@ -526,6 +590,7 @@ def _bootstrap(s: _Sorted | None, sequence: np.ndarray | None, *, resamples: int
     chunk = max(1, min(resamples, _CHUNK_ELEMENTS // max(n, 1)))  # the draws' chunking fixes the numbers
     aucs: list[np.ndarray] = []
     pending: list[np.ndarray] = []  # sequence counts drawn, not yet evaluated (evaluated in larger batches)
+    waiting = 0  # resamples in pending
     # resamples evaluated together: the (resamples x sequences or buckets) products stay within a quarter chunk
     batch = max(1, _CHUNK_ELEMENTS // 4 // width) if numerator is not None else 1
     done = 0
@@ -535,9 +600,10 @@ def _bootstrap(s: _Sorted | None, sequence: np.ndarray | None, *, resamples: int
             counts = _row_bincount(rng.integers(0, n_seq, size=(b, n_seq)), n_seq).astype(np.float64)
             if numerator is not None:
                 pending.append(counts)
-                if sum(c.shape[0] for c in pending) >= batch or done + b >= resamples:
+                waiting += b
+                if waiting >= batch or done + b >= resamples:
                     counts = np.concatenate(pending)
-                    pending = []
+                    pending, waiting = [], 0
                     aucs.append(_ratio(numerator(counts), counts @ pos_per_seq, counts @ neg_per_seq))
             else:
                 w = counts[:, seq_dense]
@@ -735,6 +801,12 @@ def calibration(margin: np.ndarray, flip: np.ndarray, model: dict[str, Any] | No
     pred = predict(model, margin) if model else None
     n_in = np.bincount(which, minlength=edges.size - 1)
     k_in = np.bincount(which[flip], minlength=edges.size - 1)
+    bounds = np.r_[0, np.cumsum(n_in)]
+    if pred is not None:
+        # the predictions grouped by bin, each bin's in the positions' own order (a stable radix sort of
+        # the small bin numbers): each mean is the same sum, to the last bit, as over a mask of the bin
+        small = which.astype(np.int16) if edges.size < 2**15 else which
+        pred = pred[np.argsort(small, kind="stable")]
     rows = []
     for i in range(edges.size - 1):
         n, k = int(n_in[i]), int(k_in[i])
@@ -745,8 +817,7 @@ def calibration(margin: np.ndarray, flip: np.ndarray, model: dict[str, Any] | No
             f"[{lo:.3g}, {hi:.3g}]" if i == edges.size - 2 else f"[{lo:.3g}, {hi:.3g})")
         rows.append({"bin": label, "margin_lo": lo, "margin_hi": None if math.isinf(hi) else hi,
                      "positions": n, "flips": k, "observed_rate": k / n, "observed_ci": wilson_interval(k, n, level),
-                     # the mean in the positions' own order: the same sum, to the last bit, however read
-                     "predicted_rate": None if pred is None else float(pred[which == i].mean())})
+                     "predicted_rate": None if pred is None else float(pred[bounds[i]:bounds[i + 1]].mean())})
     return rows
 
 
