@@ -1,10 +1,17 @@
-"""The runner: one Ray task per unit, finished units skipped, every outcome a ledger row.
+"""The runner: Ray tasks of one unit (or a batch of tiny units), finished units skipped, every outcome
+a ledger row.
+
+Units that turn out to take a few milliseconds are packed into tasks of several units that share one
+durable commit (:class:`Batches`, ``SWAPCHECK_BATCH_TARGET_S``); long units and cold restarts run one
+per task. A unit counts as done only when its task has returned.
 
 Faults and what they cost:
 
 * a task raising -> the worker records a ``failed`` ledger row with the error; the sweep goes on;
-* a worker process dying -> Ray re-runs the task (``max_retries``); after the last retry the driver
-  records a ``failed`` row naming the crash;
+* a worker process dying -> Ray re-runs the task (``max_retries``), a batch whole (its units' files
+  are named by unit id and replaced: no duplicate rows); after the last retry a batch's units run
+  again one per task, and the driver records a ``failed`` row naming the crash for a unit whose own
+  task was lost;
 * the driver dying -> units already committed stay committed; relaunching the same spec skips them
   and recomputes only units without an ``ok`` ledger row. Result files are named by unit id and
   replaced atomically, so a unit finished twice still has one set of rows;

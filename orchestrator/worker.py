@@ -1,4 +1,11 @@
-"""What runs inside a Ray worker for one unit: run the task, write its files, commit the ledger.
+"""What runs inside a Ray worker for one unit or a batch of tiny units: run each, write its files,
+commit the ledger.
+
+A Ray task runs one unit (:func:`execute_unit`) or, for units the driver found tiny, a batch of
+several (:func:`execute_units`): run one after another, each with its own attempt marker, failure
+handling and ledger row, then committed together with one durability barrier (a group commit,
+:meth:`storage.store.ResultStore.commit_units`). The driver counts a unit done only when its task
+has returned, that is once its batch is durable.
 
 A task raising is the task's failure: it becomes a ledger row with status ``failed`` and the error,
 and the sweep goes on. A worker process dying (OOM kill, segfault, node loss) is an infrastructure
@@ -170,6 +177,22 @@ class _Ran:
     summary: dict[str, Any]
 
 
+def _interrupted(exc: BaseException) -> bool:
+    """``exc`` is a cancel (``KeyboardInterrupt``, as ``ray.cancel`` delivers it) that a library
+    turned into an exception of its own: raised from it, or naming it (pydantic builds a model's
+    validators when a kind's module is imported, and reports an interrupt landing there as a
+    ``SchemaError`` whose text ends in ``KeyboardInterrupt:``). Recorded as the unit's failure it
+    would blame the unit for the stop."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return "KeyboardInterrupt" in str(exc)
+
+
 def _run_unit(store: ResultStore, payload: dict[str, Any], sweep: str, spec_sha256: str) -> _Ran:
     """Mark the attempt, run the kind, check its tables: everything of a unit but the commit.
 
@@ -197,6 +220,8 @@ def _run_unit(store: ResultStore, payload: dict[str, Any], sweep: str, spec_sha2
     except StorageFault:
         raise
     except Exception as exc:  # noqa: BLE001 - any task failure is recorded, never lost
+        if _interrupted(exc):
+            raise KeyboardInterrupt from exc  # a cancel, not the unit's failure: no ledger row
         status, arrow = "failed", {}
         error = f"{type(exc).__name__}: {exc}\n" + "".join(traceback.format_exc(limit=8))
     summary: dict[str, Any] = {"unit_id": unit_id, "status": status, "error": error, "rows": 0, "attempts": attempt,

@@ -29,7 +29,14 @@ lists them, :meth:`ResultStore.remove_stale_temporaries` removes old ones.
 
 Cost (a tiny unit is dominated by it): :meth:`ResultStore.commit_unit` writes a unit's result files
 and its ledger file with their ``fsync`` calls running concurrently (the file system commits them in
-one journal commit) and still renames the ledger file last; an attempt marker is an empty file whose
+one journal commit) and still renames the ledger file last. Units finishing together in one worker
+share one *group commit* (:meth:`ResultStore.stage_unit`, then :meth:`ResultStore.commit_units`):
+every file of the batch is written under its temporary name without an fsync, ONE barrier
+(``syncfs(2)`` of the file system, :func:`_syncfs`; per-file fsyncs where it is unavailable or the
+batch is small) makes them all durable, then the result files are renamed into place and only then
+the ledger files; on an object store the ledger puts start after every result put succeeded. Tables
+are built in their declared schema (:func:`to_table` casts only a column whose type differs; a
+ledger row is one conversion, no cast). An attempt marker is an empty file whose
 name carries what it records, created in one step, so it has no bytes that could be half-written and
 needs no fsync. Small tables are written without compression (zstd's set-up per column costs more
 than it saves below ``COMPRESS_FROM_BYTES``); every file keeps its page checksums. Floating-point

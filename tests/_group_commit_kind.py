@@ -2,7 +2,8 @@
 tests/faults/test_group_commit_faults.py).
 
 Each unit sleeps ``seconds`` (0: returns at once, a tiny unit) and writes one row. The experiment
-names units that raise (``fail``: a failed ledger row) and units that SIGKILL their own worker
+names units that raise (``fail``: a failed ledger row), units interrupted inside a library that
+wraps the interrupt (``interrupt``: a cancel, never a failed row) and units that SIGKILL their own worker
 process (``kill``: the first time only, with a marker file under ``kill_dir``; ``kill_always``: every
 time). ``fresh_process`` makes every unit a cold restart. Registered (kind and table) on import;
 Ray workers import it by reference (``tests._group_commit_kind:KIND``).
@@ -39,6 +40,7 @@ class ProbeExperiment(Strict):
     kill: list[int] = []
     kill_always: list[int] = []
     kill_dir: str = ""
+    interrupt: list[int] = []
     fresh_process: bool = False
 
 
@@ -51,6 +53,8 @@ def _expand(experiment: str, exp: ProbeExperiment) -> list[Unit]:
             p["kill_marker"] = str(Path(exp.kill_dir) / f"killed-{i}")
         if i in exp.kill_always:
             p["kill_always"] = True
+        if i in exp.interrupt:
+            p["interrupt"] = True
         return p
 
     return [KIND.unit(experiment, params(i), fresh_process=exp.fresh_process) for i in range(exp.units)]
@@ -67,6 +71,11 @@ def _run(params: dict[str, Any], ctx: UnitContext | None = None) -> dict[str, li
         time.sleep(params["seconds"])
     if params.get("fail"):
         raise RuntimeError(f"planted failure of unit {params['i']}")
+    if params.get("interrupt"):  # a cancel landing inside a library that wraps it (pydantic does)
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as exc:
+            raise RuntimeError("Error building validator: KeyboardInterrupt: ") from exc
     return {TABLE: [{"i": params["i"], "slept_s": params["seconds"]}]}
 
 

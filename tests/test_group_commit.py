@@ -86,6 +86,13 @@ def test_a_failing_unit_in_a_batch_is_one_failed_row_the_others_are_ok(tmp_path:
     assert sorted((r["unit_id"], r["i"]) for r in data) == sorted((p["id"], i) for i, p in enumerate(payloads) if i != 2)
 
 
+def test_a_cancel_a_library_wrapped_is_a_cancel_not_a_failed_row(tmp_path: Path) -> None:
+    payloads, sweep = _payloads(3, interrupt=[1])
+    with pytest.raises(KeyboardInterrupt):
+        execute_units(payloads, str(tmp_path), sweep, SHA)
+    assert _ledger_files(tmp_path) == []  # the batch committed nothing; no unit is blamed for the stop
+
+
 def test_result_files_are_renamed_before_any_ledger_file_after_one_barrier(tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     payloads, sweep = _payloads(4)
