@@ -273,13 +273,15 @@ def execute_units(payloads: list[dict[str, Any]], results: str, sweep: str, spec
         return [ran.summary]
     summaries: list[dict[str, Any]] = []
     staged: list[StagedUnit] = []
+    held = 0  # bytes staged
     for payload in payloads:
         ran = _run_unit(store, payload, sweep, spec_sha256)
         staged.append(store.stage_unit(sweep, ran.unit_id, ran.arrow, ran.row))
         summaries.append(ran.summary)
-        if sum(u.nbytes for u in staged) >= COMMIT_BYTES:
+        held += staged[-1].nbytes
+        if held >= COMMIT_BYTES:
             store.commit_units(staged)
-            staged = []
+            staged, held = [], 0
     store.commit_units(staged)
     return summaries
 
