@@ -267,19 +267,27 @@ def _from_arrow(t: Any, key: dict[str, Any] | None = None) -> FlipData:
     sequence = _joined(_joined((pair_ids, max(n_pairs, 1)), _codes(t.column("ref_restart"))),
                        _codes(t.column("prompt_index")))
     order_key, _ = _joined(sequence, _codes(t.column("position")))
-    keep = np.flatnonzero(ok)
-    by_key = order_key[keep]
-    order = np.argsort(by_key)
-    ranked = by_key[order]
-    if ranked.size > 1 and bool((ranked[1:] == ranked[:-1]).any()):
-        # the same position twice: order those by margin and flag too, so that no order is left to chance
-        order = np.lexsort((flip[keep], margin[keep], by_key))
-    rows = keep[order]
-    seq = sequence[0][rows]
+    keep = None if ok.all() else np.flatnonzero(ok)
+    by_key = order_key if keep is None else order_key[keep]
+    rows: np.ndarray | None = None  # None: the rows kept are in order already (DuckDB often reads them so)
+    if by_key.size > 1 and not bool((by_key[1:] > by_key[:-1]).all()):
+        order = np.argsort(by_key, kind="stable")  # a few sorted runs (chunks read in parallel): near linear
+        ranked = by_key[order]
+        if bool((ranked[1:] == ranked[:-1]).any()):
+            # the same position twice: order those by margin and flag too, so that no order is left to chance
+            order = np.lexsort((flip if keep is None else flip[keep], margin if keep is None else margin[keep],
+                                by_key))
+        rows = order if keep is None else keep[order]
+    elif keep is not None:
+        rows = keep
+    if rows is not None:
+        margin, flip, seq, pair_of = margin[rows], flip[rows], sequence[0][rows], pair_ids[rows]
+    else:
+        seq, pair_of = sequence[0], pair_ids
     seq = np.concatenate(([0], np.cumsum(seq[1:] != seq[:-1]))) if seq.size else seq  # dense, in order
     per_pair_dropped = np.bincount(pair_ids[~ok], minlength=n_pairs)
     per_pair_mismatch = np.bincount(pair_ids[mismatch], minlength=n_pairs)
-    return FlipData(margin[rows], flip[rows], seq, pair_ids[rows], pairs=pairs, dropped=int((~ok).sum()),
+    return FlipData(margin, flip, seq, pair_of, pairs=pairs, dropped=int((~ok).sum()),
                     ref_mismatch=int(mismatch.sum()),
                     pair_dropped=[int(c) for c in per_pair_dropped[:len(pairs)]],
                     pair_ref_mismatch=[int(c) for c in per_pair_mismatch[:len(pairs)]])
@@ -417,8 +425,8 @@ def _pair_matrix(s: _Sorted, seq: np.ndarray, n_seq: int) -> np.ndarray:
     n_flips = max(s.n_pos, 1)
     step = max(_PAIR_RUN, math.isqrt(2 * n * n_seq // (3 * n_flips)), -(-n * n_seq // _PAIR_MATRIX_MAX))
     if ties:
-        first = starts[np.r_[True, (starts[1:] // step) != (starts[:-1] // step)]]
-        cuts = np.unique(np.r_[first, starts[(ends - starts) >= step], n])
+        first = np.searchsorted(starts, np.arange(0, n, step), side="left")  # first run start at or after
+        cuts = np.unique(np.r_[starts[first[first < starts.size]], starts[(ends - starts) >= step], n])
     else:
         cuts = np.r_[np.arange(0, n, step), n]
     n_blocks = cuts.size - 1
@@ -575,7 +583,7 @@ def _bootstrap(s: _Sorted | None, sequence: np.ndarray | None, *, resamples: int
                     from scipy.linalg.blas import dtrmm
 
                     product = dtrmm(1.0, lower, counts.T, side=0, lower=1).T  # (2T^T W^T)^T = 2 W T
-                    return np.asarray((product * counts).sum(axis=1) * 0.5, dtype=np.float64)
+                    return np.asarray(np.einsum("ij,ij->i", product, counts) * 0.5, dtype=np.float64)
                 numerator = dense
             else:
                 stats = _sufficient_statistics(m_sorted, f_sorted, seq_dense, n_seq)
