@@ -253,7 +253,7 @@ class VerifiedFiles:
     not be hashed again; any write changes the ctime (which no user call can set back) and a replace
     the inode, so a rewrite with mtime and size restored is still hashed again.
 
-    One JSON file per results root under :func:`cache_dir` (``verified/<key>.json``, the key a hash
+    One JSON file per results root under :func:`cache_dir` (``verified/<key>.v<format>-<schemas>.json``, the key a hash
     of the root, which the file does not name), outside the results tree, written atomically
     (temporary, then ``os.replace``). It is an optimisation only: unreadable or unwritable (a
     read-only home), it is ignored and every file is hashed; it never makes a file trusted that the
@@ -282,7 +282,10 @@ class VerifiedFiles:
         root = os.path.realpath(store.base) if store.local else f"{type(store.fs).__name__}:{store.base}"
         key = hashlib.sha256(root.encode("utf-8", "surrogateescape")).hexdigest()[:32]
         folder = cache_dir()
-        self.path = folder / "verified" / f"{key}.json" if folder is not None else None
+        # One file per cache format and declared schemas too, so that two swapcheck versions sharing a
+        # home directory do not discard each other's entries at every open.
+        name = f"{key}.v{self.VERSION}-{_SCHEMAS_KEY[:8]}.json"
+        self.path = folder / "verified" / name if folder is not None else None
         self._old = self._load()
         self._new: dict[str, dict[str, Any]] = {}
         self._now = time.time_ns()
