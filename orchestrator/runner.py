@@ -165,8 +165,9 @@ class Batches:
 
     Units of one *batch class* (the same kind and resources, ``fresh_process`` false) may share a
     task, which runs them one after another and commits them with one durable commit
-    (:func:`orchestrator.worker.execute_units`). The size of a class's tasks is chosen from the
-    durations its finished units report (``duration_s`` of their summaries): one unit per task until
+    (:func:`orchestrator.worker.execute_units`). The size of a class's tasks is chosen from what its
+    finished units cost their worker (``cost_s`` of their summaries: run, serialization and a share
+    of the commit; ``duration_s`` where a summary has none): one unit per task until
     :data:`OBSERVED_MIN` units of the class have finished; then, while the median of the last
     :data:`OBSERVED` durations is below :data:`SHORT_UNIT_S`, as many units as take about
     ``target_s`` (at most :data:`MAX_BATCH`, and no more than spreads the class's remaining units
@@ -737,7 +738,7 @@ def _drain(batches: Batches, in_flight: dict[Any, list[Unit]], submit: Callable[
                 return
             value = [{"unit_id": units[0].id, "status": "failed", "error": error, "rows": 0}]
         else:
-            batches.settled(units, [v.get("duration_s") for v in value])
+            batches.settled(units, [v.get("cost_s", v.get("duration_s")) for v in value])
         for unit, outcome in zip(units, value, strict=True):
             if outcome["status"] == "ok":
                 summary.n_ok += 1

@@ -251,7 +251,8 @@ def execute_units(payloads: list[dict[str, Any]], results: str, sweep: str, spec
     ``duration_s`` is its own. Then ONE group commit (:meth:`ResultStore.commit_units`) writes every
     file of the batch, makes them durable with one barrier, renames the result files into place and
     then the ledger files (a batch holding :data:`COMMIT_BYTES` commits early and goes on). A batch
-    of one unit commits as :func:`execute_unit` always has (:meth:`ResultStore.commit_unit`).
+    of one unit commits as :func:`execute_unit` always has (:meth:`ResultStore.commit_unit`). Each
+    summary's ``cost_s`` is the task's time over its units: what the driver sizes batches by.
 
     The driver counts the units done when this returns. Killed before that (SIGKILL, OOM, node
     loss), the batch has published no ledger file, or, dying inside the commit's renames, the ledger
@@ -265,12 +266,24 @@ def execute_units(payloads: list[dict[str, Any]], results: str, sweep: str, spec
     threads = max(1, int(os.environ.get("SWAPCHECK_THREADS_PER_UNIT", "1")))
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
+    t0 = time.perf_counter()
     store = _store_call(results, lambda: _store(results))
     if len(payloads) == 1:
         ran = _run_unit(store, payloads[0], sweep, spec_sha256)
         # Result files and then the ledger row (renamed last); a storage fault names its file.
         store.commit_unit(sweep, ran.unit_id, ran.arrow, ran.row)
-        return [ran.summary]
+        summaries = [ran.summary]
+    else:
+        summaries = _run_batch(store, payloads, sweep, spec_sha256)
+    # What each unit cost this worker, its share of the commit included: the driver sizes batches by it.
+    cost = (time.perf_counter() - t0) / len(payloads)
+    for summary in summaries:
+        summary["cost_s"] = cost
+    return summaries
+
+
+def _run_batch(store: ResultStore, payloads: list[dict[str, Any]], sweep: str, spec_sha256: str) -> list[dict[str, Any]]:
+    """:func:`execute_units` of more than one unit: each staged when it finishes, then group commits."""
     summaries: list[dict[str, Any]] = []
     staged: list[StagedUnit] = []
     held = 0  # bytes staged
