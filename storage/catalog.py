@@ -1169,14 +1169,17 @@ def _ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+@functools.cache
+def _types_connection() -> duckdb.DuckDBPyConnection:
+    """One in-memory connection that only converts Arrow schemas (no file, no data), kept for the process:
+    opening one per schema cost 0.5-1 s a command."""
+    return duckdb.connect(":memory:", config={"enable_external_access": False})
+
+
 @functools.lru_cache(maxsize=64)
 def _duck_types_of(schema_text: str, schema: pa.Schema) -> tuple[tuple[str, str], ...]:
-    con = duckdb.connect(":memory:")
-    try:
-        rel = con.from_arrow(pa.Table.from_pylist([], schema=schema))
-        return tuple((str(c), str(t)) for c, t in zip(rel.columns, rel.types, strict=True))
-    finally:
-        con.close()
+    rel = _types_connection().from_arrow(pa.Table.from_pylist([], schema=schema))
+    return tuple((str(c), str(t)) for c, t in zip(rel.columns, rel.types, strict=True))
 
 
 def _duck_types(schema: pa.Schema) -> tuple[tuple[str, str], ...]:
