@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
@@ -89,6 +91,27 @@ def register() -> None:
         get_kind("gc_probe")
     except KindError:
         register_kind("tests._group_commit_kind:KIND", name="gc_probe")
+
+
+def unregister() -> None:
+    """Take the kind out of this process's registry again (other tests list every kind)."""
+    from tasks.kinds import unregister_kind
+
+    try:
+        get_kind("gc_probe")
+    except KindError:
+        return
+    unregister_kind("gc_probe")
+
+
+@contextmanager
+def registered() -> Iterator[None]:
+    """The kind registered for the duration (the tests' fixture)."""
+    register()
+    try:
+        yield
+    finally:
+        unregister()
 
 
 def spec_text(name: str, units: int, seconds: float = 0.0, max_retries: int | None = None, **lists: Any) -> str:

@@ -9,6 +9,7 @@ mid-batch, stops) are in tests/faults/test_group_commit_faults.py.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,12 @@ SHA = "0" * 64
 #: Ledger columns that differ between two runs of the same unit.
 VOLATILE = {"started_at", "finished_at", "duration_s", "pid", "files"}
 
-probe.register()
+
+
+@pytest.fixture(autouse=True)
+def _gc_probe_kind() -> Iterator[None]:
+    with probe.registered():
+        yield
 
 
 def _payloads(n: int, name: str = "gc", **lists: Any) -> tuple[list[dict[str, Any]], str]:

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,13 @@ from storage.store import ResultStore
 from tests import _group_commit_kind as probe
 from tests.conftest import REPO
 
-probe.register()
+
+@pytest.fixture(autouse=True)
+def _gc_probe_kind() -> Iterator[None]:
+    with probe.registered():
+        yield
+
+
 COMMITTED = re.compile(r"(\d+) of (\d+) units are committed")
 
 
