@@ -25,9 +25,10 @@ JSON-able values:
   sequence share their context, so they are not independent draws; resampling positions would give
   a too narrow interval; ``ci["sequences"]`` counts them), or positions stratified by class
   (``ci_unit="position"``: every resample keeps the flip count). The sequence bootstrap works on
-  per-sequence sufficient statistics (flip and non-flip counts between consecutive flip margins), so
-  its cost grows with the flips and sequences, not the positions, and its numbers are those of the
-  plain per-position computation;
+  per-sequence statistics computed once (the sequences x sequences matrix of flip/non-flip pairs,
+  evaluated per chunk of resamples with one triangular matrix product; past ``_PAIR_MATRIX_MAX``,
+  sparse counts between consecutive flip margins), and its numbers are those of the plain
+  per-position computation, exactly (integers and halves; the same seeded draws);
 * ``model``: a logistic regression of flip on ``log10(margin + eps)``. The log, because margins span
   many decades (exact ties at 0 up to several logits) and a flip happens when the kernels' logit
   perturbation exceeds the margin: P(flip | m) is the survival function of a perturbation whose size
@@ -47,6 +48,18 @@ JSON-able values:
 AUC is invariant under monotone transforms, so it is the AUC of the raw margin and of the fitted
 model alike; nothing is fitted for it and there is no train/test question. Degenerate inputs (no
 positions, no flips, only flips) give ``None`` with a note, never a made-up number.
+
+**Without waste** (issue #25). DuckDB returns each pair's rows unordered (``flip_pair_positions``:
+no global ORDER BY, no numbering join) as Arrow columns read into numpy; ``load`` puts them in one
+canonical order, (ref_restart, prompt_index, position), because the logistic fit's and the
+calibration's floating-point sums depend on the order (so every number is the one the ordered query
+gave). Each pair's margins are sorted once (``_Sorted``), and the AUC (the rank form: flip/non-flip
+pairs with the flip at the smaller margin, ties one half, in integers: equal to scikit-learn's
+trapezoids to within an ulp or two, which is where the JSON's ``auc`` may differ in its last digit
+from earlier versions), the bootstrap and the concentration all read that sort. The logistic fit is
+scikit-learn's on the pair's positions: margins are nearly all distinct, so no exact sufficient
+statistics exist to fit on instead. scipy and scikit-learn are imported inside the functions that
+use them (once per process), never with this module.
 """
 
 from __future__ import annotations
@@ -113,6 +126,10 @@ _PAIR_TILE = 256
 
 class FlipData:
     """Teacher-forced positions: margins, flips, and the sequence and pair each belongs to.
+
+    From ``load``: positions in (pair, ref_restart, prompt_index, position) order; ``sequence``
+    numbers the reference sequences (ref_restart, prompt_index) of each pair densely in that order,
+    continuing across pairs (a sequence scored against two arms has one number in each pair).
 
     ``pairs[i]`` is the (sweep, ref_arm, arm) of pair id ``i``; ``pair_dropped[i]`` and
     ``pair_ref_mismatch[i]`` its share of ``dropped`` and ``ref_mismatch`` (see ``load``).
@@ -435,15 +452,17 @@ def _pair_matrix(s: _Sorted, seq: np.ndarray, n_seq: int) -> np.ndarray:
     f_block = np.searchsorted(cuts, fpos, side="right") - 1
     n_block = np.repeat(np.arange(n_blocks), np.diff(np.searchsorted(npos, cuts, side="left")))
     # different blocks: 2 x (flips of a in block q) x (non-flips of b in blocks after q)
-    # (int32 throughout: every count here is at most 2 x positions^2 of one sequence pair, far below 2^31)
-    later = np.bincount(n_block * n_seq + n_seq_of, minlength=n_blocks * n_seq).astype(np.int32)
+    later = np.bincount(n_block * n_seq + n_seq_of, minlength=n_blocks * n_seq).astype(np.int32)  # < positions
     later = later.reshape(n_blocks, n_seq)
     # suffix sums row by row (a cumulative sum down the columns of a C-ordered array is slow), shifted by one
-    running = np.zeros(n_seq, np.int32)
+    running = np.zeros(n_seq, np.int64)
     for q in range(n_blocks - 1, -1, -1):
         running, later[q] = running + later[q], running
-    flips_in = sparse.csr_matrix((np.full(fpos.size, 2, np.int32), (f_seq, f_block)), shape=(n_seq, n_blocks))
-    twice = np.zeros((n_seq, n_seq), np.int32)
+    # int32 where every count fits (2 x flips of one sequence x non-flips of another < 2^31), else int64
+    most = 2 * int(np.bincount(f_seq).max(initial=0)) * int(np.bincount(n_seq_of).max(initial=0))
+    small = np.int32 if most < 2**31 else np.int64
+    flips_in = sparse.csr_matrix((np.full(fpos.size, 2, small), (f_seq, f_block)), shape=(n_seq, n_blocks))
+    twice = np.zeros((n_seq, n_seq), small)
     for c0 in range(0, n_seq if n_blocks else 0, _PAIR_TILE):  # column tiles: the rows read stay in cache
         c1 = min(n_seq, c0 + _PAIR_TILE)
         twice[:, c0:c1] = flips_in @ np.ascontiguousarray(later[:, c0:c1])

@@ -69,6 +69,17 @@ def test_sequence_bootstrap_evaluations_agree_exactly(run: int, monkeypatch: pyt
     assert dense["ci"] == sparse["ci"] == plain["ci"] and dense["sequences"] == 40
 
 
+def test_one_long_sequence_counts_past_int32() -> None:
+    """One sequence of 100,000 positions (``sequence=None``): 2 x flips x non-flips of that one sequence
+    pair passes 2^31, so the pair matrix counts in int64; every resample is the data itself."""
+    rng = np.random.default_rng(0)
+    margin = rng.random(100_000)
+    flip = rng.random(100_000) < 0.9 - 0.8 * margin
+    assert 2 * int(flip.sum()) * int((~flip).sum()) > 2**31
+    point = fr.auc(margin, flip)
+    assert point is not None and fr.bootstrap_auc(margin, flip, resamples=3)["ci"] == [point, point]
+
+
 # -- the report of a small store against the plain computation ------------------------------------------
 
 def _rows(ref_arm: str, arm: str, n_prompts: int, length: int, seed: int) -> list[dict[str, Any]]:
