@@ -56,7 +56,7 @@ WINDOW = 2000
 #: How long one Ray task of tiny units should take (``SWAPCHECK_BATCH_TARGET_S``; 0: one unit per
 #: task, no batching). A Ray task and a durable commit cost about a millisecond each: units much
 #: shorter than that are packed into tasks of several units that share one commit (:class:`Batches`).
-BATCH_TARGET_S = 0.075
+BATCH_TARGET_S = 0.1
 #: Units whose observed median duration is at least this long are never batched.
 SHORT_UNIT_S = 0.02
 #: The most units in one task.

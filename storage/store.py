@@ -75,7 +75,7 @@ from storage.errors import DamagedRecord, PathEscape, StorageFault
 from storage.filesystems import filesystem_from_uri
 from storage.schemas import LEDGER_ROW_KEY, SWEEPS, TABLES, UNITS, UNMANAGED_TABLES
 
-__all__ = ["COMPRESS_FROM_BYTES", "STALE_AFTER_S", "SYNCFS_FROM_FILES", "FileRecord", "LedgerDamage", "LedgerRead",
+__all__ = ["COMPRESS_FROM_BYTES", "STALE_AFTER_S", "SYNCFS_FILE_SYSTEMS", "SYNCFS_FROM_FILES", "FileRecord", "LedgerDamage", "LedgerRead",
            "ResultStore", "StagedUnit", "is_uri",
            "ledger_bytes", "ledger_row_from_metadata", "ledger_row_metadata", "ledger_schema_problem", "open_store",
            "parquet_bytes", "parse_ledger_file", "to_table", "utcnow"]
@@ -437,6 +437,41 @@ _FILES = UNITS.field("files")
 _FILES_INDEX = UNITS.get_field_index("files")
 
 
+#: File systems whose ``syncfs(2)`` writes back and commits every dirty file of the file system (a
+#: network or FUSE file system may only hand the data to its client or server process: there a
+#: group commit fsyncs each file instead).
+SYNCFS_FILE_SYSTEMS = frozenset({"ext4", "ext3", "xfs", "btrfs", "f2fs", "tmpfs", "overlay"})
+
+
+@functools.cache
+def _file_system(dev: int) -> str:
+    """The type of the file system mounted from device ``dev`` (``st_dev``), from
+    ``/proc/self/mountinfo``; "" where it cannot be told."""
+    want = f"{os.major(dev)}:{os.minor(dev)}"
+    try:
+        with open("/proc/self/mountinfo") as fh:
+            for line in fh:
+                fields = line.split()
+                if len(fields) > 2 and fields[2] == want and " - " in line:
+                    return line.split(" - ", 1)[1].split()[0]
+    except OSError:
+        pass
+    return ""
+
+
+def _fsync_path(path: str) -> tuple[str, OSError | None]:
+    """fsync the file ``path`` (its data and size): (path, the error or None)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        return path, exc
+    return path, None
+
+
 @functools.cache
 def _syncfs() -> Callable[[int], int] | None:
     """libc's ``syncfs(2)`` where it reports write-back errors (Linux 5.8 and later: before that it
@@ -719,7 +754,8 @@ class ResultStore:
 
         Locally: every result file and every ledger file of the batch is written under its temporary
         name without an fsync; then ONE barrier makes them all durable (``syncfs(2)`` of each file
-        system they are on, :func:`_syncfs`; where that is unavailable, or for fewer than
+        system they are on, :func:`_syncfs`, where it is one of :data:`SYNCFS_FILE_SYSTEMS`, else an
+        fsync of each of its files; where ``syncfs`` is unavailable, or for fewer than
         :data:`SYNCFS_FROM_FILES` files, each temporary is fsynced as it is written instead); then
         every result file is renamed into place, and only then the ledger files. On an object store
         (each put atomic): the result puts run concurrently, and the ledger puts start only after
@@ -786,14 +822,23 @@ class ResultStore:
                     pass
 
     def _barrier(self, syncfs: Callable[[int], int], paths: list[str]) -> None:
-        """Make everything written under ``paths`` durable: one ``syncfs`` per file system they are on."""
-        folders: dict[int, str] = {}
-        for parent in {p.rsplit("/", 1)[0] for p in paths}:
+        """Make the files ``paths`` durable: one ``syncfs`` per file system they are on, where that
+        file system is one whose ``syncfs`` is known to persist data (:data:`SYNCFS_FILE_SYSTEMS`);
+        on any other (NFS, FUSE, ...) each of its files is fsynced, concurrently."""
+        devices: dict[int, tuple[str, list[str]]] = {}
+        for path in paths:
+            parent = path.rsplit("/", 1)[0]
             try:
-                folders.setdefault(os.stat(parent).st_dev, parent)
+                dev = os.stat(parent).st_dev
             except OSError as exc:
                 raise StorageFault(parent, f"{type(exc).__name__}: {exc}") from exc
-        for folder in folders.values():
+            devices.setdefault(dev, (parent, []))[1].append(path)
+        for dev, (folder, files) in devices.items():
+            if _file_system(dev) not in SYNCFS_FILE_SYSTEMS:
+                failed = [(f, exc) for f, exc in _pool().map(_fsync_path, files) if exc is not None]
+                if failed:
+                    raise StorageFault(failed[0][0], f"fsync: {type(failed[0][1]).__name__}: {failed[0][1]}")
+                continue
             fd = os.open(folder, os.O_RDONLY)
             try:
                 if syncfs(fd) != 0:

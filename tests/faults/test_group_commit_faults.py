@@ -155,7 +155,7 @@ def _when(condition: Any, then: Any, timeout: float = 120) -> threading.Thread:
 def test_a_stop_mid_batch_counts_what_the_ledger_holds_and_a_relaunch_finishes(ray_local: Any, tmp_path: Path,
                                                                              fault_outcome: Any) -> None:
     n = 600
-    spec = _spec("gc-stop", n, seconds=0.004)  # batches of ~18 units, ~75 ms each
+    spec = _spec("gc-stop", n, seconds=0.004)  # batches of ~100 ms
     results = tmp_path / "results"
 
     def interrupt() -> None:
