@@ -171,12 +171,12 @@ class Batches:
     :data:`OBSERVED_MIN` units of the class have finished; then, while the median of the last
     :data:`OBSERVED` durations is below :data:`SHORT_UNIT_S`, as many units as take about
     ``target_s`` (at most :data:`MAX_BATCH`, and no more than spreads the class's remaining units
-    over its slots, so the tail of a stage keeps every slot busy). A class has at most
-    :data:`TASKS_PER_SLOT` tasks per slot in flight: enough to keep every slot busy with units of
-    :data:`SHORT_UNIT_S` or longer, few enough that the choice is made again as durations come in
-    (the window is never filled with single-unit tasks before anything is known: the first unit in
-    a worker process pays its imports). Cold restarts (``fresh_process``) run one per task, with no
-    limit but the window, as before batching existed; ``target_s`` 0 turns batching off likewise.
+    over its slots, so the tail of a stage keeps every slot busy). Until it is known to be long, a
+    class has at most :data:`TASKS_PER_SLOT` tasks per slot in flight: enough to keep every slot
+    busy, few enough that the choice is made again as costs come in (the window is never filled
+    with single-unit tasks before anything is known). A class known to be long, cold restarts
+    (``fresh_process``) and every unit when ``target_s`` is 0 run one per task with no limit but the
+    window, as before batching existed.
 
     A batch whose worker was lost after Ray's retries is not recorded as lost: its units are handed
     out again one per task (:meth:`retry_alone`), so one unit that kills its worker costs only itself.
@@ -209,16 +209,29 @@ class Batches:
         fits = [self.capacity.get(name, 0.0) / want for name, want in (("CPU", res.num_cpus), ("GPU", res.num_gpus)) if want > 0]
         return max(1, int(min(fits)) if fits else int(self.capacity.get("CPU", 1.0)))
 
+    def median(self, key: Any) -> float | None:
+        """The median cost of the class's recent units, None until :data:`OBSERVED_MIN` are known."""
+        seen = self.observed.get(key)
+        return None if seen is None or len(seen) < OBSERVED_MIN else statistics.median(seen)
+
     def size(self, key: Any, unit: Unit) -> int:
         """How many units of class ``key`` the next task takes."""
-        seen = self.observed.get(key)
-        if key is None or seen is None or len(seen) < OBSERVED_MIN:
-            return 1
-        median = statistics.median(seen)
-        if median >= SHORT_UNIT_S:
+        median = self.median(key) if key is not None else None
+        if median is None or median >= SHORT_UNIT_S:
             return 1
         spread = -(-len(self.queues[key]) // self.slots(unit))  # the rest over every slot
         return max(1, min(MAX_BATCH, int(self.target_s / max(median, 1e-4)), spread))
+
+    def capped(self, key: Any, unit: Unit) -> bool:
+        """The class has as many tasks in flight as it may now: while it is unknown or batched. A
+        class known to be long is not capped (all its units queued, as before batching: an
+        autoscaler sees the whole demand)."""
+        if key is None:
+            return False
+        median = self.median(key)
+        if median is not None and median >= SHORT_UNIT_S:
+            return False
+        return self.tasks.get(key, 0) >= TASKS_PER_SLOT * self.slots(unit)
 
     def take(self, room: int) -> list[Unit]:
         """The units of the next task (at most ``room``), or [] when none may be submitted now."""
@@ -229,7 +242,7 @@ class Batches:
         for key, queue in self.queues.items():
             if not queue:
                 continue
-            if key is not None and self.tasks.get(key, 0) >= TASKS_PER_SLOT * self.slots(queue[0]):
+            if self.capped(key, queue[0]):
                 continue  # enough of this class in flight: wait for one to finish
             n = min(self.size(key, queue[0]), room, len(queue))
             self._started(key)

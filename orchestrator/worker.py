@@ -266,8 +266,9 @@ def execute_units(payloads: list[dict[str, Any]], results: str, sweep: str, spec
     threads = max(1, int(os.environ.get("SWAPCHECK_THREADS_PER_UNIT", "1")))
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
-    t0 = time.perf_counter()
     store = _store_call(results, lambda: _store(results))
+    _import_kinds(payloads)
+    t0 = time.perf_counter()
     if len(payloads) == 1:
         ran = _run_unit(store, payloads[0], sweep, spec_sha256)
         # Result files and then the ledger row (renamed last); a storage fault names its file.
@@ -280,6 +281,18 @@ def execute_units(payloads: list[dict[str, Any]], results: str, sweep: str, spec
     for summary in summaries:
         summary["cost_s"] = cost
     return summaries
+
+
+def _import_kinds(payloads: list[dict[str, Any]]) -> None:
+    """Import the kinds of ``payloads`` before the units are timed: the first unit in a worker
+    process would otherwise report a kind module's import as its own cost (and look long to the
+    driver). A kind that cannot be loaded is left for its units to fail on (:func:`_run_unit`)."""
+    for name, ref in {(p["kind"], p.get("kind_ref")) for p in payloads}:
+        try:
+            get_kind(name, ref)
+        except Exception as exc:  # noqa: BLE001 - the unit records it
+            if _interrupted(exc):
+                raise KeyboardInterrupt from exc
 
 
 def _run_batch(store: ResultStore, payloads: list[dict[str, Any]], sweep: str, spec_sha256: str) -> list[dict[str, Any]]:

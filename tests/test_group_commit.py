@@ -353,6 +353,10 @@ def test_long_units_cold_restarts_and_target_zero_are_never_batched() -> None:
         return seen
 
     assert sizes(Batches(_units(50), 0.075, {"CPU": 2.0}), 0.5) == {1}
+    long = Batches(_units(50), 0.075, {"CPU": 2.0})
+    for _ in range(3):
+        long.settled(long.take(2000), [0.5])
+    assert [len(long.take(2000)) for _ in range(47)] == [1] * 47  # known long: every unit queued, as before
     assert sizes(Batches(_units(50, fresh_process=True), 0.075, {"CPU": 2.0}), 0.0001) == {1}
     assert sizes(Batches(_units(50), 0.0, {"CPU": 2.0}), 0.0001) == {1}
     cold = Batches(_units(50, fresh_process=True), 0.075, {"CPU": 2.0})
