@@ -75,7 +75,8 @@ from storage.errors import DamagedRecord, PathEscape, StorageFault
 from storage.filesystems import filesystem_from_uri
 from storage.schemas import LEDGER_ROW_KEY, SWEEPS, TABLES, UNITS, UNMANAGED_TABLES
 
-__all__ = ["COMPRESS_FROM_BYTES", "STALE_AFTER_S", "SYNCFS_FILE_SYSTEMS", "SYNCFS_FROM_FILES", "FileRecord", "LedgerDamage", "LedgerRead",
+__all__ = ["COMPRESS_FROM_BYTES", "STALE_AFTER_S", "SYNCFS_FILE_SYSTEMS", "SYNCFS_FROM_FILES", "SYNCFS_MAX_DIRTY_BYTES",
+           "FileRecord", "LedgerDamage", "LedgerRead",
            "ResultStore", "StagedUnit", "is_uri",
            "ledger_bytes", "ledger_row_from_metadata", "ledger_row_metadata", "ledger_schema_problem", "open_store",
            "parquet_bytes", "parse_ledger_file", "to_table", "utcnow"]
@@ -443,6 +444,25 @@ _FILES_INDEX = UNITS.get_field_index("files")
 SYNCFS_FILE_SYSTEMS = frozenset({"ext4", "ext3", "xfs", "btrfs", "f2fs", "tmpfs", "overlay"})
 
 
+#: A group commit's ``syncfs`` writes back every dirty page of the file system, other processes'
+#: included: with more than this much dirty or under write-back on the machine (``/proc/meminfo``)
+#: the batch fsyncs its own files instead, whose cost does not grow with other writers'.
+SYNCFS_MAX_DIRTY_BYTES = 64 * 2**20
+
+
+def _dirty_bytes() -> int:
+    """Bytes the machine holds dirty or under write-back (``/proc/meminfo``); 2**62 where unknown."""
+    total = 0
+    try:
+        with open("/proc/meminfo", "rb") as fh:
+            for line in fh:
+                if line.startswith((b"Dirty:", b"Writeback:")):
+                    total += int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return 2**62
+    return total
+
+
 @functools.cache
 def _file_system(dev: int) -> str:
     """The type of the file system mounted from device ``dev`` (``st_dev``), from
@@ -754,8 +774,8 @@ class ResultStore:
 
         Locally: every result file and every ledger file of the batch is written under its temporary
         name without an fsync; then ONE barrier makes them all durable (``syncfs(2)`` of each file
-        system they are on, :func:`_syncfs`, where it is one of :data:`SYNCFS_FILE_SYSTEMS`, else an
-        fsync of each of its files; where ``syncfs`` is unavailable, or for fewer than
+        system they are on, :func:`_syncfs`, where it is one of :data:`SYNCFS_FILE_SYSTEMS` and the
+        machine holds little dirty data, else an fsync of each file; where ``syncfs`` is unavailable, or for fewer than
         :data:`SYNCFS_FROM_FILES` files, each temporary is fsynced as it is written instead); then
         every result file is renamed into place, and only then the ledger files. On an object store
         (each put atomic): the result puts run concurrently, and the ledger puts start only after
@@ -824,7 +844,9 @@ class ResultStore:
     def _barrier(self, syncfs: Callable[[int], int], paths: list[str]) -> None:
         """Make the files ``paths`` durable: one ``syncfs`` per file system they are on, where that
         file system is one whose ``syncfs`` is known to persist data (:data:`SYNCFS_FILE_SYSTEMS`);
-        on any other (NFS, FUSE, ...) each of its files is fsynced, concurrently."""
+        on any other (NFS, FUSE, ...), and whenever the machine holds more than
+        :data:`SYNCFS_MAX_DIRTY_BYTES` not yet written back (``syncfs`` would wait for all of it,
+        other processes' writes included), each file is fsynced instead, concurrently."""
         devices: dict[int, tuple[str, list[str]]] = {}
         for path in paths:
             parent = path.rsplit("/", 1)[0]
@@ -833,8 +855,9 @@ class ResultStore:
             except OSError as exc:
                 raise StorageFault(parent, f"{type(exc).__name__}: {exc}") from exc
             devices.setdefault(dev, (parent, []))[1].append(path)
+        crowded = _dirty_bytes() > SYNCFS_MAX_DIRTY_BYTES
         for dev, (folder, files) in devices.items():
-            if _file_system(dev) not in SYNCFS_FILE_SYSTEMS:
+            if crowded or _file_system(dev) not in SYNCFS_FILE_SYSTEMS:
                 failed = [(f, exc) for f, exc in _pool().map(_fsync_path, files) if exc is not None]
                 if failed:
                     raise StorageFault(failed[0][0], f"fsync: {type(failed[0][1]).__name__}: {failed[0][1]}")

@@ -132,12 +132,15 @@ def test_without_syncfs_each_file_is_fsynced_and_the_commit_is_the_same(tmp_path
     assert len(fsynced) == 6 and len(ResultStore(tmp_path).done_units(sweep)) == 3
 
 
-def test_on_a_file_system_without_a_trusted_syncfs_each_file_is_fsynced(tmp_path: Path,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("why", ["file system", "dirty"])
+def test_where_syncfs_is_not_trusted_or_would_wait_for_others_each_file_is_fsynced(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, why: str) -> None:
     if store_module._syncfs() is None:
         pytest.skip("no syncfs here: every batch fsyncs each file (the test above)")
-    # As on NFS or FUSE, where syncfs may only hand the data to a client or server process.
-    monkeypatch.setattr(store_module, "SYNCFS_FILE_SYSTEMS", frozenset())
+    if why == "file system":  # as on NFS or FUSE, where syncfs may only hand the data to a client or server
+        monkeypatch.setattr(store_module, "SYNCFS_FILE_SYSTEMS", frozenset())
+    else:  # the machine holds more dirty data than the limit: syncfs would wait for other writers' too
+        monkeypatch.setattr(store_module, "SYNCFS_MAX_DIRTY_BYTES", -1)
     payloads, sweep = _payloads(4)
     fsynced: list[int] = []
     real_fsync = os.fsync
