@@ -201,6 +201,7 @@ class _Bound:
     warnings: list[str] = field(default_factory=list)
     sweeps: set[str] = field(default_factory=set)  # sweeps with a ledger or a spec record
     hashed: int = 0  # files hashed at open (not found in the verified-files cache)
+    native: bool = False  # the result views scan with DuckDB's own reader (:func:`native_scan`)
     #: rel -> the identity a bound file had when it was verified (checked again after every query of a
     #: natively scanned view), and whether its schema is exactly its table's declared one.
     identity: dict[str, list[Any] | None] = field(default_factory=dict)
@@ -275,7 +276,6 @@ class VerifiedFiles:
     REHASH_DEFAULT_S = 86_400.0
 
     def __init__(self, store: ResultStore) -> None:
-        import hashlib
         import os
 
         self.store = store
@@ -474,24 +474,20 @@ class _Binder:
                 h.update(chunk)
         return h.hexdigest(), self.cache.identity(rel, self.infos.get(rel))
 
-    def _identify(self, w: _Want) -> tuple[str | None, list[Any] | None, bool | None]:
-        """Why ``w``'s bytes are not the ones the ledger recorded (or None), its identity (to cache,
-        and to check again after each query), and whether the cache vouches for its footer too
-        (its schema exact or not; None: it was hashed now, so its footer must be checked)."""
+    def _identify(self, w: _Want) -> tuple[str | None, list[Any] | None]:
+        """Hash ``w``: why its bytes are not the ones the ledger recorded (or None), and its identity
+        while they were read (to cache, and to check again after each query). The verified-files
+        cache was consulted before (:meth:`_check`): a file it vouches for never gets here."""
         assert w.sha256 is not None
-        identity = self.cache.identity(w.rel, self.infos.get(w.rel))
-        exact = self.cache.known(w.rel, identity, w.sha256, w.rows)
-        if exact is not None:
-            return None, identity, exact
         digest, identity = self._hash(w.rel)
         with self.cache._lock:
             self.out.hashed += 1
         if digest != w.sha256:
             return (f"its bytes are not the ones the ledger recorded (SHA-256 {digest[:12]}…, recorded "
-                    f"{w.sha256[:12]}…: rewritten or corrupted)"), None, None
+                    f"{w.sha256[:12]}…: rewritten or corrupted)"), None
         if identity is None and self.store.local:
-            return "changed while it was being hashed (a writer is replacing it?)", None, None
-        return None, identity, None
+            return "changed while it was being hashed (a writer is replacing it?)", None
+        return None, identity
 
     def _read(self, w: _Want, whole: bool) -> tuple[str | None, pa.Table | None, bool]:
         """Why ``w`` must not be read (footer, rows, schema, name), or None; when ``whole``, all its
@@ -533,21 +529,17 @@ class _Binder:
                 return "missing (deleted?)", None
             if w.size is not None and info.size is not None and int(info.size) != w.size:
                 return f"is {info.size} bytes, the ledger recorded {w.size}", None
-            identity, read_whole = None, whole if whole is not None else w.sha256 is None
+            identity = None
             if w.sha256 is not None:
                 try:
-                    problem, identity, exact = self._identify(w)
+                    problem, identity = self._identify(w)
                 except FileNotFoundError:
                     return "missing (deleted?)", None
                 except OSError as exc:
                     return f"unreadable ({type(exc).__name__}: {exc})", None
                 if problem is not None:
                     return problem, None
-                if exact is not None and not read_whole:  # the cache vouches for this file's footer
-                    self.cache.add(w.rel, identity, w.sha256, w.rows, exact)
-                    self._bound(w, identity, exact)
-                    return None, None
-            problem, rows, exact = self._read(w, read_whole)
+            problem, rows, exact = self._read(w, whole if whole is not None else w.sha256 is None)
             if problem is None:
                 if w.sha256 is not None:
                     self.cache.add(w.rel, identity, w.sha256, w.rows, exact)
@@ -557,7 +549,7 @@ class _Binder:
         def cached(w: _Want) -> bool:
             """Whether the verified-files cache vouches for ``w`` (one stat: no thread needed)."""
             info = self.infos.get(w.rel)
-            if (w.sha256 is None or info is None or whole
+            if (w.sha256 is None or info is None
                     or (w.size is not None and info.size is not None and int(info.size) != w.size)):
                 return False
             identity = self.cache.identity(w.rel, info)
@@ -724,6 +716,7 @@ class _Binder:
             if legacy:
                 self.out.memory[table] = _concat(legacy, TABLES[table].append(pa.field("sweep", pa.string())))
         self.cache.save()
+        self.out.native = native_scan(self.store, self.out)
         return self.out
 
 
@@ -825,7 +818,7 @@ def native_scan(store: ResultStore, bound: _Bound) -> bool:
     return not any(_GLOB_CHARS & set(w.rel) for t, ws in bound.files.items() if t not in UNMANAGED_TABLES for w in ws)
 
 
-def _native_files(store: ResultStore, bound: _Bound) -> list[_Want]:
+def _native_files(bound: _Bound) -> list[_Want]:
     """The bound result files a native view reads (each identified by its SHA-256; legacy rows' files
     are read whole at open, held in ``bound.memory``)."""
     return [w for t, ws in bound.files.items() if t not in UNMANAGED_TABLES for w in ws if w.sha256 is not None]
@@ -868,7 +861,7 @@ def _open(store: ResultStore, bound: _Bound, spill: str | None = None) -> duckdb
     """
     import os
 
-    native = native_scan(store, bound)
+    native = bound.native
     config: dict[str, str | bool | int | float | list[str]] = {"temp_directory": spill or ""}
     limit = os.environ.get(MEMORY_LIMIT_ENV) or default_memory_limit()
     if limit:
@@ -879,7 +872,7 @@ def _open(store: ResultStore, bound: _Bound, spill: str | None = None) -> duckdb
         if not spill:
             con.execute("SET max_temp_directory_size = '0B'")
         if native:
-            allowed = [f"{store.base}/{w.rel}" for w in _native_files(store, bound)]
+            allowed = [f"{store.base}/{w.rel}" for w in _native_files(bound)]
             con.execute("SET allowed_paths = $paths", {"paths": allowed})
             con.execute("SET parquet_metadata_cache = true")  # each footer read once per connection
         con.execute("SET enable_external_access = false")  # no file, any path, but the allowed ones
@@ -994,9 +987,9 @@ class Catalog:
         self.hashed = bound.hashed
         #: Whether the result views scan with DuckDB's own reader (:func:`native_scan`); then the
         #: (path, identity when verified) of each file they read, checked after every query.
-        self.native = native_scan(self.store, bound)
+        self.native = bound.native
         self._watched: list[tuple[str, list[Any] | None]] = (
-            [(w.rel, bound.identity.get(w.rel)) for w in _native_files(self.store, bound)] if self.native else [])
+            [(w.rel, bound.identity.get(w.rel)) for w in _native_files(bound)] if self.native else [])
         try:
             con = _open(self.store, bound, self._spill)
         except BaseException:
@@ -1177,14 +1170,10 @@ def _types_connection() -> duckdb.DuckDBPyConnection:
 
 
 @functools.lru_cache(maxsize=64)
-def _duck_types_of(schema_text: str, schema: pa.Schema) -> tuple[tuple[str, str], ...]:
-    rel = _types_connection().from_arrow(pa.Table.from_pylist([], schema=schema))
-    return tuple((str(c), str(t)) for c, t in zip(rel.columns, rel.types, strict=True))
-
-
 def _duck_types(schema: pa.Schema) -> tuple[tuple[str, str], ...]:
     """(column, DuckDB type) of each column of ``schema``, in order (as DuckDB reads the Arrow type)."""
-    return _duck_types_of(str(schema), schema)
+    rel = _types_connection().from_arrow(pa.Table.from_pylist([], schema=schema))
+    return tuple((str(c), str(t)) for c, t in zip(rel.columns, rel.types, strict=True))
 
 
 def _typed_empty(schema: pa.Schema) -> str:
