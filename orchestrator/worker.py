@@ -190,7 +190,8 @@ def _interrupted(exc: BaseException) -> bool:
             return True
         seen.add(id(cause))
         cause = cause.__cause__ or cause.__context__
-    return "KeyboardInterrupt" in str(exc)
+    # pydantic-core's SchemaError carries no cause, only the interrupt's name at the end of its text.
+    return type(exc).__name__ == "SchemaError" and str(exc).rstrip().endswith("KeyboardInterrupt:")
 
 
 def _run_unit(store: ResultStore, payload: dict[str, Any], sweep: str, spec_sha256: str) -> _Ran:

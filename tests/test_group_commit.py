@@ -388,3 +388,24 @@ def test_the_batch_target_comes_from_the_environment(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("SWAPCHECK_BATCH_TARGET_S", "soon")
     with pytest.raises(UsageError, match="SWAPCHECK_BATCH_TARGET_S"):
         batch_target_s()
+
+
+def test_a_cancel_wrapped_by_a_library_is_a_cancel_and_nothing_else_is() -> None:
+    """``ray.cancel``'s KeyboardInterrupt raised through another exception, or reported by pydantic as a
+    SchemaError ending in "KeyboardInterrupt:", is a stop; a kind's own error that merely names it is the
+    unit's failure."""
+    from orchestrator.worker import _interrupted
+
+    class SchemaError(Exception):
+        pass
+
+    try:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as inner:
+            raise RuntimeError("while importing") from inner
+    except RuntimeError as exc:
+        assert _interrupted(exc)
+    assert _interrupted(SchemaError("Invalid Schema:\n  model.x\n  KeyboardInterrupt:\n"))
+    assert not _interrupted(ValueError("KeyboardInterrupt handling is broken"))
+    assert not _interrupted(SchemaError("Invalid Schema: a field"))
