@@ -57,7 +57,10 @@ WINDOW = 2000
 #: task, no batching). A Ray task and a durable commit cost about a millisecond each: units much
 #: shorter than that are packed into tasks of several units that share one commit (:class:`Batches`).
 BATCH_TARGET_S = 0.1
-#: Units whose observed median duration is at least this long are never batched.
+#: Units whose own observed median run time (``duration_s``: the kind's work, not the commit) is at
+#: least this long are never batched. The commit is left out on purpose: a slow durable commit (an
+#: fsync that takes 30 ms on a busy disk) is exactly the cost batching shares, so it must not make a
+#: class of tiny units look long.
 SHORT_UNIT_S = 0.02
 #: The most units in one task.
 MAX_BATCH = 64
@@ -169,8 +172,8 @@ class Batches:
     finished units cost their worker (``cost_s`` of their summaries: run, serialization and a share
     of the commit; ``duration_s`` where a summary has none): one unit per task until
     :data:`OBSERVED_MIN` units of the class have finished; then, while the median of the last
-    :data:`OBSERVED` durations is below :data:`SHORT_UNIT_S`, as many units as take about
-    ``target_s`` (at most :data:`MAX_BATCH`, and no more than spreads the class's remaining units
+    :data:`OBSERVED` run times (``duration_s``: the unit's own work, without the commit) is below
+    :data:`SHORT_UNIT_S`, as many units as cost about ``target_s`` (at most :data:`MAX_BATCH`, and no more than spreads the class's remaining units
     over its slots, so the tail of a stage keeps every slot busy). Until it is known to be long, a
     class has at most :data:`TASKS_PER_SLOT` tasks per slot in flight: enough to keep every slot
     busy, few enough that the choice is made again as costs come in (the window is never filled
@@ -189,7 +192,8 @@ class Batches:
         for unit in pending:
             self.queues.setdefault(self.key(unit), deque()).append(unit)
         self.alone: deque[Unit] = deque()
-        self.observed: dict[Any, deque[float]] = {}
+        self.observed: dict[Any, deque[float]] = {}  # what recent units cost (commit share included)
+        self.ran: dict[Any, deque[float]] = {}  # their own run times (no commit): long or short
         self.tasks: dict[Any, int] = {}  # tasks in flight per batch class
         self.n_tasks = 0
 
@@ -214,10 +218,19 @@ class Batches:
         seen = self.observed.get(key)
         return None if seen is None or len(seen) < OBSERVED_MIN else statistics.median(seen)
 
+    def long(self, key: Any) -> bool | None:
+        """Whether the class's recent units ran :data:`SHORT_UNIT_S` or longer (their median run time,
+        or their median cost where no run time was reported); None until :data:`OBSERVED_MIN` are known."""
+        seen = self.ran.get(key)
+        if seen is None or len(seen) < OBSERVED_MIN:
+            median = self.median(key)
+            return None if median is None else median >= SHORT_UNIT_S
+        return statistics.median(seen) >= SHORT_UNIT_S
+
     def size(self, key: Any, unit: Unit) -> int:
         """How many units of class ``key`` the next task takes."""
         median = self.median(key) if key is not None else None
-        if median is None or median >= SHORT_UNIT_S:
+        if median is None or self.long(key) is not False:
             return 1
         spread = -(-len(self.queues[key]) // self.slots(unit))  # the rest over every slot
         return max(1, min(MAX_BATCH, int(self.target_s / max(median, 1e-4)), spread))
@@ -228,8 +241,7 @@ class Batches:
         autoscaler sees the whole demand)."""
         if key is None:
             return False
-        median = self.median(key)
-        if median is not None and median >= SHORT_UNIT_S:
+        if self.long(key):
             return False
         return self.tasks.get(key, 0) >= TASKS_PER_SLOT * self.slots(unit)
 
@@ -254,15 +266,18 @@ class Batches:
         if key is not None:
             self.tasks[key] = self.tasks.get(key, 0) + 1
 
-    def settled(self, units: list[Unit], durations: list[float | None] | None = None) -> None:
-        """A task of ``units`` settled; ``durations`` are the units' own (None: it reported none)."""
+    def settled(self, units: list[Unit], durations: list[float | None] | None = None,
+                runs: list[float | None] | None = None) -> None:
+        """A task of ``units`` settled; ``durations`` are what the units cost their worker (commit share
+        included) and ``runs`` their own run times (None: it reported none)."""
         key = self.key(units[0])
         if key is None:
             return
         self.tasks[key] = max(0, self.tasks.get(key, 0) - 1)
-        found = [float(d) for d in durations or [] if d is not None]
-        if found:
-            self.observed.setdefault(key, deque(maxlen=OBSERVED)).extend(found)
+        for seen, values in ((self.observed, durations), (self.ran, runs)):
+            found = [float(d) for d in values or [] if d is not None]
+            if found:
+                seen.setdefault(key, deque(maxlen=OBSERVED)).extend(found)
 
     def retry_alone(self, units: list[Unit]) -> None:
         """Hand ``units`` out again, one per task, before anything else."""
@@ -751,7 +766,8 @@ def _drain(batches: Batches, in_flight: dict[Any, list[Unit]], submit: Callable[
                 return
             value = [{"unit_id": units[0].id, "status": "failed", "error": error, "rows": 0}]
         else:
-            batches.settled(units, [v.get("cost_s", v.get("duration_s")) for v in value])
+            batches.settled(units, [v.get("cost_s", v.get("duration_s")) for v in value],
+                            [v.get("duration_s") for v in value])
         for unit, outcome in zip(units, value, strict=True):
             if outcome["status"] == "ok":
                 summary.n_ok += 1

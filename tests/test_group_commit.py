@@ -346,6 +346,24 @@ def test_batch_size_follows_the_observed_durations() -> None:
     assert len(b.take(7)) == 1
 
 
+def test_a_slow_commit_does_not_make_tiny_units_look_long() -> None:
+    """Seen in CI: on a busy disk each single-unit task's fsync took over 20 ms, every unit's cost read
+    long, and 200 tiny units ran as 200 tasks. Whether a class is long goes by its units' own run
+    times; the cost (the commit's share included) only sizes the batch."""
+    b = Batches(_units(1000), 0.1, {"CPU": 2.0})
+    first = [b.take(2000) for _ in range(3)]
+    for t in first:
+        b.settled(t, [0.03], [0.001])  # 1 ms of work, a 29 ms commit
+    assert len(b.take(2000)) == 3  # 100 ms of 30 ms costs: batched, and sized by the cost
+    for t in first:
+        b.settled(t * 12, [0.004] * 12, [0.001] * 12)  # the shared commit is cheap per unit
+    assert len(b.take(2000)) == 25
+    slow = Batches(_units(100), 0.1, {"CPU": 2.0})
+    for t in [slow.take(2000) for _ in range(3)]:
+        slow.settled(t, [0.031], [0.03])  # the work itself is long: never batched
+    assert {len(slow.take(2000)) for _ in range(20)} == {1}
+
+
 def test_long_units_cold_restarts_and_target_zero_are_never_batched() -> None:
     def sizes(b: Batches, seconds: float) -> set[int]:
         seen = set()
