@@ -56,7 +56,7 @@ kdepth-demo: $(STAMP)
 # The default run skips tests marked `slow` (under 6 minutes on 2 cores); CI runs both sets. Both run
 # on TEST_WORKERS pytest-xdist workers, a test module per worker at a time (its module fixtures once).
 TEST_WORKERS ?= 2
-PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope
+PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope --durations=20
 
 test: $(STAMP)
 	@command -v chromium >/dev/null || { echo "installing Debian's chromium (the HTML report test renders with it)..."; \
