@@ -531,6 +531,9 @@ class ResultStore:
             self.root = Path(root)
             self.base = Path(os.path.abspath(root)).as_posix()
         self.local = isinstance(self.fs, pafs.LocalFileSystem)
+        #: path -> (identity, what :func:`parse_ledger_file` found): a ledger file this store read and
+        #: that has not changed since is not read again (:meth:`read_ledger`).
+        self._ledger_seen: dict[str, tuple[tuple[Any, ...], Any]] = {}
 
     # -- paths -------------------------------------------------------------------------------------
     def _p(self, *parts: str) -> str:
@@ -991,18 +994,53 @@ class ResultStore:
         schema, holds other than exactly one row, or holds a row whose ``unit_id`` is not its file
         name is a damaged entry (``LedgerRead.damaged``): its unit counts as not done, so a launch
         recomputes it (rewriting the file), and nothing here raises over it. Files are read
-        concurrently (one small file each; a storage fault still raises ``OSError``)."""
-        files = self.parquet_files("units", sweep)
+        concurrently (one small file each; a storage fault still raises ``OSError``).
 
-        def one(path: str) -> tuple[dict[str, Any] | None, LedgerDamage | None, str] | None:
+        Within one store object, a file read before whose identity has not changed since (locally
+        size, mtime, ctime, inode and device, taken before its bytes are read: any write changes the
+        ctime, a replace the inode; on an object store size and mtime) is not read again: a launch
+        reads the ledger before it takes the sweep's lock and again under it, and the second read
+        costs a ``stat`` per file. A new store object reads every file."""
+        infos = [i for i in self._files(self._partition("units", sweep)) if i.path.endswith(".parquet")]
+        seen = self._ledger_seen
+
+        def identity(info: pafs.FileInfo) -> tuple[Any, ...] | None:
+            if self.local:
+                try:
+                    st = os.stat(info.path)
+                except FileNotFoundError:
+                    return None
+                return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
+            return None if info.size is None or info.mtime_ns is None else (info.size, info.mtime_ns)
+
+        Found = tuple[dict[str, Any] | None, LedgerDamage | None, str]
+
+        def copy(found: Found) -> Found:
+            return (dict(found[0]) if found[0] is not None else None, found[1], found[2])
+
+        def one(item: tuple[pafs.FileInfo, tuple[Any, ...] | None]) -> Found | None:
+            info, ident = item
             try:
-                with self.fs.open_input_file(path) as fh:
-                    return parse_ledger_file(fh, self.relative(path))
+                with self.fs.open_input_file(info.path) as fh:
+                    found = parse_ledger_file(fh, self.relative(info.path))
             except FileNotFoundError:  # removed between the listing and the read: no entry
+                seen.pop(info.path, None)
                 return None
+            if ident is not None:
+                seen[info.path] = (ident, copy(found))
+            return found
 
+        parsed: list[Found | None] = []
+        todo = []
+        for info in infos:  # identities first (a stat each), then only changed or new files are read
+            ident = identity(info)
+            before = seen.get(info.path)
+            if ident is not None and before is not None and before[0] == ident:
+                parsed.append(copy(before[1]))
+            else:
+                todo.append((info, ident))
+        parsed += list(_pool().map(one, todo)) if len(todo) > 1 else [one(t) for t in todo]
         out = LedgerRead(sweep, {}, [])
-        parsed = list(_pool().map(one, files)) if len(files) > 1 else [one(p) for p in files]
         for found in parsed:
             if found is None:
                 continue

@@ -235,3 +235,38 @@ def test_attempt_markers_are_empty_files_named_by_what_they_record_and_old_ones_
     assert {(m["host"], m["pid"], m["node_id"]) for m in markers[1:]} == {(socket.gethostname(), os.getpid(), "node-1"),
                                                                          (socket.gethostname(), os.getpid(), None)}
     assert all(datetime.fromisoformat(m["started_at"]).tzinfo is not None for m in markers)
+
+
+def test_a_store_reads_each_unchanged_ledger_file_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A launch reads the ledger before its lock and again under it: the second read re-reads only
+    files that changed (identity: size, mtime, ctime, inode), finds new, damaged and removed ones,
+    and a new store object reads everything."""
+    import storage.store as store_mod
+
+    store = ResultStore(tmp_path)
+    for i in range(5):
+        store.record_unit("s", _unit(f"u{i}", "ok" if i else "failed"))
+    parsed: list[str] = []
+    real = store_mod.parse_ledger_file
+
+    def counting(source, rel):  # type: ignore[no-untyped-def]
+        parsed.append(rel.rsplit("/", 1)[1])
+        return real(source, rel)
+
+    monkeypatch.setattr(store_mod, "parse_ledger_file", counting)
+    assert store.done_units("s") == {"u1", "u2", "u3", "u4"} and len(parsed) == 5
+    parsed.clear()
+    first = store.ledger_records("s")
+    first["u1"]["status"] = "changed by a caller"  # callers get their own rows
+    assert store.done_units("s") == {"u1", "u2", "u3", "u4"} and parsed == []
+    store.record_unit("s", _unit("u0", "ok"))  # rewritten (a new file: new inode and ctime)
+    store.record_unit("s", _unit("u5", "ok"))  # a new file
+    (tmp_path / "table=units" / "sweep=s" / "u2.parquet").unlink()
+    victim = tmp_path / "table=units" / "sweep=s" / "u3.parquet"
+    victim.write_bytes(victim.read_bytes()[:100])  # damaged in place after it was read: same inode, new ctime
+    read = store.read_ledger("s")
+    assert sorted(parsed) == ["u0.parquet", "u3.parquet", "u5.parquet"]
+    assert set(read.rows) == {"u0", "u1", "u4", "u5"} and [d.unit_id for d in read.damaged] == ["u3"]
+    assert read.rows["u1"]["status"] == "ok"
+    parsed.clear()
+    assert len(ResultStore(tmp_path).read_ledger("s").rows) == 4 and len(parsed) == 5
