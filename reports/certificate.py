@@ -29,7 +29,7 @@ from itertools import combinations
 from typing import TYPE_CHECKING, Any
 
 from reports import attention as attention_swap
-from reports import fliprisk, kdepth, noise_floor, quantizer_swap, replay, spacing
+from reports import kdepth, noise_floor, quantizer_swap, replay, spacing
 from reports.agreement import self_cell
 
 if TYPE_CHECKING:
@@ -230,14 +230,15 @@ def replay_section(rows: list[dict[str, Any]]) -> dict[str, Any]:
             **{k: t[k] for k in NEAR_ZERO_KEYS}, "accumulators_equal": t["accumulators_equal"]}
 
 
-def flip_figures(cat: Catalog, sweep: str, ref_arm: str, arm: str) -> dict[str, Any]:
-    """The flips of ONE teacher-forced (ref_arm, arm) pair, read alone, with an exact interval."""
-    data = fliprisk.load(cat, sweep=sweep, ref_arm=ref_arm, arm=arm)
-    n, k = len(data), int(data.flip.sum())
+def flip_figures(counts: dict[str, Any]) -> dict[str, Any]:
+    """The flips of ONE teacher-forced (ref_arm, arm) pair alone, with an exact interval: ``counts`` is
+    its row of ``teacher_forced_pairs`` (the positions ``reports.fliprisk.load`` keeps, the flips among
+    them, the rows it drops), counted by DuckDB without reading the positions out."""
+    n, k = int(counts["kept"]), int(counts["flips"])
     ci = exact_ci(k, n)
-    return {"ref_arm": ref_arm, "arm": arm, "positions": n, "flips": k, "flip_rate": k / n if n else None,
-            "flip_rate_ci_low": None if ci is None else ci[0], "flip_rate_ci_high": None if ci is None else ci[1],
-            "dropped": data.dropped}
+    return {"ref_arm": counts["ref_arm"], "arm": counts["arm"], "positions": n, "flips": k,
+            "flip_rate": k / n if n else None, "flip_rate_ci_low": None if ci is None else ci[0],
+            "flip_rate_ci_high": None if ci is None else ci[1], "dropped": int(counts["dropped"])}
 
 
 def _self(r: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -245,12 +246,12 @@ def _self(r: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 def end_to_end_section(cat: Catalog, sweep: str, cross: list[dict[str, Any]], self_rows: dict[str, dict[str, Any]],
-                       tf_pairs: set[tuple[str, str]], arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
+                       tf_pairs: dict[tuple[str, str], dict[str, Any]], arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
     if not cross:
         return {"status": NOT_RUN}
     pairs = []
     for c in cross:
-        flips = [flip_figures(cat, sweep, ra, a) for ra, a in ((c["arm_a"], c["arm_b"]), (c["arm_b"], c["arm_a"]))
+        flips = [flip_figures(tf_pairs[(ra, a)]) for ra, a in ((c["arm_a"], c["arm_b"]), (c["arm_b"], c["arm_a"]))
                  if (ra, a) in tf_pairs]
         ci = exact_ci(c["identical"], c["total"])
         pairs.append({"arm_a": c["arm_a"], "arm_b": c["arm_b"], "kernel_a": c["kernel_a"], "kernel_b": c["kernel_b"],
@@ -388,7 +389,7 @@ def _sweep_certificates(cat: Catalog, sweep: str) -> list[dict[str, Any]]:
              and c["kernel_a"] != c["kernel_b"] and c.get("attention_a") == c.get("attention_b")
              and quantizer_swap.same_quantizer(c, qarms)]
     self_rows = {r["arm"]: r for r in cat.named("self_reproducibility", sweep=sweep)}
-    tf_pairs = {(r["ref_arm"], r["arm"]) for r in cat.named("teacher_forced_pairs", sweep=sweep)}
+    tf_pairs = {(r["ref_arm"], r["arm"]): r for r in cat.named("teacher_forced_pairs", sweep=sweep)}
     checks_rows = check_verdicts(cat, sweep)
     floor = noise_floor.noise_floor(cat, sweep)
     prov, versions = _provenance(cat, sweep)
@@ -454,7 +455,7 @@ def _sweep_certificates(cat: Catalog, sweep: str) -> list[dict[str, Any]]:
 
 
 def _attention_certificates(cat: Catalog, sweep: str, qarms: dict[str, str | None], self_rows: dict[str, dict[str, Any]],
-                            tf_pairs: set[tuple[str, str]], arms: dict[str, dict[str, Any]],
+                            tf_pairs: dict[tuple[str, str], dict[str, Any]], arms: dict[str, dict[str, Any]],
                             prov: dict[str, Any], versions: dict[str, list[str]], floor: Any) -> list[dict[str, Any]]:
     """One certificate per attention pair (reports/attention.py): the sections of a GEMM pair's, the
     kernel names the attention registry's; kdepth is not run, replay is the per-layer q/k/v replay."""
@@ -500,7 +501,7 @@ def _attention_certificates(cat: Catalog, sweep: str, qarms: dict[str, str | Non
 
 
 def _quantizer_certificates(cat: Catalog, sweep: str, qarms: dict[str, str | None], checks_rows: list[dict[str, Any]],
-                            self_rows: dict[str, dict[str, Any]], tf_pairs: set[tuple[str, str]],
+                            self_rows: dict[str, dict[str, Any]], tf_pairs: dict[tuple[str, str], dict[str, Any]],
                             arms: dict[str, dict[str, Any]], prov: dict[str, Any], versions: dict[str, list[str]],
                             floor: Any) -> list[dict[str, Any]]:
     """One certificate per quantizer pair and fixed GEMM kernel (reports/quantizer_swap.py): the sections

@@ -79,7 +79,11 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
     seqs = [_seq(arm, r, p, f"s{p}") for arm in ("xa", "xb", "xc") for r in (0, 1) for p in range(4)]
     seqs = [s if not (s["arm"] == "xb" and s["prompt_index"] == 3) else {**s, "sequence_hash": "other"} for s in seqs]
     store.write("sequences", "s1", "seqs", seqs)
-    store.write("teacher_forced", "s1", "tf-ab", _tf("xa", "xb", 200, 3))
+    # and five rows the flip-risk model drops (no margin, a NaN, an infinite or a negative one, no flag)
+    odd = [{**_tf("xa", "xb", 1, 1)[0], "position": 1000 + i, "ref_margin": m, "flip": f}
+           for i, (m, f) in enumerate([(None, True), (float("nan"), True), (float("inf"), False), (-0.5, True),
+                                       (0.5, None)])]
+    store.write("teacher_forced", "s1", "tf-ab", _tf("xa", "xb", 200, 3) + odd)
     store.write("teacher_forced", "s1", "tf-ac", _tf("xa", "xc", 200, 40))
     store.write("exact_match", "s1", "em", [_check("a", "IDENTICAL"), _check("d", "IDENTICAL")])
     store.write("kdepth", "s2", "kd", [_kd("a", "b", k, 50, 2) for k in KS])
@@ -161,6 +165,7 @@ def test_flip_figures_are_those_of_the_pair_alone(results: Path, certs: list[dic
     (pair,) = _mode(_cert(certs, "a", "b"), "real")["end_to_end"]["arm_pairs"]
     (f,) = pair["flips"]
     assert (f["ref_arm"], f["arm"], f["positions"], f["flips"]) == ("xa", "xb", len(alone), int(alone.flip.sum()))
+    assert f["dropped"] == alone.dropped == 5  # counted by SQL exactly as the flip-risk model drops them
     assert (f["positions"], f["flips"], f["flip_rate"]) == (200, 3, 3 / 200)   # not 43/400, the pooled figure
     assert (pair["identical"], pair["total"]) == (3, 4)
     assert pair["self_reproducibility_a"] == {"identical": 4, "total": 4, "restarts": 2}
