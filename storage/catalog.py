@@ -727,12 +727,12 @@ def _dataset(store: ResultStore, table: str, wants: list[_Want],
     """What a table's view scans: its verified files (a dataset: scanned natively at query time,
     their statistics trusted because their bytes are the ledger's) plus ``memory`` (rows read at open).
     The pyarrow route only (:func:`native_scan`): ``pyarrow.dataset`` is imported here, not by every command."""
-    import pyarrow.dataset as pads
-
     schema = TABLES[table].append(pa.field("sweep", pa.string()))
     files = [w for w in wants if w.sha256 is not None] if table not in UNMANAGED_TABLES else []
-    if not files:
+    if not files:  # rows read at open only (every unmanaged table): no import of pyarrow.dataset
         return memory if memory is not None else schema.empty_table()
+    import pyarrow.dataset as pads
+
     # Page CRCs (written by the store) are verified on every read: a file whose bytes changed after
     # it was identified (bit rot under an unchanged identity) fails the query instead of feeding it wrong numbers.
     fmt = pads.ParquetFileFormat(

@@ -32,6 +32,7 @@ from storage.catalog import UNMANAGED_TABLES, Catalog, VerifiedFiles
 from storage.errors import QueryError, StorageError
 from storage.schemas import TABLES
 from storage.store import FileRecord, ResultStore
+from tests.conftest import REPO
 
 runner = CliRunner()
 SWEEP = "s"
@@ -583,6 +584,21 @@ def test_a_bad_spill_dir_is_exit_2_naming_the_variable_and_the_path(root: Path, 
 
 
 # -- DuckDB's own reader over the verified files (issue #25) --------------------------------------------------
+
+def test_a_native_read_never_imports_pyarrow_dataset(root: Path) -> None:
+    """The pyarrow route's import (0.4 s) is paid only where it scans: a local tree's open and query
+    (every table queried, the unmanaged ones included) never imports ``pyarrow.dataset``."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from storage.catalog import Catalog; from storage.schemas import TABLES; "
+            "cat = Catalog(sys.argv[1]); "
+            "[cat.query(f'SELECT count(*) FROM \"{t}\"') for t in TABLES]; assert cat.native; "
+            "print('pyarrow.dataset' in sys.modules)")
+    res = subprocess.run([sys.executable, "-c", code, str(root)], cwd=REPO, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "False"
+
 
 def test_views_scan_natively_with_the_declared_types_and_the_same_rows(root: Path) -> None:
     """A local tree is scanned by DuckDB's own Parquet reader: each view has the declared columns and
