@@ -695,7 +695,8 @@ class _Binder:
         self.out.sweeps = ledgered | specs
         for table in sorted(UNMANAGED_TABLES - {"units", "sweeps"}):
             self._unmanaged(table, listing[table], specs)
-        expected = self._expected()
+        with self.store.resolving():  # each partition's directory resolved once, not once per file
+            expected = self._expected()
         for table in TABLES:
             if table in UNMANAGED_TABLES:
                 continue

@@ -60,8 +60,9 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -534,6 +535,8 @@ class ResultStore:
         #: path -> (identity, what :func:`parse_ledger_file` found): a ledger file this store read and
         #: that has not changed since is not read again (:meth:`read_ledger`).
         self._ledger_seen: dict[str, tuple[tuple[Any, ...], Any]] = {}
+        #: directory -> its resolved path, only inside :meth:`resolving` (None: resolve every time).
+        self._dirs: dict[str, str] | None = None
 
     # -- paths -------------------------------------------------------------------------------------
     def _p(self, *parts: str) -> str:
@@ -618,15 +621,35 @@ class ResultStore:
             raise PathEscape(path, why)
         return str(path)
 
+    @contextmanager
+    def resolving(self) -> Iterator[None]:
+        """Within this block, each directory's resolved path is looked up once (:meth:`inside`): one
+        pass over a tree (a catalog's bind) checks thousands of files in a few partitions. Each file's
+        own link is still checked every time."""
+        self._dirs = {}
+        try:
+            yield
+        finally:
+            self._dirs = None
+
+    def _real_dir(self, folder: str) -> str:
+        memo = self._dirs
+        if memo is None:
+            return os.path.realpath(folder)
+        real = memo.get(folder)
+        if real is None:
+            real = memo[folder] = os.path.realpath(folder)
+        return real
+
     def _link_escape(self, path: str, under: str, follow: bool = True) -> str | None:
         """Why the local file ``path`` resolves outside the root or ``under`` (symlinks), or None."""
         parent, name = f"{self.base}/{path}".rsplit("/", 1)
-        real = f"{os.path.realpath(parent)}/{name}"
+        real = f"{self._real_dir(parent)}/{name}"
         if follow and os.path.islink(real):
             real = os.path.realpath(real)
         fences = [(self.base, "the results root")] + ([(f"{self.base}/{under}", under.rstrip("/") + "/")] if under else [])
         for folder, what in fences:
-            if not real.startswith(os.path.realpath(folder).rstrip("/") + "/"):
+            if not real.startswith(self._real_dir(folder).rstrip("/") + "/"):
                 return f"resolves through a symlink to {real}, outside {what}"
         return None
 
