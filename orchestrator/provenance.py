@@ -37,8 +37,11 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def collect() -> dict[str, Any]:
-    """Facts about the driver's machine; workers add their own host and torch version per unit."""
+def collect(torch_facts: bool = True) -> dict[str, Any]:
+    """Facts about the driver's machine; workers add their own host and torch version per unit.
+
+    ``torch_facts`` False leaves out what needs torch imported (CUDA, the GPUs: a second or more on
+    a CPU-only driver): a launch records that part once its units are running (orchestrator/runner.py)."""
     info: dict[str, Any] = {
         "versions": package_versions(),
         "python": sys.version.split()[0],
@@ -48,6 +51,8 @@ def collect() -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "env": {k: v for k, v in sorted(os.environ.items()) if KERNEL_ENV.match(k) and "TOKEN" not in k},
     }
+    if not torch_facts:
+        return info
     try:
         import torch
 

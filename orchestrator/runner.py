@@ -584,8 +584,15 @@ def _run_launch(spec: LoadedSpec, plan: Plan, store: ResultStore, pending: list[
                 summary: LaunchSummary, emit: Callable[[str, dict[str, Any]], None], conn: Any,
                 stop: StopSignals) -> None:
     """Run the pending units with a ``launches`` row that says how the launch ended."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from orchestrator import provenance
 
+    # What needs torch in the driver (CUDA, the GPUs: 1-3 s of import on a CPU-only driver) is collected
+    # while the units run: the "running" row has the rest, the final row all of it.
+    facts = ThreadPoolExecutor(1, thread_name_prefix="swapcheck-provenance")
+    full = facts.submit(provenance.collect)
+    facts.shutdown(wait=False)
     launch_id = f"{utcnow().strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
     launch_row: dict[str, Any] = {
         "launch_id": launch_id,
@@ -599,7 +606,7 @@ def _run_launch(spec: LoadedSpec, plan: Plan, store: ResultStore, pending: list[
         "n_ok": 0,
         "n_failed": 0,
         "status": "running",
-        "provenance_json": json.dumps(provenance.collect(), sort_keys=True),
+        "provenance_json": json.dumps(provenance.collect(torch_facts=False), sort_keys=True),
     }
     if os.environ.get("SWAPCHECK_VERBOSITY") != "verbose":
         # Every unit's outcome is fetched (stopping included), so Ray's "Unhandled error" dumps could
@@ -623,6 +630,10 @@ def _run_launch(spec: LoadedSpec, plan: Plan, store: ResultStore, pending: list[
                                  "storage, then relaunch the same spec to resume") from None
         finally:
             launch_row.update(finished_at=utcnow(), n_ok=summary.n_ok, n_failed=summary.n_failed, status=status)
+            try:
+                launch_row["provenance_json"] = json.dumps(full.result(timeout=60), sort_keys=True)
+            except Exception:  # noqa: BLE001 - the facts without torch's stay (collect never raises itself)
+                pass
             try:
                 store.write("launches", plan.sweep, launch_id, [launch_row])
             except OSError:

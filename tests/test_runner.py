@@ -41,6 +41,9 @@ def test_launch_report_and_resume(ray_local, tiny_spec: Path, tmp_path: Path) ->
     assert all(r["differing"] == 0 for r in rows if r["scale_mode"] == "pow2")
     assert all(r["max_spacing"] <= 1 for r in rows)
     files = sorted(p.relative_to(results) for p in results.rglob("*.parquet"))
+    # The driver's torch facts are collected while the units run; the launch row written at the end has them.
+    (prov,) = [json.loads(r["provenance_json"]) for r in read_only_query(results, "SELECT provenance_json FROM launches").to_pylist()]
+    assert prov["versions"]["torch"] and prov["cuda_available"] is False and "torch_cuda" in prov
 
     again = launch(tiny_spec, results)
     assert again.exit_code == 0 and "12 skipped" in again.output and "0 ok" in again.output
@@ -145,3 +148,4 @@ def test_sigkill_of_the_driver_then_relaunch(tmp_path: Path) -> None:
     rep = [subprocess.run(_cli("report", "kdepth", "--results", str(d), "--format", "json"), cwd=REPO, env=env,
                           capture_output=True, text=True, check=True).stdout for d in (killed, clean)]
     assert json.loads(rep[0]) == json.loads(rep[1])
+
