@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping
@@ -129,6 +130,33 @@ def unit_table(table: str, rows: pa.Table | list[dict[str, Any]], unit_id: str, 
     return to_table(table, rows, {"unit_id": unit_id, "experiment": experiment})
 
 
+def _torch_version() -> str | None:
+    """The version of the torch this worker runs: the imported module's, else the installed
+    distribution's (the same string; a unit that never needed torch does not import it for this)."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        return str(torch.__version__)
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("torch")
+    except PackageNotFoundError:
+        return None
+
+
+def _set_threads() -> None:
+    """One thread per unit (``SWAPCHECK_THREADS_PER_UNIT``, default 1) keeps runs deterministic and
+    lets Ray pack units onto cores. torch is not imported for it (1-3 s in a fresh worker, paid by
+    every worker of a kind that never needs it): an imported torch is set now, and the OpenMP and
+    MKL variables make a torch that a kind imports later start with that many threads."""
+    threads = max(1, int(os.environ.get("SWAPCHECK_THREADS_PER_UNIT", "1")))
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(threads)
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+
+
 def ledger_row(payload: dict[str, Any], spec_sha256: str, *, status: str, attempts: int, started: datetime,
                duration_s: float, error: str | None, tables: list[str], rows: int, ran_here: bool,
                files: list[FileRecord] | None = None) -> dict[str, Any]:
@@ -137,11 +165,7 @@ def ledger_row(payload: dict[str, Any], spec_sha256: str, *, status: str, attemp
     ``files`` are the records :meth:`ResultStore.write` returned for the unit's result files (none
     for a failed unit); ``swapcheck sweep verify`` checks the tree against them.
     """
-    torch_version = None
-    if ran_here:
-        import torch
-
-        torch_version = torch.__version__
+    torch_version = _torch_version() if ran_here else None
     return {
         "unit_id": payload["id"],
         "kind": payload["kind"],
@@ -261,14 +285,10 @@ def execute_units(payloads: list[dict[str, Any]], results: str, sweep: str, spec
     its id, are replaced, so no row is ever duplicated. Raises :class:`StorageFault` (and publishes
     no ledger file after the fault) when the results tree fails.
     """
-    import torch
-
-    # One thread per unit keeps runs deterministic and lets Ray pack units onto cores.
-    threads = max(1, int(os.environ.get("SWAPCHECK_THREADS_PER_UNIT", "1")))
-    if torch.get_num_threads() != threads:
-        torch.set_num_threads(threads)
+    _set_threads()
     store = _store_call(results, lambda: _store(results))
     _import_kinds(payloads)
+    _set_threads()  # a kind module that imports torch at import time
     t0 = time.perf_counter()
     if len(payloads) == 1:
         ran = _run_unit(store, payloads[0], sweep, spec_sha256)

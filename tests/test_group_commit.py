@@ -427,3 +427,36 @@ def test_a_cancel_wrapped_by_a_library_is_a_cancel_and_nothing_else_is() -> None
     assert _interrupted(SchemaError("Invalid Schema:\n  model.x\n  KeyboardInterrupt:\n"))
     assert not _interrupted(ValueError("KeyboardInterrupt handling is broken"))
     assert not _interrupted(SchemaError("Invalid Schema: a field"))
+
+
+def test_a_worker_imports_no_torch_for_a_kind_that_needs_none_and_sets_a_later_torchs_threads(tmp_path: Path) -> None:
+    """A fresh worker paid 1-3 s to import torch before its first unit, whatever the kind. Now a kind
+    that never needs torch runs without it (the ledger still records the installed torch's version),
+    and a torch a kind imports later starts with ``SWAPCHECK_THREADS_PER_UNIT`` threads."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    code = (
+        "import sys, json; from tests import _group_commit_kind as probe; "
+        "from orchestrator.plan import make_plan; from orchestrator.spec import parse_spec; "
+        "from orchestrator.worker import execute_units; from tasks.kinds import kind_ref; "
+        "from storage.store import ResultStore\n"
+        "with probe.registered():\n"
+        "    plan = make_plan(parse_spec(probe.spec_text('gc', 3)))\n"
+        "    ps = [{**u.to_payload(), 'description': u.describe(), 'kind_ref': kind_ref(u.kind)} for u in plan.units]\n"
+        "    out = execute_units(ps, sys.argv[1], plan.sweep, '0' * 64)\n"
+        "    before = 'torch' in sys.modules\n"
+        "    rows = ResultStore(sys.argv[1]).ledger_records(plan.sweep)\n"
+        "    import torch\n"
+        "    print(json.dumps({'ok': [o['status'] for o in out], 'torch_before': before, 'threads': torch.get_num_threads(),\n"
+        "                      'versions': sorted({r['torch_version'] for r in rows.values()}), 'torch': torch.__version__}))\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2", "SWAPCHECK_THREADS_PER_UNIT": "1"}
+    res = subprocess.run([sys.executable, "-c", code, str(tmp_path / "r")], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got["ok"] == ["ok"] * 3 and got["torch_before"] is False and got["threads"] == 1
+    assert got["versions"] == [got["torch"]]
