@@ -134,8 +134,13 @@ def _torch_version() -> str | None:
     """The version of the torch this worker runs: the imported module's, else the installed
     distribution's (the same string; a unit that never needed torch does not import it for this)."""
     torch = sys.modules.get("torch")
-    if torch is not None:
-        return str(torch.__version__)
+    return str(torch.__version__) if torch is not None else _installed_torch()
+
+
+@functools.cache
+def _installed_torch() -> str | None:
+    """The installed torch distribution's version, looked up once per process (a lookup scans the
+    installed distributions: about a millisecond, once per unit before this cache)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
