@@ -42,6 +42,9 @@ class NightlyOutcome:
     baseline_updated: bool = False
     baseline_created: bool = False  # --update-baseline wrote the first baseline: nothing to compare with
     metrics: int = 0  # today's metrics
+    # The kernel identity of today's launches against the previous night's (identity_change): flagged in
+    # the report, never a regression by itself (the metrics say whether the numbers moved).
+    identity: dict[str, Any] = field(default_factory=dict)
 
 
 def read_baseline(path: Path) -> dict[str, Any]:
@@ -104,6 +107,7 @@ def run_nightly(suite: str | Path, baseline: str | Path, results: str | Path, *,
         if prev:
             outcome.previous = prev
             outcome.since_previous = compare(sweep_metrics(cat, prev), today)
+        outcome.identity = identity_change(launch_identities(cat, prev) if prev else [], launch_identities(cat, dated))
         if update_baseline:
             baseline_path.parent.mkdir(parents=True, exist_ok=True)
             tmp = baseline_path.with_name(baseline_path.name + ".tmp")
@@ -117,6 +121,62 @@ def run_nightly(suite: str | Path, baseline: str | Path, results: str | Path, *,
     return outcome
 
 
+def launch_identities(cat: Catalog, sweep: str) -> list[dict[str, Any]]:
+    """The kernel identity of each launch of ``sweep`` (oldest first): ``identity_sha256`` and the full
+    ``identity`` record (orchestrator/provenance.py), None in a row written without them."""
+    out = []
+    for r in cat.named("certificate_provenance", sweep=sweep):
+        p = json.loads(r["provenance_json"] or "{}")
+        out.append({"launch_id": r["launch_id"], "identity_sha256": p.get("identity_sha256"),
+                    "identity": p.get("identity")})
+    return out
+
+
+def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(d, dict):
+        return {prefix: d}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def identity_change(previous: list[dict[str, Any]], today: list[dict[str, Any]]) -> dict[str, Any]:
+    """Whether the kernel identity changed since the previous night: ``changed`` True when both nights
+    recorded an identity and the last launch's hashes differ, None when either night has none (unknown,
+    never a change), else False; ``fields`` names every identity field that differs (dotted path:
+    previous value, today's)."""
+    prev = [x for x in previous if x["identity_sha256"]]
+    now = [x for x in today if x["identity_sha256"]]
+    out: dict[str, Any] = {"previous": prev[-1]["identity_sha256"] if prev else None,
+                           "today": now[-1]["identity_sha256"] if now else None,
+                           "today_all": sorted({x["identity_sha256"] for x in now}), "changed": None, "fields": []}
+    if not prev or not now:
+        return out
+    out["changed"] = out["previous"] != out["today"]
+    if out["changed"]:
+        a, b = _flat(prev[-1]["identity"] or {}), _flat(now[-1]["identity"] or {})
+        out["fields"] = [{"field": k, "previous": a.get(k), "today": b.get(k)}
+                         for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    return out
+
+
+def identity_markdown(ident: dict[str, Any]) -> str:
+    """The report's kernel-identity section (Markdown)."""
+    if not ident:
+        return ""
+    head = "\n\n## Kernel identity\n\n"
+    if ident["changed"] is None:
+        return head + (f"Today's identity {ident['today'] or 'not recorded'}; the previous night's "
+                       f"{ident['previous'] or 'not recorded'}: no comparison.\n")
+    if not ident["changed"]:
+        return head + f"Unchanged since the previous night: {ident['today']}.\n"
+    rows = "".join(f"| `{f['field']}` | {f['previous']} | {f['today']} |\n" for f in ident["fields"])
+    return (head + f"**Changed** since the previous night: {ident['previous']} -> {ident['today']}. The same kernel "
+            "names ran on a different backend, library, ISA, thread count, matmul setting, layout path or "
+            "tuned tactic; a metric that moved may be this.\n\n| field | previous | today |\n|---|---|---|\n" + rows)
+
+
 def spec_base_name(dated: str) -> str:
     return dated.rsplit("-", 1)[0]
 
@@ -125,7 +185,7 @@ def markdown(outcome: NightlyOutcome, today: dict[str, Any], base: dict[str, Any
     """The nightly report in Markdown (rendered by ``reports.render.nightly_markdown``)."""
     from reports.render import nightly_markdown
 
-    return nightly_markdown(outcome, today, base)
+    return nightly_markdown(outcome, today, base) + identity_markdown(outcome.identity)
 
 
 def write_report(cat: Catalog, outcome: NightlyOutcome, today: dict[str, Any],
@@ -142,6 +202,6 @@ def write_report(cat: Catalog, outcome: NightlyOutcome, today: dict[str, Any],
         "sweep": outcome.sweep, "exit_code": outcome.exit_code, "regressions": outcome.regressions,
         "changes": outcome.changes, "previous": outcome.previous, "since_previous": outcome.since_previous,
         "baseline_updated": outcome.baseline_updated, "baseline_created": outcome.baseline_created,
-        "metrics": today}, indent=1, default=str))
+        "identity": outcome.identity, "metrics": today}, indent=1, default=str))
     where = store.write_text(f"{rel}/report.html", html_document(cat, outcome.sweep, preface_markdown=md))
     return where.rsplit("/", 1)[0]

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from storage.catalog import Catalog
 
 __all__ = ["NOT_RUN", "RARE_FRACTION", "VERDICT_ORDER", "certificates", "check_verdicts", "detail_lines",
-           "evidence_rows", "exact_ci", "k_trend", "matrix_rows", "section_verdict", "select_pair", "summary_rows",
+           "evidence_rows", "exact_ci", "identity_line", "k_trend", "matrix_rows", "section_verdict", "select_pair", "summary_rows",
            "worst_verdict"]
 
 #: Verdicts from most to least benign (tasks/verdicts.py): several trials end in the worst one.
@@ -369,11 +369,14 @@ def _provenance(cat: Catalog, sweep: str) -> tuple[dict[str, Any], dict[str, lis
                          "started_at": None if r["started_at"] is None else r["started_at"].isoformat(),
                          "host": p.get("host"), "cpu": p.get("cpu"), "platform": p.get("platform"),
                          "python": p.get("python"), "cuda_available": p.get("cuda_available"),
-                         "torch_cuda": p.get("torch_cuda"), "versions": p.get("versions", {})})
+                         "torch_cuda": p.get("torch_cuda"), "versions": p.get("versions", {}),
+                         # The kernel's full identity (orchestrator/provenance.py); None in older rows.
+                         "identity_sha256": p.get("identity_sha256"), "identity": p.get("identity")})
     versions: dict[str, list[str]] = {}
     for r in cat.named("certificate_kernel_versions", sweep=sweep):
         versions.setdefault(r["kernel"], []).append(r["version"])
-    prov = {"spec_sha256": sorted({x["spec_sha256"] for x in launches if x["spec_sha256"]}), "launches": launches}
+    prov = {"spec_sha256": sorted({x["spec_sha256"] for x in launches if x["spec_sha256"]}), "launches": launches,
+            "identity_sha256": sorted({x["identity_sha256"] for x in launches if x["identity_sha256"]})}
     return prov, versions
 
 
@@ -559,7 +562,36 @@ def _quantizer_certificates(cat: Catalog, sweep: str, qarms: dict[str, str | Non
 def certificates(cat: Catalog, sweep: str | None) -> list[dict[str, Any]]:
     """Every certificate of a sweep (of each sweep, separately, when ``sweep`` is None): JSON-able."""
     sweeps = [sweep] if sweep else sorted(set(cat.sweeps()) | {r["sweep"] for r in cat.named("certificate_sweeps", sweep=None)})
-    return [c for sw in sweeps for c in _sweep_certificates(cat, sw)]
+    certs = [c for sw in sweeps for c in _sweep_certificates(cat, sw)]
+    for c in certs:  # the identities it holds for: one hash per distinct identity of its sweep's launches
+        c["identity_sha256"] = c["provenance"]["identity_sha256"]
+    return certs
+
+
+def identity_line(prov: dict[str, Any]) -> str:
+    """The identity a certificate holds for, in words: its hash, the parts that decide it, or why none."""
+    hashes = prov.get("identity_sha256") or []
+    known = [la for la in prov["launches"] if la.get("identity_sha256")]
+    if not hashes:
+        return ("kernel identity: not recorded (launches before identity provenance, or torch facts "
+                "missing): the certificate holds for the kernel names and versions only")
+    ident = known[-1].get("identity") or {}
+    cpu, lib, mm = ident.get("cpu") or {}, ident.get("libraries") or {}, ident.get("matmul") or {}
+    thr = ident.get("threads") or {}
+    parts = [f"torch {lib.get('torch')}", f"oneDNN {lib.get('onednn')}", f"MKL {lib.get('mkl')}",
+             f"BLAS {lib.get('blas')}", f"ISA {cpu.get('torch_capability')} ({' '.join(cpu.get('isa_flags') or []) or 'no flags'})",
+             f"{thr.get('intra_op')} threads", f"fp32 matmul precision {mm.get('float32_matmul_precision')}",
+             f"allow_tf32 {mm.get('allow_tf32')}"]
+    gpu = ident.get("gpu")
+    if isinstance(gpu, dict):
+        parts.append(f"GPU {', '.join(gpu.get('devices') or [])} cuda {lib.get('cuda')} cuBLAS {lib.get('cublas')} "
+                     f"triton {lib.get('triton')} autotune cache {gpu.get('autotune_cache_sha256')}")
+    paths = sorted(set((ident.get("layout_path") or {}).values()))
+    parts.append(f"layout path {', '.join(paths) or '?'}")
+    many = f" ({len(hashes)} identities across {len(known)} launches: the evidence pools them)" if len(hashes) > 1 else ""
+    unknown = len(prov["launches"]) - len(known)
+    return (f"kernel identity {', '.join(hashes)}{many}: " + "; ".join(parts)
+            + (f"; {unknown} launch(es) without a recorded identity" if unknown else ""))
 
 
 def summary_rows(certs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -668,10 +700,11 @@ def detail_lines(cert: dict[str, Any]) -> list[str]:
     lines.append(f"kernel versions: {cert['kernel_a']} {', '.join(prov['kernel_versions_a']) or '?'}; "
                  f"{cert['kernel_b']} {', '.join(prov['kernel_versions_b']) or '?'}")
     lines.append(f"spec sha256: {', '.join(prov['spec_sha256']) or '?'}")
+    lines.append(identity_line(prov))
     for la in prov["launches"]:
         versions = ", ".join(f"{k} {v}" for k, v in la["versions"].items() if v)
         lines.append(f"launch {la['launch_id']} ({la['status']}): {la['host']}, {la['cpu']}, {la['platform']}, "
-                     f"cuda {la['torch_cuda'] or 'none'}; {versions}")
+                     f"cuda {la['torch_cuda'] or 'none'}; {versions}; identity {la.get('identity_sha256') or 'not recorded'}")
     if prov["weights_sha256"]:
         lines.append(f"weights sha256: {', '.join(prov['weights_sha256'])}")
     return lines

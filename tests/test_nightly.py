@@ -50,6 +50,9 @@ def test_nightly_baseline_clean_rerun_and_regression(ray_local, tmp_path: Path) 
     assert len(report_dirs) == 2
     rep = json.loads((report_dirs[-1] / "report.json").read_text())
     assert rep["regressions"] == [] and rep["previous"] is not None and rep["since_previous"] == []
+    # Both nights ran in this process: the same kernel identity, recorded and compared (issue #26).
+    assert rep["identity"]["changed"] is False and rep["identity"]["today"] == rep["identity"]["previous"] is not None
+    assert f"Unchanged since the previous night: {rep['identity']['today']}" in (report_dirs[-1] / "report.md").read_text()
     html = (report_dirs[-1] / "report.html").read_text()
     assert "<img" in html and "data:image/png;base64," in html
 
