@@ -25,6 +25,11 @@ verdict                    passes?  meaning
                                     result is representable (exact match), or an output outside
                                     the algorithm's bound (bounds), or an output of the wrong
                                     shape
+``PRECISION_DOWNGRADE``    no       (``precision`` check) exact integers came back wrong, and
+                                    each wrong one is what a narrower format than the claimed one
+                                    gives (inputs rounded to tf32/fp16/bf16, a bf16/fp16/tf32
+                                    accumulator); the evidence names the format.
+                                    Above INCORRECT: the more specific diagnosis wins ``check all``
 ``INCONCLUSIVE``           no       the check ran but saw too little to judge (fewer than half of
                                     the positions had a reference within the exact range)
 ``ERROR``                  no       the kernel raised instead of returning an output
@@ -67,6 +72,7 @@ class Verdict(str, Enum):
     WITHIN_ALGORITHM_BOUND = "WITHIN_ALGORITHM_BOUND"
     DIFFERENT = "DIFFERENT"
     INCORRECT = "INCORRECT"
+    PRECISION_DOWNGRADE = "PRECISION_DOWNGRADE"
     INCONCLUSIVE = "INCONCLUSIVE"
     ERROR = "ERROR"
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import typer
 
-from orchestrator.cli import check_attention, check_fuzz
+from orchestrator.cli import check_attention, check_fuzz, check_precision
 from orchestrator.cli.check_options import (
     DEFAULT_TRIALS,
     DeviceOpt,
@@ -132,23 +132,24 @@ def all_(
     operands: OperandsOpt = None,
     device: str = typer.Option(None, "--device", help="cpu or cuda."),
     param: ParamOpt = None,
-    fmt: OutFormat = typer.Option(OutFormat.table, "--format", help="table or json (one JSON object with both checks)."),
+    fmt: OutFormat = typer.Option(OutFormat.table, "--format", help="table or json (one JSON object with every check)."),
     no_user_kernels: NoUserKernelsOpt = False,
 ) -> None:
-    """Both checks (exact match, then bounds) on the shapes you name or a default set; the verdict
-    is the worse of the two.
+    """Exact match, bounds and the precision-downgrade probe (2 draws per shape and family) on the
+    shapes you name or a default set; the verdict is the worst of the three.
 
     Example: swapcheck check all --kernel int8-cutlass-order --shape 64x1000x48 --shape 1x4096x33
     """
 
     def go() -> list[Any]:
-        from tasks.checks import run_bounds, run_exact_match
+        from tasks.checks import run_bounds, run_exact_match, run_precision
 
         subject = _subject(kernel, param, device, operands, no_user_kernels)
         sh, dt = shapes(shape), out_dtype(dtype)
         return [
             run_exact_match(subject, sh, dt, trials, seed, scales.value),
             run_bounds(subject, sh, algorithm, dt, trials, seed, input_kinds(None), accumulate, True, scales.value),
+            run_precision(subject, sh, dt, min(trials, check_precision.PRECISION_TRIALS), seed),
         ]
 
     run_checks(go, fmt)
@@ -157,3 +158,4 @@ def all_(
 app.command("fuzz")(check_fuzz.fuzz)
 app.command("replay")(check_fuzz.replay)
 app.command("attention")(check_attention.attention)
+app.command("precision")(check_precision.precision)

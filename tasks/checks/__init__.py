@@ -4,6 +4,9 @@
   sum is exact in the output format; exact equality required wherever it is.
 * :func:`run_bounds` (:mod:`.bounds`): randn and adversarial operands; every output within a named
   accumulation algorithm's error bound, then one rounding to the output format.
+* :func:`run_precision` (:mod:`.precision`): exact-integer operands whose sums are exact in fp32
+  but not in tf32, fp16 or bf16; a kernel computing in a narrower format than it claims reads
+  PRECISION_DOWNGRADE.
 * :func:`tasks.checks.fuzz.fuzz` (:mod:`.fuzz`): a seeded hunt over edge shapes, value recipes and
   scales, each trial judged by both checks; failures shrunk and saved as artifacts that
   :func:`tasks.checks.artifact.replay` (:mod:`.artifact`) reproduces byte for byte.
@@ -29,6 +32,7 @@ if TYPE_CHECKING:
     from .bounds import ALGORITHMS, algorithm, run_bounds
     from .exact_match import MIN_CHECKED_FRACTION, run_exact_match
     from .operands import INPUT_KINDS, SCALE_MODES
+    from .precision import run_precision
     from .result import CheckResult, Element, TrialResult, combined
     from .sparsity import exact_limit, min_zero_probability, overflow_probability, zero_probability
     from .subject import CheckInputError, Subject, load_subject
@@ -37,7 +41,7 @@ if TYPE_CHECKING:
 # read (by the CLI's option declarations) without importing torch.
 _WHERE = {
     "ALGORITHMS": "bounds", "algorithm": "bounds", "run_bounds": "bounds",
-    "MIN_CHECKED_FRACTION": "exact_match", "run_exact_match": "exact_match",
+    "MIN_CHECKED_FRACTION": "exact_match", "run_exact_match": "exact_match", "run_precision": "precision",
     "INPUT_KINDS": "operands", "SCALE_MODES": "operands",
     "CheckResult": "result", "Element": "result", "TrialResult": "result", "combined": "result",
     "exact_limit": "sparsity", "min_zero_probability": "sparsity", "overflow_probability": "sparsity",
@@ -72,5 +76,6 @@ __all__ = [
     "overflow_probability",
     "run_bounds",
     "run_exact_match",
+    "run_precision",
     "zero_probability",
 ]

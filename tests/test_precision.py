@@ -1,0 +1,110 @@
+"""The ``precision`` check (tasks/checks/precision.py): exact-integer operands expose kernels that
+compute in a narrower format than they claim; every correct kernel returns every integer exactly."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from orchestrator.cli.main import app
+from tasks.checks import load_subject, run_precision
+from tasks.checks.operands import generator
+from tasks.checks.precision import FP32_EXACT, draw, round_significand
+from tasks.kernels import list_kernels
+from tasks.verdicts import Verdict
+
+runner = CliRunner()
+SHAPES = [(8, 300, 6), (3, 5000, 4)]  # K = 5000: input-bits beyond 4111 rows, sum-bits' smaller values
+OPERANDS = [torch.float32, torch.bfloat16, torch.float16, torch.int8, torch.float8_e4m3fn]
+
+
+def _partial_bound(a: np.ndarray, b: np.ndarray) -> float:
+    """The largest |partial sum| any order can reach: the sum of |products|."""
+    return float((np.abs(a) @ np.abs(b)).max())
+
+
+@pytest.mark.parametrize("op", OPERANDS)
+def test_families_are_exact_in_fp32_and_in_the_operand_format(op: torch.dtype) -> None:
+    for m, k, n in SHAPES:
+        fams = ["sum-bits", "absorb"] + (["input-bits"] if op == torch.float32 else [])
+        for fam in fams:
+            a, b = draw(fam, m, k, n, op, generator("t", fam, m, k, n))
+            for x in (a, b):  # every operand is an integer held exactly in the operand format
+                assert np.array_equal(x, np.round(x))
+                assert np.array_equal(torch.from_numpy(x).to(op).double().numpy(), x)
+            assert _partial_bound(a, b) < FP32_EXACT  # every partial sum in any order is exact in fp32
+            exact = a @ b
+            if fam == "sum-bits":  # odd and above 2**12: no 11- or 8-bit value equals it
+                assert np.all(exact % 2 == 1) and np.all(exact > 2**12)
+                assert not np.any(round_significand(exact, 11) == exact)
+            if fam == "input-bits":  # every A entry moves under 11- and 8-bit rounding, B > 0 somewhere
+                assert not np.any(round_significand(a, 11) == a) and not np.any(round_significand(a, 8) == a)
+                assert np.all(b.max(axis=0) >= 1)
+            if fam == "absorb":
+                assert np.all(np.abs(exact) <= 256)  # exact in bf16 output too
+
+
+def test_round_significand_matches_torch_bf16_and_fp16() -> None:
+    x = np.arange(1, 70000, dtype=np.float64)
+    assert np.array_equal(round_significand(x, 8), torch.from_numpy(x).bfloat16().double().numpy())
+    small = x[x <= 65504]
+    assert np.array_equal(round_significand(small, 11), torch.from_numpy(small).half().double().numpy())
+
+
+@pytest.mark.parametrize(
+    ("attr", "dtype", "names"),
+    [
+        ("tf32_inputs", torch.float32, "tf32"),
+        ("bf16_compute", torch.float32, "bf16"),
+        ("bf16_compute", torch.bfloat16, "accumulation"),
+        ("fp16_accumulate", torch.float32, "fp16"),
+        ("fp16_accumulate", torch.float16, "accumulation"),
+    ],
+)
+def test_planted_downgrades_read_precision_downgrade(attr: str, dtype: torch.dtype, names: str) -> None:
+    r = run_precision(load_subject(f"_downgrade_planted:{attr}"), [(8, 300, 6)], dtype, trials=1)
+    assert r.verdict is Verdict.PRECISION_DOWNGRADE
+    assert r.mismatches > 0 and names in r.settings["about_finding"]
+    assert "exact integers wrong" in r.text() and "PRECISION_DOWNGRADE" in r.text()
+
+
+def test_correct_plain_matmuls_pass_every_family() -> None:
+    for ref in ("_user_kernels:marked_matmul",):
+        s = load_subject(ref)
+        for dt in (torch.float32, torch.bfloat16, torch.float16):
+            r = run_precision(s, SHAPES, dt, trials=1)
+            assert r.verdict is Verdict.IDENTICAL, r.text()
+            assert r.checked == r.positions > 0
+
+
+def test_every_registered_cpu_kernel_passes() -> None:
+    cpu = [row["name"] for row in list_kernels() if row["device"] == "cpu" and row["available"]]
+    assert len(cpu) >= 5
+    for name in cpu:
+        r = run_precision(load_subject(name), [(8, 300, 6)], torch.float32, trials=1)
+        assert r.verdict is Verdict.IDENTICAL, r.text()
+        assert {t.info["inputs"] for t in r.results} == {"sum-bits", "absorb"}
+
+
+def test_check_all_fails_a_bf16_computing_fp32_kernel_with_the_downgrade_verdict() -> None:
+    res = runner.invoke(app, ["check", "all", "--kernel", "_downgrade_planted:bf16_compute", "--dtype", "float32",
+                              "--shape", "8x300x6", "--trials", "1", "--format", "json"])  # fmt: skip
+    assert res.exit_code == 1, res.output
+    obj = json.loads(res.stdout)
+    assert obj["verdict"] == "PRECISION_DOWNGRADE"
+    prec = next(c for c in obj["checks"] if c["check"] == "precision")
+    assert prec["verdict"] == "PRECISION_DOWNGRADE" and prec["mismatches"] == prec["positions"]
+
+
+def test_check_precision_cli_pass_and_bad_input() -> None:
+    ok = runner.invoke(app, ["check", "precision", "--kernel", "int8-onednn", "--shape", "8x300x6", "--trials", "1"])
+    assert ok.exit_code == 0, ok.output
+    assert "IDENTICAL" in ok.output
+    bad = runner.invoke(app, ["check", "precision", "--kernel", "int8-onednn", "--families", "input-bits"])
+    assert bad.exit_code == 2 and "input-bits" in bad.output
+    short = runner.invoke(app, ["check", "precision", "--kernel", "int8-onednn", "--shape", "4x3x4"])
+    assert short.exit_code == 2 and "K >= 5" in short.output
