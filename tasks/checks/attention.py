@@ -42,12 +42,15 @@ __all__ = ["DEFAULT_ATTENTION_SHAPES", "INPUT_KINDS", "PRESETS", "draw", "parse_
            "run_attention_check"]
 
 #: Named algorithms: ``plain`` is the definition's bounds; ``flash`` the seed's example kernel;
-#: ``flash-cpu`` PyTorch's CPU flash kernel (online softmax normalised by a reciprocal, the weights
-#: rounded to the inputs' format before the product with V; ``weights`` is filled in per dtype).
+#: ``flash-cpu`` PyTorch's CPU flash kernel (online softmax over blocks of 512 keys, its
+#: ``kv_split_size`` in aten/src/ATen/native/cpu/FlashAttentionKernel.cpp, normalised by a reciprocal,
+#: the weights rounded to the inputs' format before the product with V; ``weights`` is filled in per
+#: dtype). Without the block size the bound allows a rescale per key: at S = 1024 it is several times
+#: looser than the kernel needs and a 1/l computed in bf16 passes (tests/test_attention_preset_block.py).
 PRESETS: dict[str, dict[str, Any]] = {
     "plain": {},
     "flash": {"online_softmax": True, "block_size": 16, "weights": "bfloat16"},
-    "flash-cpu": {"online_softmax": True, "reciprocal": True, "weights": "<dtype>"},
+    "flash-cpu": {"online_softmax": True, "block_size": 512, "reciprocal": True, "weights": "<dtype>"},
 }
 INPUT_KINDS = ("randn", "causal", "alibi", "padded", "large-logits")
 #: ``B x H x L x S x D``: the seed's example shape, and an unaligned one with more heads.
