@@ -209,6 +209,9 @@ def _check_schema(extra: list[tuple[str, pa.DataType]]) -> pa.Schema:
 
 EXACT_MATCH = _check_schema([])
 BOUNDS = _check_schema([("accumulate", pa.string())])
+#: ``precision``: one row per (family, draw) of the precision-downgrade probe (tasks.kinds.precision;
+#: ``inputs`` is the family). Same columns as exact_match.
+PRECISION = _check_schema([])
 
 #: ``fuzz``: one row per fuzz trial of one kernel (tasks.kinds.fuzz; docs/schema.md). A failing trial
 #: carries its shrunk shape, the failing element and the artifact that replays it.
@@ -503,6 +506,7 @@ TABLES: dict[str, pa.Schema] = {
     "teacher_forced": TEACHER_FORCED,
     "exact_match": EXACT_MATCH,
     "bounds": BOUNDS,
+    "precision": PRECISION,
     "fuzz": FUZZ,
     "batch_invariance": BATCH_INVARIANCE,
     "batch_invariance_model": BATCH_INVARIANCE_MODEL,

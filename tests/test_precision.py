@@ -108,3 +108,25 @@ def test_check_precision_cli_pass_and_bad_input() -> None:
     assert bad.exit_code == 2 and "input-bits" in bad.output
     short = runner.invoke(app, ["check", "precision", "--kernel", "int8-onednn", "--shape", "4x3x4"])
     assert short.exit_code == 2 and "K >= 5" in short.output
+
+
+def test_the_precision_kind_writes_rows_of_its_table() -> None:
+    import pyarrow as pa
+
+    from storage.schemas import TABLES
+    from tasks.kinds import get_kind
+
+    kind = get_kind("precision")
+    exp = kind.spec.model_validate({"kind": "precision", "kernels": ["_downgrade_planted:bf16_compute"],
+                                    "shapes": [[4, 40, 3]], "trials": 1})  # fmt: skip
+    assert kind.problems("e", exp) == []
+    (unit,) = kind.expand("e", exp)
+    rows = kind.run(unit.params)["precision"]
+    table = pa.Table.from_pylist(
+        [{"unit_id": unit.id, "experiment": "e", **r} for r in rows], schema=TABLES["precision"]
+    )
+    assert table.num_rows == 3 and set(table.column("inputs").to_pylist()) == {"input-bits", "sum-bits", "absorb"}
+    assert set(table.column("verdict").to_pylist()) == {"PRECISION_DOWNGRADE"}
+    bad = kind.spec.model_validate({"kind": "precision", "kernels": ["int8-onednn"], "shapes": [[4, 3, 3]],
+                                    "dtype": "bf16", "families": ["sum-bits"]})  # fmt: skip
+    assert [p.split(":")[0] for p in kind.problems("e", bad)] == ["e.shapes[0]", "e.families"]

@@ -47,7 +47,7 @@ def _check_kind(name: str, loaded: Any) -> None:
 #: name -> a Kind, or "module:attr" naming one (imported on first use).
 _REGISTRY: Registry[Kind] = Registry("experiment kind", error=KindError, validate=_check_kind)
 for _name in ("kdepth", "replay", "generate", "teacher_forced", "exact_match", "bounds", "attention_replay",
-              "quantize", "batch_invariance", "fuzz"):
+              "quantize", "batch_invariance", "fuzz", "precision"):
     _REGISTRY.register(_name, f"tasks.kinds.{_name}:KIND")
 
 
