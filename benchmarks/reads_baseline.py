@@ -396,10 +396,12 @@ def kdepth(con: duckdb.DuckDBPyConnection, present: set[str]) -> list[dict[str, 
 
 
 def k_trend(per_k: list[tuple[int, int, int]]) -> dict[str, Any]:
-    """rate ~ K^s: the multinomial profile likelihood of the counts, its maximum and LR interval."""
+    """rate ~ K^s over (K, seed) cells: the multinomial profile likelihood of the counts, its maximum and
+    the quasi-likelihood interval (Pearson dispersion over the cells, at least 1; F(1, cells - 2) cut;
+    chi2(1) with 2 cells or every difference at one end of K)."""
     from scipy.optimize import brentq, minimize_scalar
     from scipy.special import logsumexp
-    from scipy.stats import chi2
+    from scipy.stats import chi2, f
 
     pts = sorted(p for p in per_k if p[2] > 0)
     x = np.log(np.array([p[0] for p in pts], dtype=np.float64))
@@ -413,17 +415,19 @@ def k_trend(per_k: list[tuple[int, int, int]]) -> dict[str, Any]:
         return -float(np.sum(d * (lw + s * x)) - total * logsumexp(lw + s * x))
 
     at_max, at_min = bool(d[x < x.max()].sum() == 0), bool(d[x > x.min()].sum() == 0)
+    df = len(pts) - 2
     if at_max or at_min:
         s_hat = SLOPE_LIMIT if at_max else -SLOPE_LIMIT
-        best, slope, phi = nll(s_hat), None, 1.0
+        best, slope, cut = nll(s_hat), None, float(chi2.ppf(LEVEL, 1))
     else:
         res = minimize_scalar(nll, bounds=(-SLOPE_LIMIT, SLOPE_LIMIT), method="bounded", options={"xatol": 1e-10})
         s_hat, best = float(res.x), float(res.fun)
         slope = s_hat
-        mu = total * np.exp(lw + s_hat * x - logsumexp(lw + s_hat * x))
-        df = len(pts) - 2
-        phi = max(1.0, float(np.sum((d - mu) ** 2 / mu)) / df) if df > 0 else 1.0
-    cut = phi * float(chi2.ppf(LEVEL, 1))
+        if df > 0:
+            mu = total * np.exp(lw + s_hat * x - logsumexp(lw + s_hat * x))
+            cut = max(1.0, float(np.sum((d - mu) ** 2 / mu)) / df) * float(f.ppf(LEVEL, 1, df))
+        else:
+            cut = float(chi2.ppf(LEVEL, 1))
 
     def excess(s: float) -> float:
         return 2.0 * (nll(s) - best) - cut
@@ -443,9 +447,9 @@ def certificate(con: duckdb.DuckDBPyConnection, present: set[str], kd: list[dict
     refs: dict[tuple[str, str, int], tuple[int, int]] = {}
     for r in kd:
         if r["comparison"] == "reference":
-            key = (r["impl_a"], r["scale_mode"], r["k"])
-            old = refs.get(key, (0, 0))
-            refs[key] = (max(old[0], r["max_spacing"] or 0), max(old[1], r["max_spacing_significant"] or 0))
+            ref_key = (r["impl_a"], r["scale_mode"], r["k"])
+            old = refs.get(ref_key, (0, 0))
+            refs[ref_key] = (max(old[0], r["max_spacing"] or 0), max(old[1], r["max_spacing_significant"] or 0))
     sections: dict[str, dict[str, Any]] = {}
     for r in kd:
         if r["comparison"] != "pair":
@@ -460,13 +464,22 @@ def certificate(con: duckdb.DuckDBPyConnection, present: set[str], kd: list[dict
         pk["max_spacing"] = max(pk["max_spacing"], r["max_spacing"] or 0)
         ra, rb = refs.get((r["impl_a"], r["scale_mode"], r["k"])), refs.get((r["impl_b"], r["scale_mode"], r["k"]))
         pk["reference_max_spacing"] = None if ra is None or rb is None else max(ra[0], rb[0])
-    for sec in sections.values():
+    # The K-trend's cells: differing and elements per (K, seed) of each section.
+    by_seed: dict[str, dict[tuple[int, int], list[int]]] = {}
+    for r in (rows(con, KDEPTH_BY_SEED) if "kdepth" in present else []):
+        if r["comparison"] == "pair":
+            cell = by_seed.setdefault("|".join([*sorted((r["impl_a"], r["impl_b"])), r["scale_mode"]]), {}) \
+                .setdefault((int(r["k"]), int(r["seed"])), [0, 0])
+            cell[0] += int(r["differing"])
+            cell[1] += int(r["elements"])
+    seed_cells = {key: [(k, dn[0], dn[1]) for (k, _), dn in sorted(c.items())] for key, c in by_seed.items()}
+    for key, sec in sections.items():
         ci = exact(sec["differing"], sec["elements"])
         sec["ppm"] = 1e6 * sec["differing"] / sec["elements"] if sec["elements"] else None
         sec["ppm_ci_low"], sec["ppm_ci_high"] = (None, None) if ci is None else (1e6 * ci[0], 1e6 * ci[1])
         per_k = [sec["per_k"][k] for k in sorted(sec["per_k"])]
         sec["per_k"] = per_k
-        sec["trend"] = k_trend([(p["k"], p["differing"], p["elements"]) for p in per_k])
+        sec["trend"] = k_trend(seed_cells.get(key) or [(p["k"], p["differing"], p["elements"]) for p in per_k])
     cross = {f"{c['arm_a']}|{c['arm_b']}": {"identical": c["identical"], "total": c["total"],
                                              "identical_ci": exact(c["identical"], c["total"])}
              for c in agree["cross_arm"]}

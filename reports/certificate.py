@@ -18,7 +18,8 @@ matrix, kernels of one input format), with one section per scale mode. Each sect
 Beside them: each kernel's check verdicts (``check_verdicts``) and the provenance (``certificate_provenance``,
 ``certificate_kernel_versions``, ``certificate_arms``). A sweep is always a key: without a sweep every
 sweep gets its own certificates, nothing is pooled across sweeps. Intervals come from scipy
-(``binomtest(...).proportion_ci(method="exact")``); the K-trend is a Poisson profile likelihood. The
+(``binomtest(...).proportion_ci(method="exact")``); the K-trend is a quasi-likelihood profile interval
+over (K, seed) cells, its dispersion estimated (:func:`k_trend`). The
 rules and the JSON keys are documented in docs/certificate.md and docs/schema.md.
 """
 
@@ -88,31 +89,49 @@ def exact_ci(k: int, n: int, level: float = LEVEL) -> tuple[float, float] | None
     return float(ci.low), float(ci.high)
 
 
-def k_trend(per_k: list[tuple[int, int, int]], level: float = LEVEL) -> dict[str, Any]:
-    """The trend of the differing rate in K: ``rate ~ K^slope``, with a profile-likelihood interval.
+#: The K-trend's method, named beside every interval.
+TREND_METHOD = ("quasi-likelihood profile interval of the log-log slope (multinomial over (K, seed) cells, "
+                "Pearson dispersion over the cells, F(1, cells - 2) cut; scipy)")
+TREND_METHOD_NO_DISPERSION = ("likelihood-ratio profile interval of the log-log slope (multinomial over "
+                              "(K, seed) cells, chi2(1) cut; dispersion not estimable: 2 cells; scipy)")
+TREND_METHOD_ONE_END = ("likelihood-ratio bound of the log-log slope (every differing output at one end of K: "
+                        "no finite maximum, no dispersion estimate; chi2(1) cut; scipy)")
+#: The unit of the slope.
+TREND_UNIT = "d log(differing rate) / d log(K)"
 
-    ``per_k`` is ``(k, differing, elements)`` per K. Model: differing_k ~ Poisson(elements_k * c * K^s).
-    Conditioning on the total count removes ``c``: the counts are multinomial with probabilities
-    proportional to ``elements_k * K^s``, a one-parameter likelihood that handles zero counts. The
-    slope is its maximum; the interval is every s whose likelihood-ratio statistic is within
-    ``dispersion * chi2(1).ppf(level)``, where ``dispersion`` is the Pearson chi-square per degree of
-    freedom of the fit (at least 1; 1 with two K values). ``kind``: ``identical`` (no differing output
-    at any K: slope None), ``single_k``, ``no_trend`` (the interval holds 0), ``grows`` / ``shrinks``.
-    A bound farther than ``SLOPE_LIMIT`` is None (unbounded); so is the slope when every differing
-    output lies at the smallest or the largest K (the maximum is at infinity).
+
+def k_trend(per_k: list[tuple[int, int, int]], level: float = LEVEL) -> dict[str, Any]:
+    """The trend of the differing rate in K: ``rate ~ K^slope``, with a dispersion-aware interval.
+
+    ``per_k`` is ``(k, differing, elements)`` per cell: one per (K, seed) where the seeds are known
+    (several cells may share a K), else one per K. Model: differing ~ Poisson(elements * c * K^s) per
+    cell; conditioning on the total removes ``c``: the counts are multinomial with probabilities
+    proportional to ``elements * K^s``, a one-parameter likelihood that handles zero counts. The slope
+    is its maximum (scipy). Seeds vary more than a binomial count allows (the audit of issue #26 found
+    a chi-square interval [0.022, 0.225] that became [-0.003, 0.251] once dispersion was estimated), so
+    the interval is quasi-likelihood: ``dispersion`` is the Pearson chi-square over the cells divided
+    by ``cells - 2`` (at least 1), and the interval is every s whose likelihood-ratio statistic divided
+    by the dispersion is within ``F(1, cells - 2).ppf(level)`` (with 2 cells: chi2(1), dispersion 1).
+    ``kind``: ``identical`` (no differing output at any K: slope None), ``single_k``, ``no_trend`` (the
+    interval holds 0: "no clear trend"), ``grows`` / ``shrinks``. A bound farther than ``SLOPE_LIMIT``
+    is None (unbounded); so is the slope when every differing output lies at the smallest or the
+    largest K (the maximum is at infinity). ``method``, ``unit``, ``cells``, ``ks``, ``differing`` and
+    ``elements`` say what the interval rests on.
     """
     import numpy as np
     from scipy.optimize import brentq, minimize_scalar
     from scipy.special import logsumexp
-    from scipy.stats import chi2
+    from scipy.stats import chi2, f
 
     pts = sorted((k, d, n) for k, d, n in per_k if n and n > 0)
-    out: dict[str, Any] = {"kind": "identical", "slope": None, "slope_ci_low": None, "slope_ci_high": None,
-                           "dispersion": None, "ks": len(pts), "level": level}
     x = np.log(np.array([p[0] for p in pts], dtype=np.float64))
     d = np.array([p[1] for p in pts], dtype=np.float64)
     lw = np.log(np.array([p[2] for p in pts], dtype=np.float64))
     total = float(d.sum())
+    out: dict[str, Any] = {"kind": "identical", "slope": None, "slope_ci_low": None, "slope_ci_high": None,
+                           "dispersion": None, "ks": len(set(x.tolist())), "cells": len(pts), "level": level,
+                           "differing": int(total), "elements": int(sum(p[2] for p in pts)),
+                           "method": None, "unit": TREND_UNIT}
     if total == 0:
         return out
     if len(set(x.tolist())) < 2:
@@ -123,19 +142,22 @@ def k_trend(per_k: list[tuple[int, int, int]], level: float = LEVEL) -> dict[str
 
     at_max = bool(d[x < x.max()].sum() == 0)
     at_min = bool(d[x > x.min()].sum() == 0)
+    df = len(pts) - 2
     if at_max or at_min:
         s_hat, best = (SLOPE_LIMIT, nll(SLOPE_LIMIT)) if at_max else (-SLOPE_LIMIT, nll(-SLOPE_LIMIT))
         slope = None
-        phi = 1.0
+        phi, cut, method = 1.0, float(chi2.ppf(level, 1)), TREND_METHOD_ONE_END
     else:
         res = minimize_scalar(nll, bounds=(-SLOPE_LIMIT, SLOPE_LIMIT), method="bounded",
                               options={"xatol": 1e-10})
         s_hat, best = float(res.x), float(res.fun)
         slope = s_hat
-        mu = total * np.exp(lw + s_hat * x - logsumexp(lw + s_hat * x))
-        df = len(pts) - 2
-        phi = max(1.0, float(np.sum((d - mu) ** 2 / mu)) / df) if df > 0 else 1.0
-    cut = phi * float(chi2.ppf(level, 1))
+        if df > 0:
+            mu = total * np.exp(lw + s_hat * x - logsumexp(lw + s_hat * x))
+            phi = max(1.0, float(np.sum((d - mu) ** 2 / mu)) / df)
+            cut, method = phi * float(f.ppf(level, 1, df)), TREND_METHOD
+        else:
+            phi, cut, method = 1.0, float(chi2.ppf(level, 1)), TREND_METHOD_NO_DISPERSION
 
     def excess(s: float) -> float:
         return 2.0 * (nll(s) - best) - cut
@@ -143,21 +165,31 @@ def k_trend(per_k: list[tuple[int, int, int]], level: float = LEVEL) -> dict[str
     lo = None if excess(-SLOPE_LIMIT) <= 0 or s_hat <= -SLOPE_LIMIT else float(brentq(excess, -SLOPE_LIMIT, s_hat))
     hi = None if excess(SLOPE_LIMIT) <= 0 or s_hat >= SLOPE_LIMIT else float(brentq(excess, s_hat, SLOPE_LIMIT))
     kind = "grows" if lo is not None and lo > 0 else "shrinks" if hi is not None and hi < 0 else "no_trend"
-    return {**out, "kind": kind, "slope": slope, "slope_ci_low": lo, "slope_ci_high": hi, "dispersion": phi}
+    return {**out, "kind": kind, "slope": slope, "slope_ci_low": lo, "slope_ci_high": hi, "dispersion": phi,
+            "method": method}
 
 
 def trend_phrase(t: dict[str, Any]) -> str:
-    """The K-trend in words, for the answer."""
+    """The K-trend in words, for the answer: a growth is only named when its interval excludes 0."""
     if t["kind"] == "identical":
         return "bit-identical at every K"
     if t["kind"] == "single_k":
         return "one K only"
     if t["kind"] == "no_trend":
-        return "no trend in K"
+        return "no clear trend in K"
     word = "grows" if t["kind"] == "grows" else "shrinks"
     if t["slope"] is None:
         return f"{word} with K (differences only at the {'largest' if word == 'grows' else 'smallest'} K)"
     return f"{word} like K^{t['slope']:.2g}"
+
+
+def trend_counts(t: dict[str, Any]) -> str:
+    """What a K-trend interval rests on: method, unit and counts (for the evidence table)."""
+    if t.get("method") is None:
+        return ""
+    disp = "" if t.get("dispersion") is None else f", dispersion {t['dispersion']:.3g}"
+    return (f"{t['method']}; unit {t['unit']}; {t['differing']} differing of {t['elements']} outputs in "
+            f"{t['cells']} cells over {t['ks']} K{disp}")
 
 
 # -- sections -------------------------------------------------------------------------------------
@@ -183,8 +215,9 @@ def _beyond(pair: int | None, ref: int | None) -> int | None:
 
 
 def kdepth_section(rows: list[dict[str, Any]], refs: dict[tuple[str, int], tuple[int | None, int | None]],
-                   a: str, b: str) -> dict[str, Any]:
-    """K-depth evidence of one pair and scale mode from its ``kdepth_summary`` rows.
+                   a: str, b: str, cells: list[tuple[int, int, int]] | None = None) -> dict[str, Any]:
+    """K-depth evidence of one pair and scale mode from its ``kdepth_summary`` rows; ``cells`` are its
+    ``(k, differing, elements)`` per (K, seed) from ``kdepth_by_seed`` for the K-trend (per K without).
 
     ``max_spacing_beyond_reference_error``: over K, the largest ``pair max_spacing at K - max(max_spacing
     of a vs exact at K, of b vs exact at K)``, floored at 0: how many spacings the pair's largest
@@ -217,7 +250,7 @@ def kdepth_section(rows: list[dict[str, Any]], refs: dict[tuple[str, int], tuple
             "max_spacing_beyond_reference_error": None if None in beyond else max(beyond),
             "max_spacing_significant_beyond_reference_error": None if None in beyond_sig else max(beyond_sig),
             "per_k": [per_k[k] for k in sorted(per_k)],
-            "trend": k_trend([(r["k"], r["differing"], r["elements"]) for r in per_k.values()])}
+            "trend": k_trend(cells if cells else [(r["k"], r["differing"], r["elements"]) for r in per_k.values()])}
 
 
 def replay_section(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -396,6 +429,14 @@ def _sweep_certificates(cat: Catalog, sweep: str) -> list[dict[str, Any]]:
     checks_rows = check_verdicts(cat, sweep)
     floor = noise_floor.noise_floor(cat, sweep)
     prov, versions = _provenance(cat, sweep)
+    # The K-trend's cells: per (unordered pair, scale mode), differing and elements per (K, seed).
+    seed_cells: dict[tuple[tuple[str, str], str], dict[tuple[int, int], list[int]]] = {}
+    for r in cat.named("kdepth_by_seed", sweep=sweep):
+        if r["comparison"] == "pair":
+            by_cell = seed_cells.setdefault((_unordered(r["impl_a"], r["impl_b"]), r["scale_mode"]), {})
+            cell = by_cell.setdefault((int(r["k"]), int(r["seed"])), [0, 0])
+            cell[0] += int(r["differing"])
+            cell[1] += int(r["elements"])
 
     dtype: dict[str, str] = {}
     order: dict[tuple[str, str], tuple[str, str]] = {}
@@ -427,7 +468,8 @@ def _sweep_certificates(cat: Catalog, sweep: str) -> list[dict[str, Any]]:
         for m in modes:
             sec: dict[str, Any] = {"scale_mode": m,
                    "kdepth": kdepth_section([r for r in kd if r["scale_mode"] == m],
-                                            {(i, k): v for (i, sm, k), v in refs.items() if sm == m}, a, b),
+                                            {(i, k): v for (i, sm, k), v in refs.items() if sm == m}, a, b,
+                                            [(k, dn[0], dn[1]) for (k, _), dn in sorted(seed_cells.get((key, m), {}).items())]),
                    "replay": replay_section([r for r in rp if r["scale_mode"] == m]),
                    "end_to_end": end_to_end_section(cat, sweep, [c for c in xs if (c["scales_a"] or "") == m],
                                                     self_rows, tf_pairs, arms)}
@@ -660,7 +702,8 @@ def evidence_rows(cert: dict[str, Any]) -> list[dict[str, Any]]:
                 "K-depth ppm [95% exact]": f"{kd['ppm']:.3g} {_interval(kd['ppm_ci_low'], kd['ppm_ci_high'])}",
                 "ppm per K": " ".join(f"{r['k']}:{r['ppm']:.3g}" for r in kd["per_k"]),
                 "K-trend slope [95%]": trend_phrase(t) if t["kind"] in ("identical", "single_k") else
-                f"{_num(t['slope'], '.2f')} {_interval(t['slope_ci_low'], t['slope_ci_high'], '.2f')} ({trend_phrase(t)})",
+                f"{_num(t['slope'], '.2f')} {_interval(t['slope_ci_low'], t['slope_ci_high'], '.2f')} ({trend_phrase(t)}; "
+                f"{trend_counts(t)})",
                 spacing.NORMAL: kd["max_spacing_significant"],
                 f"{spacing.NORMAL} beyond reference error": _num(kd.get("max_spacing_significant_beyond_reference_error"), "d"),
                 spacing.NEAR_ZERO: spacing.near_zero_cell(kd),

@@ -1,7 +1,8 @@
 """Fuzzing hunts: the tables of ``report fuzz``.
 
-Every number comes from the named queries ``fuzz_summary`` (one row per kernel hunt) and
-``fuzz_failures`` (one row per saved failure); docs/checks.md, "Fuzzing and replay", says how a
+Every number comes from the named queries ``fuzz_summary`` (one row per kernel hunt),
+``fuzz_coverage`` (one row per hunt and boundary class) and ``fuzz_failures`` (one row per saved
+failure); docs/checks.md, "Fuzzing and replay", says how a
 hunt draws its trials and what an artifact holds.
 """
 
@@ -14,7 +15,7 @@ from reports.certificate import worst_verdict
 if TYPE_CHECKING:
     from storage.catalog import Catalog
 
-__all__ = ["failure_table", "failures", "summary", "summary_table"]
+__all__ = ["coverage", "coverage_table", "failure_table", "failures", "summary", "summary_table"]
 
 
 def summary(cat: Catalog, sweep: str | None) -> list[dict[str, Any]]:
@@ -52,3 +53,31 @@ def failure_table(rows: list[dict[str, Any]], root: str | None = None) -> list[d
                     "shrunk to": _shape(r["shrunk_m"], r["shrunk_k"], r["shrunk_n"]),
                     "first failing element": r["error"] or where, "replay": f"swapcheck check replay {path}"})
     return out
+
+
+def coverage(cat: Catalog, sweep: str | None) -> list[dict[str, Any]]:
+    return cat.named("fuzz_coverage", sweep=sweep)
+
+
+def _class_key(name: str) -> tuple[int, float, str]:
+    """K, M, N, N's tail, layout; sizes in numeric order (``K=2^13+1`` after ``K=2^13``)."""
+    group = 3 if name.startswith("N%16") else {"K": 0, "M": 1, "N": 2, "l": 4}.get(name[:1], 5)
+    size = 0.0
+    if name[1:2] == "=":
+        body = name[2:]
+        base, sign, delta = body.partition("+") if "+" in body else body.partition("-")
+        size = float(2 ** int(base[2:]) if base.startswith("2^") else int(base))
+        size += int(delta) if sign == "+" else -int(delta) if sign == "-" else 0
+    elif "2..15" in name:
+        size = 2
+    elif "other" in name or ">" in name:
+        size = 4096.5 if "<= 4096" in name else 1e9 if "other" in name else 1e9 + 1
+    return group, size, name
+
+
+def coverage_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One line per (hunt, boundary class): trials that hit the class, and of those the trials that failed."""
+    ordered = sorted(rows, key=lambda r: (r["experiment"], r["kernel"], r["dtype"], _class_key(r["class"])))
+    return [{"experiment": r["experiment"], "kernel": r["kernel"], "output": r["dtype"],
+             "boundary class": r["class"], "trials hitting it": r["trials"],
+             "of those failed": r["failed"]} for r in ordered]

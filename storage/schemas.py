@@ -214,7 +214,9 @@ BOUNDS = _check_schema([("accumulate", pa.string())])
 PRECISION = _check_schema([])
 
 #: ``fuzz``: one row per fuzz trial of one kernel (tasks.kinds.fuzz; docs/schema.md). A failing trial
-#: carries its shrunk shape, the failing element and the artifact that replays it.
+#: carries its shrunk shape, the failing element and the artifact that replays it; ``layout`` is the
+#: operands' memory layout and ``classes`` the boundary classes the trial hit (issue 26; null in
+#: files written before).
 FUZZ = pa.schema(
     [
         ("unit_id", pa.string()),
@@ -248,6 +250,8 @@ FUZZ = pa.schema(
         ("first_observed", pa.float64()),
         ("error", pa.string()),
         ("artifact", pa.string()),
+        ("layout", pa.string()),
+        ("classes", pa.list_(pa.string())),
     ]
 )
 

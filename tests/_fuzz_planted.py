@@ -15,7 +15,15 @@ attr                   defect
                        with flush-to-zero); right for M <= 64 and for every normal output
 ``split_k_tail``       K > 1024: K is split in chunks of 1024 and a partial last chunk of 2 or more
                        elements drops its last element (K = 2049 has a tail of one, 4096 none)
+``split_k_4096_half_   K > 4096: K is split in chunks of 4096 whose fp32 partial sums are rounded to
+partials``             the output's 16-bit format (bf16 for an fp32 output) before being added
+                       (issue 26: the old generator capped K at 4097 and missed it)
+``pow2_k_8192_drop_    K a power of two >= 8192: the "aligned fast path" skips the last 8 elements
+tail8``                of K (K = 8191, 8193, 12288 and every K below 8192 are right)
 =====================  ============================================================================
+
+The last two are held out from the generator's design: it weights every power-of-two boundary of K
+(2**j - 1, 2**j, 2**j + 1) up to :data:`tasks.checks.fuzz.MAX_K`, not these two kernels' numbers.
 """
 
 from __future__ import annotations
@@ -59,6 +67,30 @@ def split_k_tail(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return acc.to(a.dtype)
 
 
+SPLIT_4096 = 4096
+
+
+@kernel_function
+def split_k_4096_half_partials(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    k = a.shape[1]
+    if k <= SPLIT_4096:
+        return (a.float() @ b.float()).to(a.dtype)
+    half = a.dtype if a.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
+    acc = torch.zeros(a.shape[0], b.shape[1])
+    for k0 in range(0, k, SPLIT_4096):
+        part = a[:, k0:k0 + SPLIT_4096].float() @ b[k0:k0 + SPLIT_4096].float()
+        acc += part.to(half).float()  # the partial stored in 16 bits: the defect
+    return acc.to(a.dtype)
+
+
+@kernel_function
+def pow2_k_8192_drop_tail8(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    k = a.shape[1]
+    if k >= 8192 and k & (k - 1) == 0:
+        return (a[:, : k - 8].float() @ b[: k - 8].float()).to(a.dtype)
+    return (a.float() @ b.float()).to(a.dtype)
+
+
 class AlignedK16(Kernel):
     """A correct int8 kernel (exact accumulator, CUTLASS's epilogue order) that takes only K % 16 == 0,
     as tensor-core kernels do: the fuzzer must skip the other shapes, not call them failures."""
@@ -78,3 +110,5 @@ class AlignedK16(Kernel):
 
 #: The planted kernels the fuzzer must catch.
 PLANTED = ("n_tail_pair_store", "large_m_ftz", "split_k_tail")
+#: Issue 26: boundary defects beyond the old generator's reach (K <= 4097).
+PLANTED_FAR = ("split_k_4096_half_partials", "pow2_k_8192_drop_tail8")

@@ -138,7 +138,7 @@ def test_k_trend_for_every_pair(certs: list[dict[str, Any]]) -> None:
     assert flat["kind"] == "no_trend" and flat["slope_ci_low"] < 0 < flat["slope_ci_high"]
     grow = _mode(_cert(certs, "a", "c"), "real")["kdepth"]["trend"]
     assert grow["kind"] == "grows" and grow["slope"] == pytest.approx(1.0, abs=0.1) and grow["slope_ci_low"] > 0
-    assert "no trend in K" in _cert(certs, "a", "b")["answer"]
+    assert "no clear trend in K" in _cert(certs, "a", "b")["answer"]
     assert "grows like K^1" in _cert(certs, "a", "c")["answer"]
 
 
@@ -213,3 +213,32 @@ def test_cli_json_and_pair(results: Path) -> None:
     rows = json.loads(res.stdout)
     (row,) = [r for r in rows if (r["kernel_a"], r["kernel_b"], r["scale_mode"]) == ("a", "c", "real")]
     assert row["kdepth_max_spacing"] == 3 and row["k_trend_slope_ci_low"] > 0
+
+
+def test_k_trend_estimates_dispersion_across_seeds() -> None:
+    """Seeds that vary by +-30% around a K^0.1 trend: the per-K totals alone read "grows" (dispersion 1),
+    the (K, seed) cells estimate the dispersion and the interval holds 0: "no clear trend" (issue #26)."""
+    cells = [(k, round(1000 * (k / 256) ** 0.1 * (1.3, 0.7)[(s + i) % 2]), 1_000_000)
+             for i, k in enumerate(KS) for s in (0, 1)]
+    per_seed = cf.k_trend(cells)
+    totals: dict[int, list[int]] = {}
+    for k, d, n in cells:
+        totals.setdefault(k, [0, 0])
+        totals[k][0] += d
+        totals[k][1] += n
+    pooled = cf.k_trend([(k, d, n) for k, (d, n) in totals.items()])
+    assert pooled["kind"] == "grows" and pooled["slope_ci_low"] > 0 and pooled["dispersion"] == 1.0
+    assert per_seed["kind"] == "no_trend" and per_seed["slope_ci_low"] < 0 < per_seed["slope_ci_high"]
+    assert per_seed["slope"] == pytest.approx(pooled["slope"], abs=1e-6) and per_seed["dispersion"] > 100
+    assert (per_seed["cells"], per_seed["ks"], per_seed["differing"], per_seed["elements"]) == (8, 4, 9967, 8_000_000)
+    assert cf.trend_phrase(per_seed) == "no clear trend in K"
+    words = cf.trend_counts(per_seed)
+    assert "quasi-likelihood" in words and "F(1, cells - 2)" in words and "9967 differing of 8000000" in words
+
+
+def test_certificate_trend_rests_on_seed_cells(certs: list[dict[str, Any]]) -> None:
+    t = _mode(_cert(certs, "a", "c"), "real")["kdepth"]["trend"]
+    assert (t["cells"], t["ks"], t["method"]) == (4, 4, cf.TREND_METHOD)  # one seed per K in this sweep
+    row = cf.evidence_rows(_cert(certs, "a", "c"))
+    (real,) = [r for r in row if r["scales"] == "real"]
+    assert "quasi-likelihood" in real["K-trend slope [95%]"] and "170 differing of 400000" in real["K-trend slope [95%]"]

@@ -64,12 +64,14 @@ def fuzz(
     fmt: OutFormat = typer.Option(OutFormat.table, "--format", help="table or json (one JSON object)."),
     no_user_kernels: NoUserKernelsOpt = False,
 ) -> None:
-    """Hunt for inputs a kernel gets wrong: shapes at kernel edges (K and N off multiples of 16, 64
-    and 128, M = 1 and large M, K around split points), values that stress rounding (outliers along
-    K, mixed-magnitude rows, exact ties, subnormal outputs, the int32 edge of INT8) and scales that
-    are and are not powers of two. Each trial is judged by both checks (exact match and bounds); a
-    failure is shrunk to the smallest shape that still fails and saved as an artifact that
-    `swapcheck check replay` reproduces byte for byte. Exit 1 when a failure is found.
+    """Hunt for inputs a kernel gets wrong: shapes at kernel edges (K at every power-of-two boundary
+    2^j-1, 2^j, 2^j+1 up to 32,769 and off multiples of 16, 64 and 128; M and N at tile sizes 16..256
+    +-1, M = 1, N tails), transposed and strided operand layouts, values that stress rounding
+    (outliers along K, mixed-magnitude rows, exact ties, subnormal outputs, the int32 edge of INT8)
+    and scales that are and are not powers of two. Each trial is judged by both checks (exact match
+    and bounds); the output has a coverage table (trials and failures per boundary class); a failure
+    is shrunk to the smallest shape that still fails and saved as an artifact that `swapcheck check
+    replay` reproduces byte for byte. Exit 1 when a failure is found.
 
     Example: swapcheck check fuzz --kernel int8-cutlass-order --budget 60s --seed 0 --out fuzz-failures
     """

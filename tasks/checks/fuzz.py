@@ -50,6 +50,13 @@ __all__ = [
     "DEFAULT_BUDGET_S",
     "MAX_M",
     "MAX_WORK",
+    "MAX_WORK_LARGE_K",
+    "MAX_K",
+    "TILES",
+    "LAYOUTS",
+    "apply_layout",
+    "boundary_classes",
+    "coverage_text",
     "RECIPES",
     "SCALE_KINDS",
     "INT8_NO_OVERFLOW_K",
@@ -68,13 +75,29 @@ __all__ = [
 
 #: The default time budget of ``check fuzz`` (seconds).
 DEFAULT_BUDGET_S = 60.0
-#: The largest M drawn ("large M": several 64- and 128-row blocks).
+#: The largest M drawn ("large M": several 64- and 128-row blocks, the 256-row tile +- 1).
 MAX_M = 300
+#: The largest power-of-two exponent of K drawn at its boundary (2**j - 1, 2**j, 2**j + 1):
+#: K reaches 2**15 + 1 = 32,769, beyond every split point a CPU or GPU kernel is known to use.
+MAX_K_EXPONENT = 15
 #: The largest K drawn (outside the int32-edge recipe) and N.
-MAX_K = 4097
+MAX_K = (1 << MAX_K_EXPONENT) + 1
 MAX_N = 320
-#: M * K * N of one trial is at most this (N, then M, are drawn below the cap).
+#: M * K * N of one trial is at most this (K <= 4097: the old generator's range) ...
 MAX_WORK = 2**23
+#: ... and at most this for K > 4097: when K is large, M and N shrink (the larger one halves first),
+#: so one trial (both checks, any recipe) stays near half a second on 2 cores (K = 32,767: M * N <= 64).
+MAX_WORK_LARGE_K = 2**21
+#: The tile sizes whose boundaries (t - 1, t, t + 1) M and N are drawn at.
+TILES = (16, 32, 64, 128, 256)
+#: Operand layouts: the kernel gets the same values, in another memory layout.
+LAYOUTS = {
+    "contiguous": "A and B row-major and contiguous",
+    "a-transposed": "A given as the transposed view of a contiguous K x M tensor (column-major A)",
+    "b-transposed": "B given as the transposed view of a contiguous N x K tensor (column-major B)",
+    "both-transposed": "A and B both column-major (transposed views)",
+    "strided": "A and B every other column of a twice-as-wide tensor (row stride 2x, column stride 2)",
+}
 #: Exact-match draws expect at most this fraction of outputs above the exact range (the check's
 #: default is 0.01): sparse enough that a trial of a few outputs is practically never INCONCLUSIVE.
 EXACT_MATCH_OVERFLOW = 1e-6
@@ -100,17 +123,14 @@ SCALE_KINDS = {
 }
 
 _EDGE_BASES = (16, 64, 128)
-_EDGE_POINTS = (256, 512, 1024, 2048, 4096)
 
 
 def _edges(limit: int) -> np.ndarray:
-    """Sizes at kernel edges up to ``limit``: 16j, 64j, 128j and their neighbours, 1..3, powers."""
+    """Sizes at kernel edges up to ``limit``: 16j, 64j, 128j and their neighbours, and 1..3."""
     pts = {1, 2, 3}
     for base in _EDGE_BASES:
         for j in range(1, limit // base + 2):
             pts.update((base * j - 1, base * j, base * j + 1))
-    for p in _EDGE_POINTS:
-        pts.update((p - 1, p, p + 1))
     return np.array(sorted(x for x in pts if 1 <= x <= limit), dtype=np.int64)
 
 
@@ -120,7 +140,8 @@ _N_EDGES = _edges(MAX_N)
 
 @dataclass(frozen=True)
 class TrialPlan:
-    """What trial ``index`` draws: its shape, value recipe and scale kind ("none": plain matmul)."""
+    """What trial ``index`` draws: its shape, value recipe, scale kind ("none": plain matmul) and
+    operand layout (:data:`LAYOUTS`)."""
 
     index: int
     m: int
@@ -128,14 +149,58 @@ class TrialPlan:
     n: int
     recipe: str
     scales: str
+    layout: str = "contiguous"
 
     @property
     def shape(self) -> str:
         return f"{self.m}x{self.k}x{self.n}"
 
     def at(self, m: int, k: int, n: int) -> TrialPlan:
-        """The same trial (recipe, scales) at another shape: what shrinking tries."""
-        return TrialPlan(self.index, m, k, n, self.recipe, self.scales)
+        """The same trial (recipe, scales, layout) at another shape: what shrinking tries."""
+        return TrialPlan(self.index, m, k, n, self.recipe, self.scales, self.layout)
+
+
+def _pow2_boundary(rng: np.random.Generator, lo: int, hi: int) -> int:
+    """``2**j + d``, j uniform in [lo, hi], d uniform in {-1, 0, +1} (at least 1)."""
+    j, d = int(rng.integers(lo, hi + 1)), int(rng.integers(-1, 2))
+    return max(1, (1 << j) + d)
+
+
+def _tile_size(rng: np.random.Generator, limit: int) -> int:
+    """M or N: 1 (15%), a tile boundary t - 1, t, t + 1 for t in :data:`TILES` (45%), 2..15 (10%),
+    or uniform in [1, limit] (30%)."""
+    u = rng.random()
+    if u < 0.15:
+        return 1
+    if u < 0.6:
+        return min(limit, int(rng.choice(TILES)) + int(rng.integers(-1, 2)))
+    if u < 0.7:
+        return int(rng.integers(2, 16))
+    return int(rng.integers(1, limit + 1))
+
+
+def _draw_k(rng: np.random.Generator) -> int:
+    """K: a power-of-two boundary 2**j +- 1, j in 1..MAX_K_EXPONENT (50%); a 16/64/128-multiple
+    edge up to MAX_K (25%); log-uniform in [1, MAX_K] (25%)."""
+    u = rng.random()
+    if u < 0.5:
+        return _pow2_boundary(rng, 1, MAX_K_EXPONENT)
+    if u < 0.75:
+        return int(rng.choice(_K_EDGES))
+    k = int(math.exp(float(rng.uniform(0.0, math.log(MAX_K + 1)))))
+    return min(MAX_K, k)
+
+
+def _fit_work(m: int, k: int, n: int) -> tuple[int, int]:
+    """``(m, n)`` shrunk until ``m * k * n`` is at most :data:`MAX_WORK` (:data:`MAX_WORK_LARGE_K` for
+    K > 4097): the larger of the two halves (rounding up)."""
+    cap = MAX_WORK if k <= 4097 else MAX_WORK_LARGE_K
+    while m * k * n > cap and (m > 1 or n > 1):
+        if m >= n:
+            m = (m + 1) // 2
+        else:
+            n = (n + 1) // 2
+    return m, n
 
 
 def plan_trial(seed: int, index: int, operands: str | None) -> TrialPlan:
@@ -143,7 +208,7 @@ def plan_trial(seed: int, index: int, operands: str | None) -> TrialPlan:
 
     ``operands``: "int8", "fp8_e4m3", or None for a plain matmul (no scales, no int32-edge recipe).
     """
-    rng = np.random.default_rng(stable_seed("fuzz-plan", seed, index))
+    rng = np.random.default_rng(stable_seed("fuzz-plan-v2", seed, index))
     recipes = [r for r in RECIPES if r != "int32-edge" or operands == "int8"]
     weights = np.array([3.0 if r == "randn" else 0.5 if r == "int32-edge" else 2.0 for r in recipes])
     recipe = recipes[int(rng.choice(len(recipes), p=weights / weights.sum()))]
@@ -153,24 +218,70 @@ def plan_trial(seed: int, index: int, operands: str | None) -> TrialPlan:
         scales = "tiny"
     else:
         scales = ("pow2", "nonpow2", "unit")[int(rng.choice(3, p=[0.4, 0.4, 0.2]))]
+    names = list(LAYOUTS)
+    layout = names[int(rng.choice(len(names), p=[0.6, 0.1, 0.1, 0.1, 0.1]))]
     if recipe == "int32-edge":
         k = int(rng.integers(INT8_NO_OVERFLOW_K - 2048, INT8_NO_OVERFLOW_K + 1))
-        return TrialPlan(index, int(rng.integers(1, 5)), k, int(rng.integers(1, 5)), recipe, scales)
-    k = int(rng.choice(_K_EDGES)) if rng.random() < 0.6 else int(rng.integers(1, MAX_K + 1))
-    u = rng.random()
-    if u < 0.2:
-        m = 1
-    elif u < 0.35:
-        m = int(rng.integers(2, 17))
-    elif u < 0.6:
-        m = int(rng.integers(17, 129))
+        return TrialPlan(index, int(rng.integers(1, 5)), k, int(rng.integers(1, 5)), recipe, scales, layout)
+    k = _draw_k(rng)
+    m = _tile_size(rng, MAX_M)
+    n = int(rng.choice(_N_EDGES)) if rng.random() < 0.2 else _tile_size(rng, MAX_N)
+    m, n = _fit_work(m, k, n)
+    return TrialPlan(index, m, k, n, recipe, scales, layout)
+
+
+def apply_layout(a: torch.Tensor, b: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``a``, ``b`` with the same values in ``layout``'s memory layout (:data:`LAYOUTS`)."""
+
+    def col_major(x: torch.Tensor) -> torch.Tensor:
+        return x.t().contiguous().t()
+
+    def strided(x: torch.Tensor) -> torch.Tensor:
+        wide = torch.zeros(x.shape[0], 2 * x.shape[1], dtype=x.dtype)
+        wide[:, ::2] = x
+        return wide[:, ::2]
+
+    if layout == "contiguous":
+        return a, b
+    if layout == "a-transposed":
+        return col_major(a), b
+    if layout == "b-transposed":
+        return a, col_major(b)
+    if layout == "both-transposed":
+        return col_major(a), col_major(b)
+    if layout == "strided":
+        return strided(a), strided(b)
+    raise CheckInputError(f"unknown operand layout {layout!r}; valid: {', '.join(LAYOUTS)}")
+
+
+def boundary_classes(plan: TrialPlan) -> list[str]:
+    """The boundary classes trial ``plan`` hits (the rows of the coverage table):
+
+    * ``K=2^j-1``, ``K=2^j``, ``K=2^j+1`` (j >= 2) when K is one; else ``K other <= 4096`` or
+      ``K other > 4096``; and ``K > 4096`` for every K above 4096 (past the old generator's cap);
+    * ``M=1``; ``M=t-1`` / ``M=t`` / ``M=t+1`` for t in :data:`TILES`; else ``M 2..15`` or ``M other``;
+    * ``N`` the same, plus its tail against 16-column tiles: ``N%16=0``, ``N%16=1``, ``N%16 in 2..15``;
+    * ``layout <name>``.
+    """
+    out = []
+    k = plan.k
+    j = (k + 1).bit_length() - 1
+    for e in (j - 1, j, j + 1):
+        if e >= 2 and k - 2**e in (-1, 0, 1):
+            d = k - 2**e
+            out.append(f"K=2^{e}" + ("" if d == 0 else f"{d:+d}"))
+            break
     else:
-        m = int(rng.integers(129, MAX_M + 1))
-    m = max(1, min(m, MAX_WORK // k))
-    n_max = max(1, min(MAX_N, MAX_WORK // (m * k)))
-    edges = _N_EDGES[_N_EDGES <= n_max]
-    n = int(rng.choice(edges)) if rng.random() < 0.5 else int(rng.integers(1, n_max + 1))
-    return TrialPlan(index, m, k, n, recipe, scales)
+        out.append("K other <= 4096" if k <= 4096 else "K other > 4096")
+    if k > 4096:
+        out.append("K > 4096")
+    for dim, v in (("M", plan.m), ("N", plan.n)):
+        tile = next((f"{dim}={t}" + ("" if v == t else f"{v - t:+d}") for t in TILES if abs(v - t) <= 1), None)
+        out.append(f"{dim}=1" if v == 1 else tile if tile else f"{dim} 2..15" if v < 16 else f"{dim} other")
+    r = plan.n % 16
+    out.append("N%16=0" if r == 0 else "N%16=1" if r == 1 else "N%16 in 2..15")
+    out.append(f"layout {plan.layout}")
+    return out
 
 
 def _values(recipe: str, m: int, k: int, n: int, op: torch.dtype, out: torch.dtype,
@@ -297,6 +408,8 @@ def draw_operands(subject: Subject, check: str, plan: TrialPlan, seed: int, dtyp
             info["scales"] = plan.scales
     else:
         raise CheckInputError(f"unknown check {check!r}; valid: exact_match, bounds")
+    if plan.layout != "contiguous":  # the same values in another memory layout (not in ``info``: the
+        a, b = apply_layout(a, b, plan.layout)  # check rows have no layout column; the plan has it)
     return a, b, sa, sb, info
 
 
@@ -403,13 +516,24 @@ class FuzzResult:
         return self.verdict.passed
 
     def counts(self, what: str) -> dict[str, int]:
-        """How many trials had each ``what``: "recipe", "scales", "exact_match", "bounds", "verdict"."""
+        """How many trials had each ``what``: "recipe", "scales", "layout", "exact_match", "bounds", "verdict"."""
         out: dict[str, int] = {}
         for t in self.trials:
-            v = getattr(t.plan, what) if what in ("recipe", "scales") else getattr(t, what)
+            v = getattr(t.plan, what) if what in ("recipe", "scales", "layout") else getattr(t, what)
             key = v.value if isinstance(v, Verdict) else str(v)
             out[key] = out.get(key, 0) + 1
         return dict(sorted(out.items()))
+
+    def coverage(self) -> list[dict[str, Any]]:
+        """The coverage table: per boundary class (:func:`boundary_classes`), in a fixed order, the
+        trials that hit it and how many of those failed (worst verdict of the two checks not passing)."""
+        hit: dict[str, list[int]] = {}
+        for t in self.trials:
+            for c in boundary_classes(t.plan):
+                row = hit.setdefault(c, [0, 0])
+                row[0] += 1
+                row[1] += 0 if t.verdict.passed else 1
+        return [{"class": c, "trials": v[0], "failed": v[1]} for c, v in sorted(hit.items(), key=lambda x: class_order(x[0]))]
 
     def failure_dicts(self) -> list[dict[str, Any]]:
         rows = []
@@ -431,7 +555,8 @@ class FuzzResult:
             "settings": self.settings, "trials": len(self.trials), "verdict": self.verdict.value,
             "passed": self.passed, "recipes": self.counts("recipe"), "scales": self.counts("scales"),
             "exact_match_verdicts": self.counts("exact_match"), "bounds_verdicts": self.counts("bounds"),
-            "skipped": self.skipped, "skip_reason": self.skip_reason, "failures": self.failure_dicts(),
+            "layouts": self.counts("layout"), "skipped": self.skipped, "skip_reason": self.skip_reason,
+            "coverage": self.coverage(), "failures": self.failure_dicts(),
         }  # fmt: skip
 
     def text(self) -> str:
@@ -450,6 +575,8 @@ class FuzzResult:
             lines.append("  scales: " + ", ".join(f"{k} {v}" for k, v in self.counts("scales").items()))
         lines.append("  exact-match verdicts: " + ", ".join(f"{k} {v}" for k, v in self.counts("exact_match").items()))
         lines.append("  bounds verdicts: " + ", ".join(f"{k} {v}" for k, v in self.counts("bounds").items()))
+        lines.append("  layouts: " + ", ".join(f"{k} {v}" for k, v in self.counts("layout").items()))
+        lines.append(coverage_text(self.coverage()))
         lines.append(f"  failures: {len(self.failures)}")
         for f in self.failure_dicts():
             lines.append(f"    trial {f['trial']}: {f['check'].replace('_', '-')} {f['verdict']} ({f['recipe']}"
@@ -465,6 +592,29 @@ class FuzzResult:
                 lines.append(f"      replay:   swapcheck check replay {f['artifact']}")
         lines.append(f"verdict: {self.verdict.value} ({'pass' if self.passed else 'FAIL'})")
         return "\n".join(lines)
+
+
+def class_order(name: str) -> tuple[int, float, str]:
+    """Sort key of a boundary class: K, M, N, N's tail, layout; sizes in numeric order."""
+    group = 3 if name.startswith("N%16") else {"K": 0, "M": 1, "N": 2, "l": 4}.get(name[0], 5)
+    size = 0.0
+    if name[1:2] == "=":
+        body = name[2:]
+        base, sign, delta = body.partition("+") if "+" in body else body.partition("-")
+        value = 2 ** int(base[2:]) if base.startswith("2^") else int(base)
+        size = value + (int(delta) if sign == "+" else -int(delta) if sign == "-" else 0)
+    elif "2..15" in name:
+        size = 2
+    elif "other" in name or ">" in name:
+        size = 4096.5 if "<= 4096" in name else 10**9 if "other" in name else 10**9 + 1
+    return group, size, name
+
+
+def coverage_text(rows: list[dict[str, Any]]) -> str:
+    """The coverage table as text: one line per boundary class, ``trials hitting it, of which failed``."""
+    lines = ["  coverage of boundary classes (trials that hit the class / of those, trials that failed):"]
+    lines += [f"    {r['class']:<22} trials {r['trials']:>5}  failed {r['failed']:>4}" for r in rows]
+    return "\n".join(lines)
 
 
 def fuzz(

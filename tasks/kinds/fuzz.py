@@ -1,7 +1,8 @@
 """The ``fuzz`` kind: a seeded hunt for one kernel's failures, for a fixed time budget.
 
 ``run(params, context) -> {"fuzz": rows}``, one row per trial (:mod:`tasks.checks.fuzz`): its
-shape, value recipe and scale kind, both checks' verdicts, and for a failing trial the shrunk
+shape, value recipe, scale kind, operand layout and boundary classes (the coverage table of
+``report fuzz``), both checks' verdicts, and for a failing trial the shrunk
 shape, the first failing element and the artifact (written through ``context.put_artifact``)
 that ``swapcheck check replay`` reproduces byte for byte.  Unit parameters:
 
@@ -34,7 +35,7 @@ from tasks.kinds.fields import (
 
 __all__ = ["KIND", "VERSION", "FuzzExperiment", "run"]
 
-VERSION = "1"
+VERSION = "2"  # 2: boundary-weighted shapes up to K = 32,769, operand layouts, coverage classes
 
 
 class FuzzExperiment(Strict):
@@ -91,7 +92,7 @@ def run(params: dict[str, Any], context: UnitContext | None = None) -> dict[str,
     """Fuzz one kernel for the unit's budget; one row per trial."""
     from tasks.checks import load_subject
     from tasks.checks.artifact import artifact_bytes, artifact_name
-    from tasks.checks.fuzz import Failure, FuzzSettings, fuzz
+    from tasks.checks.fuzz import Failure, FuzzSettings, boundary_classes, fuzz
     from tasks.numerics import get_format
 
     kparams = params.get("params") or {}
@@ -114,7 +115,8 @@ def run(params: dict[str, Any], context: UnitContext | None = None) -> dict[str,
     rows = []
     for t in result.trials:
         row: dict[str, Any] = {**base, "trial": t.plan.index, "m": t.plan.m, "k": t.plan.k, "n": t.plan.n,
-                               "recipe": t.plan.recipe, "scales": t.plan.scales,
+                               "recipe": t.plan.recipe, "scales": t.plan.scales, "layout": t.plan.layout,
+                               "classes": boundary_classes(t.plan),
                                "exact_match_verdict": t.exact_match.value, "bounds_verdict": t.bounds.value,
                                "verdict": t.verdict.value, "seconds": t.seconds}  # fmt: skip
         f = t.failure
