@@ -23,6 +23,8 @@ from orchestrator.cli.check_options import (
     SeedOpt,
     ShapeOpt,
     out_dtype,
+    params,
+    run_checks,
     shapes,
 )
 
@@ -60,12 +62,11 @@ def precision(
     """
 
     def go() -> list[Any]:
-        from orchestrator.cli.check import _subject
-        from tasks.checks import run_precision
+        from tasks.checks import load_subject, run_precision
+        from tasks.kernels import user_kernels, user_kernels_enabled
 
-        subject = _subject(kernel, param, device, operands, no_user_kernels)
+        with user_kernels(user_kernels_enabled() and not no_user_kernels):  # --no-user-kernels, as in `check all`
+            subject = load_subject(kernel, params(param), device=device, operands=operands, field="--kernel")
         return [run_precision(subject, shapes(shape), out_dtype(dtype), trials, seed, families(family))]
-
-    from orchestrator.cli.check_options import run_checks
 
     run_checks(go, fmt)
