@@ -14,8 +14,9 @@ besides a kernel's name decides which instructions compute its result. ``identit
 * ``matmul``: ``torch.get_float32_matmul_precision()``, ``allow_tf32``,
   ``allow_bf16_reduced_precision_reduction`` and ``allow_fp16_reduced_precision_reduction``: a
   setting that lets an fp32 GEMM compute in TF32 or bf16 changes the kernel without changing its name;
-* ``layout_path``: per registered kernel, the code path its operand layout selects when the kernel
-  exposes it (a ``code_path`` attribute), else ``"not exposed"``;
+* ``layout_path``: per registered kernel that exposes it (a ``code_path`` attribute), the code path
+  its operand layout selects; the kernels that do not are listed beside the identity, in
+  ``layout_path_not_exposed`` (not hashed: registering a kernel changes no identity);
 * ``gpu``: on CUDA, the device, its capability and the autotuned tactics' cache hash
   (:func:`autotune_cache_hash` over Triton's and TorchInductor's cache directories) where the engine
   keeps one, else ``"not exposed"``.
@@ -250,7 +251,11 @@ def collect(torch_facts: bool = True) -> dict[str, Any]:
         facts = torch_identity()
         identity["cpu"]["torch_capability"] = facts.pop("cpu_capability")
         identity.update(facts)
-        identity["layout_path"] = layout_paths()
+        # Only the paths kernels expose enter the hash: a kernel added to the registry that reports none
+        # changes no identity (the names that report none are listed beside it).
+        paths = layout_paths()
+        identity["layout_path"] = {k: v for k, v in paths.items() if v != NOT_EXPOSED}
+        info["layout_path_not_exposed"] = sorted(k for k, v in paths.items() if v == NOT_EXPOSED)
         # Which BLAS/OpenMP libraries are loaded depends on what the driver imported so far: beside the
         # identity, not in its hash.
         info["threadpools"] = _loaded_threadpools()

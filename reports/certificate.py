@@ -610,8 +610,9 @@ def certificates(cat: Catalog, sweep: str | None) -> list[dict[str, Any]]:
     return certs
 
 
-def identity_line(prov: dict[str, Any]) -> str:
-    """The identity a certificate holds for, in words: its hash, the parts that decide it, or why none."""
+def identity_line(prov: dict[str, Any], kernels: tuple[str, ...] = ()) -> str:
+    """The identity a certificate holds for, in words: its hash, the parts that decide it (the layout
+    path of each of ``kernels``), or why none."""
     hashes = prov.get("identity_sha256") or []
     known = [la for la in prov["launches"] if la.get("identity_sha256")]
     if not hashes:
@@ -628,8 +629,10 @@ def identity_line(prov: dict[str, Any]) -> str:
     if isinstance(gpu, dict):
         parts.append(f"GPU {', '.join(gpu.get('devices') or [])} cuda {lib.get('cuda')} cuBLAS {lib.get('cublas')} "
                      f"triton {lib.get('triton')} autotune cache {gpu.get('autotune_cache_sha256')}")
-    paths = sorted(set((ident.get("layout_path") or {}).values()))
-    parts.append(f"layout path {', '.join(paths) or '?'}")
+    exposed = ident.get("layout_path") or {}
+    parts.append("layout path " + (", ".join(f"{k} {exposed.get(k, 'not exposed')}" for k in kernels)
+                                   if kernels else ", ".join(f"{k} {v}" for k, v in sorted(exposed.items()))
+                                   or "not exposed"))
     many = f" ({len(hashes)} identities across {len(known)} launches: the evidence pools them)" if len(hashes) > 1 else ""
     unknown = len(prov["launches"]) - len(known)
     return (f"kernel identity {', '.join(hashes)}{many}: " + "; ".join(parts)
@@ -743,7 +746,7 @@ def detail_lines(cert: dict[str, Any]) -> list[str]:
     lines.append(f"kernel versions: {cert['kernel_a']} {', '.join(prov['kernel_versions_a']) or '?'}; "
                  f"{cert['kernel_b']} {', '.join(prov['kernel_versions_b']) or '?'}")
     lines.append(f"spec sha256: {', '.join(prov['spec_sha256']) or '?'}")
-    lines.append(identity_line(prov))
+    lines.append(identity_line(prov, (cert["kernel_a"], cert["kernel_b"])))
     for la in prov["launches"]:
         versions = ", ".join(f"{k} {v}" for k, v in la["versions"].items() if v)
         lines.append(f"launch {la['launch_id']} ({la['status']}): {la['host']}, {la['cpu']}, {la['platform']}, "

@@ -70,8 +70,8 @@ def test_full_identity_records_what_selects_the_kernel(full: dict[str, Any]) -> 
     assert ident["threads"]["intra_op"] == torch.get_num_threads()
     assert ident["matmul"]["float32_matmul_precision"] == torch.get_float32_matmul_precision()
     assert ident["matmul"]["allow_tf32"] == torch.backends.cuda.matmul.allow_tf32
-    # No registered kernel reports its layout path yet: every one says so rather than guessing.
-    assert ident["layout_path"] and set(ident["layout_path"].values()) == {provenance.NOT_EXPOSED}
+    # No registered kernel reports its layout path yet: every one is listed as not exposing it.
+    assert ident["layout_path"] == {} and "int8-onednn" in full["layout_path_not_exposed"]
     assert full["identity_sha256"] == provenance.identity_hash(ident) and len(full["identity_sha256"]) == 16
     json.dumps(full)  # a launch row stores it as JSON
 
@@ -152,7 +152,7 @@ def test_certificate_names_its_identity_and_old_rows_still_read(tmp_path: Path, 
     assert new["identity_sha256"] == [full["identity_sha256"]]
     lines = cf.detail_lines(new)
     (line,) = [x for x in lines if x.startswith("kernel identity ")]
-    assert full["identity_sha256"] in line and f"torch {torch.__version__}" in line and "layout path not exposed" in line
+    assert full["identity_sha256"] in line and f"torch {torch.__version__}" in line and "layout path a not exposed, b not exposed" in line
     assert was["identity_sha256"] == [] and was["provenance"]["launches"][0]["identity"] is None
     assert any(x.startswith("kernel identity: not recorded") for x in cf.detail_lines(was))
     # The nightly: an old night without an identity is unknown, never a change.
@@ -170,3 +170,16 @@ def test_identity_gpu_part(full: dict[str, Any]) -> None:
                                             or provenance.NOT_EXPOSED)
     lib = full["identity"]["libraries"]
     assert lib["cuda"] == torch.version.cuda and lib["cudnn"] == torch.backends.cudnn.version()
+
+
+def test_identity_line_names_exposed_paths_and_pooled_identities() -> None:
+    ident = {"cpu": {"torch_capability": "AVX2", "isa_flags": ["avx2", "fma"]}, "libraries": {"torch": "t"},
+             "threads": {"intra_op": 4}, "matmul": {"float32_matmul_precision": "high", "allow_tf32": True},
+             "layout_path": {"k1": "transposed-B: packed"}}
+    prov = {"identity_sha256": ["aa", "bb"], "launches": [{"identity_sha256": "aa", "identity": ident},
+                                                         {"identity_sha256": "bb", "identity": ident},
+                                                         {"identity_sha256": None, "identity": None}]}
+    line = cf.identity_line(prov, ("k1", "k2"))
+    assert line.startswith("kernel identity aa, bb (2 identities across 2 launches: the evidence pools them)")
+    assert "layout path k1 transposed-B: packed, k2 not exposed" in line and "allow_tf32 True" in line
+    assert line.endswith("; 1 launch(es) without a recorded identity")
