@@ -151,7 +151,11 @@ def layout_paths() -> dict[str, str]:
     from tasks.kernels.registry import get_kernel, kernel_names
 
     out: dict[str, str] = {}
-    for name in kernel_names():
+    try:
+        names = kernel_names()
+    except Exception as exc:  # noqa: BLE001 - a broken entry point must not cost the rest of the identity
+        return {"(registry)": f"{NOT_EXPOSED}: {type(exc).__name__}: {exc}"}
+    for name in names:
         try:
             k = get_kernel(name)
         except Exception:  # noqa: BLE001 - a kernel that cannot be built has no path to report
