@@ -8,6 +8,8 @@ import json
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from orchestrator.cli.main import app
@@ -130,3 +132,35 @@ def test_the_precision_kind_writes_rows_of_its_table() -> None:
     bad = kind.spec.model_validate({"kind": "precision", "kernels": ["int8-onednn"], "shapes": [[4, 3, 3]],
                                     "dtype": "bf16", "families": ["sum-bits"]})  # fmt: skip
     assert [p.split(":")[0] for p in kind.problems("e", bad)] == ["e.shapes[0]", "e.families"]
+
+
+def _pairwise_narrow(products: np.ndarray, dtype: torch.dtype) -> np.ndarray:
+    """Pairwise (tree) sum over the last axis, every partial rounded to ``dtype``."""
+    parts = [torch.from_numpy(products[..., i]).to(dtype) for i in range(products.shape[-1])]
+    while len(parts) > 1:
+        parts = [(parts[i].double() + parts[i + 1].double()).to(dtype) if i + 1 < len(parts) else parts[i]
+                 for i in range(0, len(parts), 2)]  # fmt: skip
+    return parts[0].double().numpy()
+
+
+@settings(max_examples=25, deadline=None)
+@given(m=st.integers(1, 5), k=st.integers(5, 300), n=st.integers(1, 5), seed=st.integers(0, 2**31 - 1),
+       op=st.sampled_from(OPERANDS))  # fmt: skip
+def test_every_downgrade_gets_every_output_wrong(m: int, k: int, n: int, seed: int, op: torch.dtype) -> None:
+    """The module docstring's claims, property-tested: each family exposes its downgrade at every output,
+    for sequential and pairwise narrow accumulation; inputs rounded to tf32 or bf16 move every output."""
+    from _downgrade_planted import _narrow_sequential, _round_tf32
+
+    for fam in ["sum-bits", "absorb"] + (["input-bits"] if op == torch.float32 else []):
+        a, b = draw(fam, m, k, n, op, generator("h", fam, seed))
+        exact = a @ b
+        at, bt = torch.from_numpy(a), torch.from_numpy(b)
+        products = a[:, :, None] * b[None, :, :]  # [M, K, N], exact
+        for acc in (torch.bfloat16, torch.float16):
+            seq = _narrow_sequential(at, bt, acc, None).double().numpy()
+            pair = _pairwise_narrow(np.moveaxis(products, 1, -1), acc)
+            assert not np.any(seq == exact) and not np.any(pair == exact), (fam, acc)
+        if fam == "input-bits":
+            tf32 = _round_tf32(at.float()).double().numpy() @ b
+            bf16 = at.bfloat16().double().numpy() @ b
+            assert not np.any(tf32 == exact) and not np.any(bf16 == exact)
