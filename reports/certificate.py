@@ -672,6 +672,9 @@ def matrix_rows(certs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                         **{f"kdepth_{k}": kd.get(k) for k in NEAR_ZERO_KEYS},
                         "k_trend_slope": t.get("slope"), "k_trend_slope_ci_low": t.get("slope_ci_low"),
                         "k_trend_slope_ci_high": t.get("slope_ci_high"),
+                        # what the interval rests on (k_trend): dispersion, (K, seed) cells, method
+                        "k_trend_dispersion": t.get("dispersion"), "k_trend_cells": t.get("cells"),
+                        "k_trend_method": t.get("method"),
                         "replay_identical_layers": rp.get("identical_layers"), "replay_layers": rp.get("layers"),
                         "replay_max_spacing": rp.get("max_spacing"),
                         "replay_max_spacing_significant": rp.get("max_spacing_significant"),

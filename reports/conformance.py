@@ -60,7 +60,9 @@ def table_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                  else f"K^{slope:.2g}" if slope is not None else "grows (slope unbounded above)")
         lo, hi = r["k_trend_slope_ci_low"], r["k_trend_slope_ci_high"]
         if ran and lo is not None and hi is not None and lo <= 0 <= hi:
-            trend += ": no trend"
+            trend += ": no clear trend"
+        if ran and r.get("k_trend_dispersion") is not None:  # quasi-likelihood interval (certificate.k_trend)
+            trend += f" (dispersion {r['k_trend_dispersion']:.3g}, {r['k_trend_cells']} K x seed cells)"
         out.append({
             "pair": f"{r['kernel_a']} vs {r['kernel_b']}", "scales": r["scale_mode"] or "", "verdict": r["verdict"],
             "K-depth ppm": f"{r['kdepth_ppm']:.3g}" if ran else "not run",

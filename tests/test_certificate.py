@@ -242,3 +242,14 @@ def test_certificate_trend_rests_on_seed_cells(certs: list[dict[str, Any]]) -> N
     row = cf.evidence_rows(_cert(certs, "a", "c"))
     (real,) = [r for r in row if r["scales"] == "real"]
     assert "quasi-likelihood" in real["K-trend slope [95%]"] and "170 differing of 400000" in real["K-trend slope [95%]"]
+
+
+def test_conformance_table_says_no_clear_trend_with_its_dispersion(certs: list[dict[str, Any]]) -> None:
+    from reports.conformance import table_rows
+
+    rows = cf.matrix_rows(certs)
+    (ab,) = [r for r, t in zip(rows, table_rows(rows), strict=True)
+             if r["sweep"] == "s1" and {r["kernel_a"], r["kernel_b"]} == {"a", "b"} and r["scale_mode"] == "real"]
+    assert ab["k_trend_cells"] == 4 and ab["k_trend_method"] == cf.TREND_METHOD and ab["k_trend_dispersion"] >= 1
+    (line,) = [t for r, t in zip(rows, table_rows(rows), strict=True) if r is ab]
+    assert ": no clear trend (dispersion" in line["K-trend (slope, 95%)"] and "4 K x seed cells" in line["K-trend (slope, 95%)"]
