@@ -164,3 +164,19 @@ def test_every_downgrade_gets_every_output_wrong(m: int, k: int, n: int, seed: i
             tf32 = _round_tf32(at.float()).double().numpy() @ b
             bf16 = at.bfloat16().double().numpy() @ b
             assert not np.any(tf32 == exact) and not np.any(bf16 == exact)
+
+
+#: The earlier planted defects (tests/_planted_kernels.py) at fp32: structural ones are INCORRECT, never
+#: misdiagnosed as a downgrade; the bf16 accumulators are found as downgrades; a truncating epilogue
+#: is exact on integers (the bounds check sees it); a raising kernel is ERROR.
+EARLIER_PLANTED = {
+    "tile_scaled": Verdict.INCORRECT, "dropped_k_block": Verdict.INCORRECT, "transposed_tile": Verdict.INCORRECT,
+    "bf16_accumulator": Verdict.PRECISION_DOWNGRADE, "split_k_bf16_partials": Verdict.PRECISION_DOWNGRADE,
+    "rtz_epilogue": Verdict.IDENTICAL, "raises": Verdict.ERROR,
+}  # fmt: skip
+
+
+def test_earlier_planted_defects_are_diagnosed_for_what_they_are() -> None:
+    for attr, want in EARLIER_PLANTED.items():
+        r = run_precision(load_subject(f"_planted_kernels:{attr}"), [(64, 300, 48)], torch.float32, trials=1)
+        assert r.verdict is want, (attr, r.text())
