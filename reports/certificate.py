@@ -42,7 +42,9 @@ __all__ = ["NOT_RUN", "RARE_FRACTION", "VERDICT_ORDER", "certificates", "check_v
 
 #: Verdicts from most to least benign (tasks/verdicts.py): several trials end in the worst one.
 VERDICT_ORDER = ["IDENTICAL", "EPILOGUE_ROUNDING", "WITHIN_ALGORITHM_BOUND", "DIFFERENT", "INCORRECT",
-                 "INCONCLUSIVE", "ERROR"]
+                 "PRECISION_DOWNGRADE", "INCONCLUSIVE", "ERROR"]
+#: The check verdicts that fail a kernel (tasks/verdicts.py): they decide a certificate alone.
+FAILING = ("INCORRECT", "PRECISION_DOWNGRADE", "ERROR")
 #: The verdicts that pass (tasks.verdicts.PASSING).
 PASSING = ("IDENTICAL", "EPILOGUE_ROUNDING", "WITHIN_ALGORITHM_BOUND")
 #: Differing in at most this fraction of outputs is "rare" (tasks.verdicts.RARE_FRACTION).
@@ -54,7 +56,7 @@ LEVEL = 0.95
 #: A K-trend bound beyond this slope counts as unbounded (K^10 is no physical trend).
 SLOPE_LIMIT = 10.0
 #: The check cells of each GEMM kernel (check_verdicts' tables): the worst verdict of each, "not run" when absent.
-CHECKS = ("exact_match", "bounds", "fuzz")
+CHECKS = ("exact_match", "bounds", "fuzz", "precision")
 #: How the answer names a scale mode.
 SCALE_NAMES = {"pow2": "power-of-two scales", "real": "real scales"}
 
@@ -305,8 +307,8 @@ def section_verdict(sec: dict[str, Any], checks: dict[str, dict[str, str]]) -> s
     if all(x["status"] == NOT_RUN for x in (kd, rp, e2e)):
         return NOT_RUN
     kernel_checks = [v for c in checks.values() for v in c.values() if v != NOT_RUN]
-    if "INCORRECT" in kernel_checks or "ERROR" in kernel_checks:
-        return worst_verdict([v for v in kernel_checks if v in ("INCORRECT", "ERROR")])
+    if any(v in FAILING for v in kernel_checks):
+        return worst_verdict([v for v in kernel_checks if v in FAILING])
     identical = ((kd["status"] == NOT_RUN or kd["differing"] == 0)
                  and (rp["status"] == NOT_RUN or (rp["identical_layers"] == rp["layers"] and rp["differing"] == 0))
                  and (e2e["status"] == NOT_RUN or all(p["identical"] == p["total"] for p in e2e["arm_pairs"])))
@@ -337,6 +339,7 @@ LEADS = {"IDENTICAL": "interchangeable: bit-identical",
          "WITHIN_ALGORITHM_BOUND": "interchangeable within the accumulation algorithm's error bound",
          "DIFFERENT": "not interchangeable bit for bit",
          "INCORRECT": "not interchangeable: a kernel fails its correctness check",
+         "PRECISION_DOWNGRADE": "not interchangeable: a kernel computes in a narrower format than it claims",
          "ERROR": "not interchangeable: a kernel raised in its check",
          "INCONCLUSIVE": "inconclusive: sequences differ end to end, no kernel-level experiment shows why",
          NOT_RUN: "not run: no experiment compared these two kernels"}
@@ -552,7 +555,7 @@ def _quantizer_certificates(cat: Catalog, sweep: str, qarms: dict[str, str | Non
     """One certificate per quantizer pair and fixed GEMM kernel (reports/quantizer_swap.py): the sections
     of a GEMM pair's, the names the quantizers'; kdepth is not run, replay is the ``quantize`` kind's
     downstream comparison through the fixed GEMM kernel. Only the GEMM kernel's failed checks
-    (INCORRECT, ERROR) enter the verdict: a passed bounds check says nothing about a quantizer."""
+    (INCORRECT, PRECISION_DOWNGRADE, ERROR) enter the verdict: a passed bounds check says nothing about a quantizer."""
     qrows = quantizer_swap.quantize_rows(cat, sweep)
     cross = quantizer_swap.arm_pairs(cat.named("cross_arm", sweep=sweep), qarms)
     qversions: dict[str, list[str]] = {}
@@ -565,7 +568,7 @@ def _quantizer_certificates(cat: Catalog, sweep: str, qarms: dict[str, str | Non
         gemm_checks = {c: worst_verdict([r["verdict"] for r in checks_rows if r["kernel"] == gemm and r["check"] == c])
                        if any(r["kernel"] == gemm and r["check"] == c for r in checks_rows) else NOT_RUN
                        for c in CHECKS}
-        failed = {gemm: {c: v for c, v in gemm_checks.items() if v in ("INCORRECT", "ERROR")}}
+        failed = {gemm: {c: v for c, v in gemm_checks.items() if v in FAILING}}
         replay_sec = quantizer_swap.replay_section(qrows, key, gemm)
         sections: list[dict[str, Any]] = []
         # The quantize kind runs the engine under real scales; end-to-end pairs bring their arms' scales.

@@ -159,6 +159,7 @@ LEADS = {"IDENTICAL": "yes: bit-identical",
          "WITHIN_ALGORITHM_BOUND": "yes within the accumulation algorithm's error bound",
          "DIFFERENT": "no, not bit for bit",
          "INCORRECT": "no: the GEMM kernel fails its correctness check",
+         "PRECISION_DOWNGRADE": "no: the GEMM kernel computes in a narrower format than it claims",
          "ERROR": "no: the GEMM kernel raised in its check",
          "INCONCLUSIVE": "inconclusive: sequences differ end to end, no quantize experiment compared the two",
          NOT_RUN: "not run: no experiment took these two quantizers through a GEMM"}

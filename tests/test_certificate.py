@@ -181,7 +181,7 @@ def test_sweeps_are_never_pooled(results: Path, certs: list[dict[str, Any]]) -> 
 def test_not_run_cells_and_verdicts(certs: list[dict[str, Any]]) -> None:
     ad = _cert(certs, "a", "d")
     assert ad["verdict"] == cf.NOT_RUN and ad["scale_modes"] == [] and ad["answer"].startswith("not run")
-    assert ad["checks_b"] == {"exact_match": "IDENTICAL", "bounds": cf.NOT_RUN, "fuzz": cf.NOT_RUN}
+    assert ad["checks_b"] == {"exact_match": "IDENTICAL", "bounds": cf.NOT_RUN, "fuzz": cf.NOT_RUN, "precision": cf.NOT_RUN}
     ab = _cert(certs, "a", "b")
     assert _mode(ab, "pow2")["verdict"] == "IDENTICAL"
     assert _mode(ab, "pow2")["end_to_end"] == {"status": cf.NOT_RUN}

@@ -83,7 +83,7 @@ def test_p_simulated_overflow_fraction():
 def test_verdict_vocabulary():
     assert [v.value for v in Verdict] == [
         "IDENTICAL", "EPILOGUE_ROUNDING", "WITHIN_ALGORITHM_BOUND", "DIFFERENT", "INCORRECT",
-        "INCONCLUSIVE", "ERROR",
+        "PRECISION_DOWNGRADE", "INCONCLUSIVE", "ERROR",
     ]  # fmt: skip
     assert PASSING == {Verdict.IDENTICAL, Verdict.EPILOGUE_ROUNDING, Verdict.WITHIN_ALGORITHM_BOUND}
     assert worst([Verdict.IDENTICAL, "INCORRECT", Verdict.EPILOGUE_ROUNDING]) is Verdict.INCORRECT

@@ -62,8 +62,8 @@ def test_all_combines_both_checks():
     res = _run("all", "--kernel", "_planted_kernels:rtz_epilogue", *SMALL, "--format", "json")
     assert res.exit_code == 1
     obj = json.loads(res.stdout)
-    assert obj["verdict"] == "INCORRECT" and [c["check"] for c in obj["checks"]] == ["exact_match", "bounds"]
-    assert [c["verdict"] for c in obj["checks"]] == ["IDENTICAL", "INCORRECT"]
+    assert obj["verdict"] == "INCORRECT" and [c["check"] for c in obj["checks"]] == ["exact_match", "bounds", "precision"]
+    assert [c["verdict"] for c in obj["checks"]] == ["IDENTICAL", "INCORRECT", "IDENTICAL"]
     assert {"trials", "checked", "mismatches"} <= set(obj)
     res = _run("all", "--kernel", "int8-triton-order", *SMALL)
     assert res.exit_code == 0 and "overall: IDENTICAL (pass)" in res.output

@@ -143,8 +143,8 @@ def test_a_kind_that_writes_an_undeclared_table_fails_its_unit(tmp_path: Path) -
 # -- the registry ---------------------------------------------------------------------------------
 
 def test_registry_lists_every_kind_once_and_answers_unknown_names() -> None:
-    assert kind_names() == ["attention_replay", "batch_invariance", "bounds", "exact_match", "fuzz", "generate", "kdepth", "quantize", "replay", "teacher_forced"]
-    assert experiment_kinds() == ["attention_replay", "batch_invariance", "bounds", "exact_match", "fuzz", "generate", "kdepth", "quantize", "replay"]
+    assert kind_names() == ["attention_replay", "batch_invariance", "bounds", "exact_match", "fuzz", "generate", "kdepth", "precision", "quantize", "replay", "teacher_forced"]
+    assert experiment_kinds() == ["attention_replay", "batch_invariance", "bounds", "exact_match", "fuzz", "generate", "kdepth", "precision", "quantize", "replay"]
     with pytest.raises(KindError, match="did you mean 'kdepth'"):
         get_kind("kdepht")
     with pytest.raises(KindError, match="already registered"):
@@ -156,7 +156,7 @@ def test_an_unknown_kind_in_a_spec_names_the_field_and_the_choices() -> None:
         parse_spec('question = "q"\nname = "x"\n[experiments.a]\nkind = "kdepht"\n')
     (problem,) = err.value.problems
     assert problem.startswith("experiments.a.kind: unknown experiment kind 'kdepht'; did you mean 'kdepth'?")
-    assert "allowed: attention_replay, batch_invariance, bounds, exact_match, fuzz, generate, kdepth, quantize, replay" in problem
+    assert "allowed: attention_replay, batch_invariance, bounds, exact_match, fuzz, generate, kdepth, precision, quantize, replay" in problem
     with pytest.raises(SpecError, match="unknown experiment kind 'teacher_forced'"):
         parse_spec('question = "q"\nname = "x"\n[experiments.a]\nkind = "teacher_forced"\n')
 

@@ -365,11 +365,25 @@ def test_the_fuzz_check_is_a_check_cell_and_its_incorrect_fails_the_verdict(tmp_
     store = ResultStore(root)
     store.write("fuzz", "s", "fz", _fuzz("ka", ["IDENTICAL", "INCORRECT", "EPILOGUE_ROUNDING"]))
     (cert,) = _certs(root)
-    assert cert["checks_a"] == {"exact_match": "not run", "bounds": "not run", "fuzz": "INCORRECT"}
-    assert cert["checks_b"] == {"exact_match": "not run", "bounds": "not run", "fuzz": "not run"}
+    assert cert["checks_a"] == {"exact_match": "not run", "bounds": "not run", "fuzz": "INCORRECT", "precision": "not run"}
+    assert cert["checks_b"] == {"exact_match": "not run", "bounds": "not run", "fuzz": "not run", "precision": "not run"}
     # every sequence identical, yet the fuzz check found ka incorrect: as an exact_match INCORRECT would
     assert cert["verdict"] == "INCORRECT"
-    assert "checks of ka: exact_match not run, bounds not run, fuzz INCORRECT" in cf.detail_lines(cert)
+    assert "checks of ka: exact_match not run, bounds not run, fuzz INCORRECT, precision not run" in cf.detail_lines(cert)
+
+
+def test_a_precision_downgrade_is_a_check_cell_and_fails_the_verdict(tmp_path: Path) -> None:
+    """The precision-downgrade probe (``precision`` table) counts like the other checks: a kernel that
+    computes in a narrower format than it claims fails the certificate, whatever the sequences say."""
+    root = tmp_path / "results"
+    _write(root, [_arm("a", kernel="ka"), _arm("b", kernel="kb")], _seqs("a", set()) + _seqs("b", set()), [])
+    rows = [{**r, "unit_id": "pr-kb", "experiment": "precision", "check": "precision"}
+            for r in _fuzz("kb", ["IDENTICAL", "PRECISION_DOWNGRADE"])]
+    ResultStore(root).write("precision", "s", "pr", rows)
+    (cert,) = _certs(root)
+    assert cert["checks_b"]["precision"] == "PRECISION_DOWNGRADE" and cert["checks_a"]["precision"] == "not run"
+    assert cert["verdict"] == "PRECISION_DOWNGRADE"
+    assert cf.answer(cert).startswith("not interchangeable: a kernel computes in a narrower format")
     sec = cert["scale_modes"][0]
     assert cf.section_verdict(sec, {"ka": {"fuzz": "INCORRECT"}}) == cf.section_verdict(
         sec, {"kb": {"exact_match": "INCORRECT"}}) == "INCORRECT"
