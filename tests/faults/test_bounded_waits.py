@@ -288,11 +288,15 @@ def test_query_over_a_frozen_store_exits_3_in_one_line(frozen: Moto) -> None:
 
 # -- the launch lease over a frozen store -----------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_lease_that_cannot_be_renewed_is_lost_and_stopped_before_it_can_lapse(s3_env: Moto) -> None:
+    # A 12 s lease (not 4 s): on a loaded CI machine the renewer thread was seen to act 1.8 s after its
+    # deadline, which a 4 s lease's margins (2 s to "lost", 0.5 s to the backstop) cannot absorb. The
+    # default lease is 120 s (60 s and 15 s margins); the slack below stays under each margin.
     from storage.filesystems import filesystem_from_uri
     from storage.lock import LaunchLock, LeaseLost
 
-    ttl = 4.0
+    ttl = 12.0
     fs, base = filesystem_from_uri(f"s3://{BUCKET}/lease")
     lost: list[tuple[float, LeaseLost]] = []
     expired: list[tuple[float, LeaseLost]] = []
@@ -317,8 +321,8 @@ def test_a_lease_that_cannot_be_renewed_is_lost_and_stopped_before_it_can_lapse(
         # The lease as the store holds it (what another launcher reads): it had not lapsed when the
         # holder was told to stop, nor when the backstop fired -- with room for clock skew.
         (_, _, claim), = lock._claims()
-        assert lost[0][0] <= claim["expires_at"] - ttl / 2 + 1.0
-        assert expired[0][0] <= claim["expires_at"] - ttl / 8 + 0.5
+        assert lost[0][0] <= claim["expires_at"] - ttl / 2 + 2.5
+        assert expired[0][0] <= claim["expires_at"] - ttl / 8 + 1.0
     finally:
         s3_env.thaw()
         t0 = time.monotonic()
