@@ -93,6 +93,7 @@ def test_failing_unit_is_a_row_and_the_sweep_goes_on(ray_local, tmp_path: Path) 
     assert json.loads(rep.stdout)[0]["status"] == "failed"
 
 
+@pytest.mark.slow  # 20 s (Ray restarts the crashed worker); the default run's budget is 6 minutes
 def test_worker_crash_is_retried_by_ray(ray_local, tmp_path: Path) -> None:
     spec = tmp_path / "crash.toml"
     spec.write_text(tiny_spec_text(name="crash", impls='["int8-cutlass-order", "tests.kernel_fixtures:CrashOnceKernel"]', seeds=1))
