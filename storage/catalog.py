@@ -75,7 +75,7 @@ import pyarrow.parquet as pq
 
 from storage.errors import PathEscape, QueryError, StorageError
 from storage.schemas import TABLES, UNITS, UNMANAGED_TABLES
-from storage.store import ResultStore, open_store
+from storage.store import ResultStore, local_identity, object_identity, open_store
 from swapcheck_common.env import seconds_from_env
 
 if TYPE_CHECKING:
@@ -316,10 +316,8 @@ class VerifiedFiles:
                 st = os.stat(f"{self.store.base}/{rel}")
             except OSError:
                 return None
-            return _local_identity(st)
-        if info is None or info.size is None or info.mtime_ns is None:
-            return None
-        return ["object", int(info.size), int(info.mtime_ns)]
+            return local_identity(st)
+        return None if info is None else object_identity(info)
 
     def known(self, rel: str, identity: list[Any] | None, sha256: str, rows: int | None) -> bool | None:
         """Whether ``rel`` passed every check with ``sha256`` and ``rows`` and has not changed since (same
@@ -411,10 +409,6 @@ def _row_from_json(row: dict[str, Any]) -> dict[str, Any] | None:
         return None
 
 
-def _local_identity(st: Any) -> list[Any]:
-    return ["local", st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
-
-
 # -- binding the views ------------------------------------------------------------------------------
 
 #: table -> what the file name of each file of that table (no ledger row names them) must equal:
@@ -464,9 +458,9 @@ class _Binder:
 
         if self.store.local:
             with open(self._abs(rel), "rb") as fh:
-                before = _local_identity(os.fstat(fh.fileno()))
+                before = local_identity(os.fstat(fh.fileno()))
                 digest = hashlib.file_digest(fh, "sha256").hexdigest()
-                after = _local_identity(os.fstat(fh.fileno()))
+                after = local_identity(os.fstat(fh.fileno()))
             return digest, before if before == after else None
         h = hashlib.sha256()
         with self.store.fs.open_input_stream(self._abs(rel)) as stream:
@@ -1057,7 +1051,7 @@ class Catalog:
         changed = []
         for rel, identity in self._watched:
             try:
-                now = _local_identity(os.stat(f"{self.store.base}/{rel}"))
+                now = local_identity(os.stat(f"{self.store.base}/{rel}"))
             except OSError:
                 now = None
             if now != identity:

@@ -76,7 +76,7 @@ from storage.errors import DamagedRecord, PathEscape, StorageFault
 from storage.filesystems import filesystem_from_uri
 from storage.schemas import LEDGER_ROW_KEY, SWEEPS, TABLES, UNITS, UNMANAGED_TABLES
 
-__all__ = ["COMPRESS_FROM_BYTES", "STALE_AFTER_S", "SYNCFS_FILE_SYSTEMS", "SYNCFS_FROM_FILES", "SYNCFS_MAX_DIRTY_BYTES",
+__all__ = ["COMPRESS_FROM_BYTES", "local_identity", "object_identity", "STALE_AFTER_S", "SYNCFS_FILE_SYSTEMS", "SYNCFS_FROM_FILES", "SYNCFS_MAX_DIRTY_BYTES",
            "FileRecord", "LedgerDamage", "LedgerRead",
            "ResultStore", "StagedUnit", "is_uri",
            "ledger_bytes", "ledger_row_from_metadata", "ledger_row_metadata", "ledger_schema_problem", "open_store",
@@ -493,6 +493,21 @@ def _fsync_path(path: str) -> tuple[str, OSError | None]:
     return path, None
 
 
+def local_identity(st: os.stat_result) -> list[Any]:
+    """What must not have changed since a local file was read for what was read to still be its
+    content: any write changes the ctime (no user call can set it back), a replace the inode. The
+    one rule of the verified-files cache (storage.catalog) and of :meth:`ResultStore.read_ledger`."""
+    return ["local", st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+
+
+def object_identity(info: pafs.FileInfo) -> list[Any] | None:
+    """An object's identity on an object store (size and mtime: pyarrow exposes no ETag); None when
+    the listing has neither."""
+    if info.size is None or info.mtime_ns is None:
+        return None
+    return ["object", int(info.size), int(info.mtime_ns)]
+
+
 @functools.cache
 def _syncfs() -> Callable[[int], int] | None:
     """libc's ``syncfs(2)`` where it reports write-back errors (Linux 5.8 and later: before that it
@@ -534,7 +549,7 @@ class ResultStore:
         self.local = isinstance(self.fs, pafs.LocalFileSystem)
         #: path -> (identity, what :func:`parse_ledger_file` found): a ledger file this store read and
         #: that has not changed since is not read again (:meth:`read_ledger`).
-        self._ledger_seen: dict[str, tuple[tuple[Any, ...], Any]] = {}
+        self._ledger_seen: dict[str, tuple[list[Any], Any]] = {}
         #: directory -> its resolved path, only inside :meth:`resolving` (None: resolve every time).
         self._dirs: dict[str, str] | None = None
 
@@ -1027,21 +1042,20 @@ class ResultStore:
         infos = [i for i in self._files(self._partition("units", sweep)) if i.path.endswith(".parquet")]
         seen = self._ledger_seen
 
-        def identity(info: pafs.FileInfo) -> tuple[Any, ...] | None:
+        def identity(info: pafs.FileInfo) -> list[Any] | None:
             if self.local:
                 try:
-                    st = os.stat(info.path)
+                    return local_identity(os.stat(info.path))
                 except FileNotFoundError:
                     return None
-                return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
-            return None if info.size is None or info.mtime_ns is None else (info.size, info.mtime_ns)
+            return object_identity(info)
 
         Found = tuple[dict[str, Any] | None, LedgerDamage | None, str]
 
         def copy(found: Found) -> Found:
             return (dict(found[0]) if found[0] is not None else None, found[1], found[2])
 
-        def one(item: tuple[pafs.FileInfo, tuple[Any, ...] | None]) -> Found | None:
+        def one(item: tuple[pafs.FileInfo, list[Any] | None]) -> Found | None:
             info, ident = item
             try:
                 with self.fs.open_input_file(info.path) as fh:
