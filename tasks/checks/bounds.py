@@ -39,7 +39,6 @@ name                bound of
 from __future__ import annotations
 
 import re
-import time
 from typing import Any
 
 import numpy as np
@@ -52,7 +51,7 @@ from tasks.verdicts import Verdict, classify_differences
 from . import operands as ops_mod
 from .defaults import DEFAULT_TRIALS
 from .result import CheckResult, Judged, TrialResult, element
-from .subject import CheckInputError, Subject, output_problem, shape_problem
+from .subject import CheckInputError, Subject, run_once, shape_problem
 
 __all__ = ["ALGORITHMS", "algorithm", "describe_algorithm", "bounds_trial", "judge_bounds", "run_bounds", "covered"]
 
@@ -199,18 +198,13 @@ def judge_bounds(
         bf = b.to(torch.float32) * sb.reshape(1, -1)
         info.update(scale_a_numel=int(sa.numel()), scale_b_numel=int(sb.numel()))
     positions = m * n
-    t0 = time.perf_counter()
-    try:
-        out = subject.run(a, b, dtype, sa, sb)
-    except CheckInputError:
-        raise
-    except Exception as exc:  # the kernel failed: a result, not bad input
+    ran = run_once(subject, a, b, dtype, sa, sb, m, n)
+    out, seconds = ran.out, ran.seconds
+    if ran.error is not None:
         return Judged(TrialResult("bounds", m, k, n, trial, seed, Verdict.ERROR, positions, info=info,
-                                  error=f"{type(exc).__name__}: {exc}"), None, None, None)  # fmt: skip
-    seconds = time.perf_counter() - t0
-    problem = output_problem(out, m, n)
-    if problem is not None:
-        info["problem"] = problem
+                                  error=ran.error), None, None, None)  # fmt: skip
+    if ran.problem is not None:
+        info["problem"] = ran.problem
         return Judged(TrialResult("bounds", m, k, n, trial, seed, Verdict.INCORRECT, positions,
                                   seconds=seconds, info=info), out, None, None)  # fmt: skip
     out_fmt = get_format(out.dtype)

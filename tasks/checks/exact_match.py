@@ -24,8 +24,6 @@ and small integers are exact in every format.  The ``bounds`` check covers those
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import torch
 
@@ -36,7 +34,7 @@ from . import operands as ops_mod
 from .defaults import DEFAULT_TRIALS
 from .result import CheckResult, Judged, TrialResult, element
 from .sparsity import DEFAULT_FLOOR, DEFAULT_OVERFLOW, exact_limit, zero_probability
-from .subject import FORMAT_DTYPES, CheckInputError, Subject, output_problem, shape_problem
+from .subject import FORMAT_DTYPES, CheckInputError, Subject, run_once, shape_problem
 
 __all__ = ["MIN_CHECKED_FRACTION", "run_exact_match", "exact_match_trial", "judge_exact_match"]
 
@@ -105,18 +103,13 @@ def judge_exact_match(
     expected = (s * scale).numpy()
     exact = s.numpy() * scale.numpy()
     positions = m * n
-    t0 = time.perf_counter()
-    try:
-        out = subject.run(a, b, dtype, sa, sb)
-    except CheckInputError:
-        raise
-    except Exception as exc:  # the kernel failed: a result, not bad input
+    ran = run_once(subject, a, b, dtype, sa, sb, m, n)
+    out, seconds = ran.out, ran.seconds
+    if ran.error is not None:
         return Judged(TrialResult("exact_match", m, k, n, trial, seed, Verdict.ERROR, positions,
-                                  info=info, error=f"{type(exc).__name__}: {exc}"), None, expected, exact)  # fmt: skip
-    seconds = time.perf_counter() - t0
-    problem = output_problem(out, m, n)
-    if problem is not None:
-        info["problem"] = problem
+                                  info=info, error=ran.error), None, expected, exact)  # fmt: skip
+    if ran.problem is not None:
+        info["problem"] = ran.problem
         return Judged(TrialResult("exact_match", m, k, n, trial, seed, Verdict.INCORRECT, positions,
                                   seconds=seconds, info=info), out, expected, exact)  # fmt: skip
     info["output_dtype"] = get_format(out.dtype).name if out.dtype in FORMAT_DTYPES else str(out.dtype)

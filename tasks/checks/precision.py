@@ -59,7 +59,6 @@ Scaled kernels get unit scales and the families in their operand format (int8 or
 from __future__ import annotations
 
 import math
-import time
 from typing import Any
 
 import numpy as np
@@ -70,7 +69,7 @@ from tasks.verdicts import Verdict
 
 from . import operands as ops_mod
 from .result import CheckResult, TrialResult, element
-from .subject import CheckInputError, Subject, output_problem, shape_problem
+from .subject import CheckInputError, Subject, run_once, shape_problem
 
 __all__ = ["FAMILIES", "DEFAULT_PRECISION_TRIALS", "families_for", "draw", "run_precision", "round_significand"]
 
@@ -213,18 +212,12 @@ def precision_trial(subject: Subject, family: str, m: int, k: int, n: int, dtype
         sa, sb = torch.ones(na, dtype=torch.float32), torch.ones(nb, dtype=torch.float32)
         info.update(scales="unit", scale_a_numel=na, scale_b_numel=nb)
     positions = m * n
-    t0 = time.perf_counter()
-    try:
-        out = subject.run(a, b, dtype, sa, sb)
-    except CheckInputError:
-        raise
-    except Exception as exc:  # the kernel failed: a result
-        return TrialResult("precision", m, k, n, trial, seed, Verdict.ERROR, positions, info=info,
-                           error=f"{type(exc).__name__}: {exc}")  # fmt: skip
-    seconds = time.perf_counter() - t0
-    problem = output_problem(out, m, n)
-    if problem is not None:
-        info["problem"] = problem
+    ran = run_once(subject, a, b, dtype, sa, sb, m, n)
+    out, seconds = ran.out, ran.seconds
+    if ran.error is not None:
+        return TrialResult("precision", m, k, n, trial, seed, Verdict.ERROR, positions, info=info, error=ran.error)
+    if ran.problem is not None:
+        info["problem"] = ran.problem
         return TrialResult("precision", m, k, n, trial, seed, Verdict.INCORRECT, positions, seconds=seconds, info=info)
     obs = out.double().numpy()
     with np.errstate(invalid="ignore"):

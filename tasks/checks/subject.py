@@ -16,6 +16,7 @@ while computing is not bad input but a result: the trial's verdict is ``ERROR``.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -198,3 +199,31 @@ def output_problem(out: object, m: int, n: int) -> str | None:
     if out.dtype not in FORMAT_DTYPES:
         return f"the kernel returned dtype {out.dtype}, not a floating-point format (fp32, bf16, fp16, fp8)"
     return None
+
+
+@dataclass(frozen=True)
+class Ran:
+    """One timed call of a check's kernel: its output, and why it cannot be judged (``error``: the
+    kernel raised, a result of verdict ERROR; ``problem``: its output is not an [M, N] float tensor,
+    a result of verdict INCORRECT), or neither."""
+
+    out: Any
+    seconds: float
+    error: str | None = None
+    problem: str | None = None
+
+
+def run_once(subject: Subject, a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype, sa: torch.Tensor | None,
+             sb: torch.Tensor | None, m: int, n: int) -> Ran:
+    """Call the kernel once, timed, as every check does: bad input (:class:`CheckInputError`) raises;
+    any other exception of the kernel is the trial's ``error``; an output that cannot be judged its
+    ``problem`` (:func:`output_problem`)."""
+    t0 = time.perf_counter()
+    try:
+        out = subject.run(a, b, dtype, sa, sb)
+    except CheckInputError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the kernel failed: a result, not bad input
+        return Ran(None, 0.0, error=f"{type(exc).__name__}: {exc}")
+    seconds = time.perf_counter() - t0
+    return Ran(out, seconds, problem=output_problem(out, m, n))
