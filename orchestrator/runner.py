@@ -173,8 +173,9 @@ class Batches:
     of the commit; ``duration_s`` where a summary has none): one unit per task until
     :data:`OBSERVED_MIN` units of the class have finished; then, while the median of the last
     :data:`OBSERVED` run times (``duration_s``: the unit's own work, without the commit) is below
-    :data:`SHORT_UNIT_S`, as many units as cost about ``target_s`` (at most :data:`MAX_BATCH`, and no more than spreads the class's remaining units
-    over its slots, so the tail of a stage keeps every slot busy). Until it is known to be long, a
+    :data:`SHORT_UNIT_S`, as many units as cost about ``target_s`` (at most :data:`MAX_BATCH`, and
+    no more than spreads the class's remaining units over its slots, so the tail of a stage keeps
+    every slot busy). Until it is known to be long, a
     class has at most :data:`TASKS_PER_SLOT` tasks per slot in flight: enough to keep every slot
     busy, few enough that the choice is made again as costs come in (the window is never filled
     with single-unit tasks before anything is known). A class known to be long, cold restarts
@@ -230,7 +231,7 @@ class Batches:
     def size(self, key: Any, unit: Unit) -> int:
         """How many units of class ``key`` the next task takes."""
         median = self.median(key) if key is not None else None
-        if median is None or self.long(key) is not False:
+        if median is None or self.long(key):  # unknown (None only with median None) or long
             return 1
         spread = -(-len(self.queues[key]) // self.slots(unit))  # the rest over every slot
         return max(1, min(MAX_BATCH, int(self.target_s / max(median, 1e-4)), spread))
@@ -239,9 +240,7 @@ class Batches:
         """The class has as many tasks in flight as it may now: while it is unknown or batched. A
         class known to be long is not capped (all its units queued, as before batching: an
         autoscaler sees the whole demand)."""
-        if key is None:
-            return False
-        if self.long(key):
+        if key is None or self.long(key):
             return False
         return self.tasks.get(key, 0) >= TASKS_PER_SLOT * self.slots(unit)
 
