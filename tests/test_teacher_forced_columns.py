@@ -96,8 +96,10 @@ def unit() -> dict[str, Any]:
 
 def test_run_builds_the_rows_a_per_position_loop_builds(unit: dict[str, Any]) -> None:
     params, ctx = unit["params"], unit["ctx"]
-    got = teacher_forced.run(params, ctx)["teacher_forced"]
-    assert isinstance(got, pa.Table)
+    full = teacher_forced.run(params, ctx)["teacher_forced"]
+    assert isinstance(full, pa.Table)
+    assert full.column_names == COLUMNS + list(teacher_forced.DISTRIBUTION)  # checked in tests/test_divergence_kind.py
+    got = full.select(COLUMNS)
 
     # The same scores, computed again here (the engine is deterministic), and the rows built by hand.
     ref_model = build_arm_model({**params, "arm": params["reference"]})
@@ -114,10 +116,11 @@ def test_run_builds_the_rows_a_per_position_loop_builds(unit: dict[str, Any]) ->
     assert got.column("ref_token").to_pylist() == [t for g in generated for t in g]
 
     # ... and through the worker, as the declared schema (unit_id and experiment added).
-    declared = unit_table("teacher_forced", got, "u" * 20, "cols")
+    declared = unit_table("teacher_forced", full, "u" * 20, "cols")
     want_declared = unit_table("teacher_forced", want, "u" * 20, "cols")
     assert declared.schema.equals(TABLES["teacher_forced"])
-    assert_bitwise_equal(declared, want_declared)
+    kept = ["unit_id", "experiment", *COLUMNS]
+    assert_bitwise_equal(declared.select(kept), want_declared.select(kept))
 
 
 def test_score_arrays_hold_the_values_the_lists_held(unit: dict[str, Any]) -> None:
@@ -222,7 +225,7 @@ def test_committed_file_holds_the_same_values(unit: dict[str, Any], tmp_path: An
     meta = pq.read_metadata(tmp_path / record.path)
     for i, name in enumerate(meta.schema.names):
         encodings = meta.row_group(0).column(i).encodings
-        if name in ("ref_margin", "arm_margin"):
+        if name in ("ref_margin", "arm_margin", *teacher_forced.DISTRIBUTION):
             assert "RLE_DICTIONARY" not in encodings and "PLAIN_DICTIONARY" not in encodings, name
         elif name != "flip":  # Parquet has no dictionary for booleans
             assert "RLE_DICTIONARY" in encodings or "PLAIN_DICTIONARY" in encodings, (name, encodings)

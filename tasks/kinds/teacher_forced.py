@@ -12,6 +12,15 @@ the CPU engine both are identical bit for bit, which tests/test_generate.py chec
 position ``p`` is predicted after reading the prompt and the first ``p`` generated tokens. A flip is
 a position where the two arms' argmax differ.
 
+On the CPU engine each position also carries what the two arms' full-vocabulary distributions say
+about it (:func:`distribution_columns`, docs/divergence.md): the reference token's probability
+under the reference arm and under the arm (``ref_token_prob_ref``, ``ref_token_prob_arm``), the
+exact KL(ref || arm) over the whole vocabulary (``kl_ref_arm``) and the k3 term of the reference
+token (``k3_ref_arm`` = r - 1 - log r, r = p_arm / p_ref). They come from one more unpadded
+forward pass per arm and sequence (``forward_tokens``), checked to give the scoring pass's logit
+of every reference token bit for bit. The vLLM engine's score returns only the top-k, so there
+these columns are NULL.
+
 The rows (one per generated position, millions in a real sweep) are built as Arrow columns from
 the engines' score arrays (:func:`scores_table`, :func:`position_table`: numpy slices and one
 concatenation per column), never as one Python object per position.
@@ -132,6 +141,92 @@ def scores_table(ref_arm: str, arm: str, ref: ScoreResult, other: ScoreResult, f
     return position_table(ref_arm, arm, tokens, ref.argmax, ref.margins, other.argmax, other.margins, firsts)
 
 
+#: The distribution columns (float64, NULL where not measured) in the order the table holds them.
+DISTRIBUTION = ("ref_token_prob_ref", "ref_token_prob_arm", "kl_ref_arm", "k3_ref_arm")
+
+
+def distribution_arrays(ref_logits: Any, arm_logits: Any, tokens: Any) -> dict[str, np.ndarray]:
+    """The :data:`DISTRIBUTION` columns of ``P`` positions from both arms' logits ``[P, V]`` (torch
+    or numpy, any float dtype) and the reference token of each position (``[P]``).
+
+    Everything in float64: log-softmax of each arm's logits, ``p_ref`` / ``p_arm`` of the reference
+    token, ``KL(ref || arm) = sum_v p_ref(v) (log p_ref(v) - log p_arm(v))`` over the whole
+    vocabulary (terms with p_ref(v) = 0 are 0), and ``k3 = r - 1 - log r`` with ``log r = log p_arm
+    - log p_ref`` of the reference token, computed as ``expm1(log r) - log r`` (no cancellation near
+    r = 1).
+    """
+    import numpy as np
+    import torch
+
+    ref = torch.as_tensor(ref_logits).to(torch.float64)
+    arm = torch.as_tensor(arm_logits).to(torch.float64)
+    if ref.shape != arm.shape or ref.ndim != 2:
+        raise ValueError(f"logits of shapes {tuple(ref.shape)} and {tuple(arm.shape)}: both must be [positions, vocab]")
+    tok = torch.as_tensor(np.asarray(tokens, dtype=np.int64))
+    if tok.shape != (ref.shape[0],):
+        raise ValueError(f"{tuple(tok.shape)} reference tokens for {ref.shape[0]} positions")
+    lp_ref = torch.log_softmax(ref, dim=-1)
+    lp_arm = torch.log_softmax(arm, dim=-1)
+    p_ref = lp_ref.exp()
+    terms = torch.where(p_ref > 0, p_ref * (lp_ref - lp_arm), torch.zeros_like(p_ref))
+    at_ref = lp_ref.gather(1, tok.unsqueeze(1)).squeeze(1)
+    at_arm = lp_arm.gather(1, tok.unsqueeze(1)).squeeze(1)
+    log_r = at_arm - at_ref
+    return {"ref_token_prob_ref": at_ref.exp().numpy(), "ref_token_prob_arm": at_arm.exp().numpy(),
+            "kl_ref_arm": terms.sum(dim=-1).numpy(), "k3_ref_arm": (torch.expm1(log_r) - log_r).numpy()}
+
+
+def distribution_columns(ref_model: Any, arm_model: Any, sequences: Sequence[Sequence[int]], firsts: Sequence[int],
+                         lengths: Sequence[int], ref: ScoreResult, other: ScoreResult) -> dict[str, np.ndarray]:
+    """:func:`distribution_arrays` over the generated positions of every sequence, in
+    :func:`position_table`'s row order, from one ``forward_tokens`` pass per arm and sequence.
+
+    The pass must be the computation the scores came from: each arm's logit of every reference token
+    equals the scoring pass's ``target_logits`` bit for bit, else this raises (the columns would
+    describe other logits than the flips).
+    """
+    import numpy as np
+
+    parts: dict[str, list[np.ndarray]] = {c: [] for c in DISTRIBUTION}
+    for i, (seq, f, k) in enumerate(zip(sequences, firsts, lengths, strict=True)):
+        if k == 0:
+            continue
+        lr = ref_model.forward_tokens([list(seq)])[0][f: f + k]
+        la = arm_model.forward_tokens([list(seq)])[0][f: f + k]
+        tokens = np.asarray(seq[f + 1: f + k + 1], dtype=np.int64)
+        for side, logits, scores in (("reference", lr, ref), ("arm", la, other)):
+            got = logits.gather(1, _index(tokens)).squeeze(1).double().numpy()
+            want = scores.target_logits[i][f: f + k]
+            if not np.array_equal(got.view(np.uint64), want.view(np.uint64)):
+                raise RuntimeError(f"sequence {i}: the {side} arm's full-vocabulary pass gives other logits than its "
+                                   "scoring pass; the probability columns would not describe the flips")
+        for c, v in distribution_arrays(lr, la, tokens).items():
+            parts[c].append(v)
+    return {c: np.concatenate(v) if v else np.zeros(0) for c, v in parts.items()}
+
+
+def _index(tokens: np.ndarray) -> Any:
+    import torch
+
+    return torch.from_numpy(tokens).unsqueeze(1)
+
+
+def with_distribution(table: pa.Table, columns: dict[str, np.ndarray] | None) -> pa.Table:
+    """``table`` with the :data:`DISTRIBUTION` columns appended: ``columns`` (one value per row), or
+    NULL where the engine gave no full-vocabulary logits (``None``)."""
+    import pyarrow as pa
+
+    for c in DISTRIBUTION:
+        if columns is None:
+            col = pa.nulls(table.num_rows, pa.float64())
+        else:
+            if len(columns[c]) != table.num_rows:
+                raise ValueError(f"{len(columns[c])} values of {c} for {table.num_rows} positions")
+            col = pa.array(columns[c], type=pa.float64())
+        table = table.append_column(c, col)
+    return table
+
+
 def _aligned(per_sequence: Sequence[Sequence[Any]], firsts: Sequence[int], generated: Sequence[Sequence[int]]) -> list[Any]:
     """Score positions ``first .. first + len(generated)`` of each sequence (the generated positions)."""
     return [per_sequence[i][f: f + len(g)] for i, (f, g) in enumerate(zip(firsts, generated, strict=True))]
@@ -151,9 +246,10 @@ def _run_vllm(params: dict[str, Any], ctx: UnitContext, generated: dict[int, lis
     firsts = [len(p) - 1 for p in prompts]  # the score position that predicts generated token 0
     ref_side = [[decoded[(i, p)] for p in range(len(g))] for i, g in enumerate(gen)]
     # The reference side is its own greedy decoding (aligned to the generated positions already).
-    return position_table(ref["name"], params["arm"]["name"], gen,
-                          [[a for a, _m in r] for r in ref_side], [[m for _a, m in r] for r in ref_side],
-                          _aligned(scores.argmax, firsts, gen), _aligned(scores.margins, firsts, gen))
+    return with_distribution(position_table(ref["name"], params["arm"]["name"], gen,
+                                            [[a for a, _m in r] for r in ref_side], [[m for _a, m in r] for r in ref_side],
+                                            _aligned(scores.argmax, firsts, gen), _aligned(scores.margins, firsts, gen)),
+                             None)
 
 
 def run(params: dict[str, Any], context: UnitContext | None = None) -> dict[str, TableRows]:
@@ -175,11 +271,14 @@ def run(params: dict[str, Any], context: UnitContext | None = None) -> dict[str,
     if len(generated) != len(prompts):
         raise RuntimeError(f"the reference arm has {len(generated)} sequences for {len(prompts)} prompts")
     sequences = [prompts[i] + generated[i] for i in range(len(prompts))]
+    arm_model = build_arm_model(params)
     ref_scores = ref_model.score(sequences, top_k=2)
-    arm_scores = build_arm_model(params).score(sequences, top_k=2)
+    arm_scores = arm_model.score(sequences, top_k=2)
     lengths = [len(generated[i]) for i in range(len(prompts))]
     firsts = [len(p) - 1 for p in prompts]  # the score position that predicts generated token 0
-    return {"teacher_forced": scores_table(ref["name"], params["arm"]["name"], ref_scores, arm_scores, firsts, lengths)}
+    table = scores_table(ref["name"], params["arm"]["name"], ref_scores, arm_scores, firsts, lengths)
+    dist = distribution_columns(ref_model, arm_model, sequences, firsts, lengths, ref_scores, arm_scores)
+    return {"teacher_forced": with_distribution(table, dist)}
 
 
 KIND = Kind(name="teacher_forced", version=VERSION, spec=None, tables=("teacher_forced",), describe=describe,
