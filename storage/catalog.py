@@ -60,7 +60,7 @@ import functools
 import hashlib
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import resources
@@ -845,9 +845,11 @@ def _native_view(store: ResultStore, table: str, wants: list[_Want], bound: _Bou
     return f"CREATE VIEW {_ident(table)} AS {body}"
 
 
-def _open(store: ResultStore, bound: _Bound, spill: str | None = None) -> duckdb.DuckDBPyConnection:
+def _open(store: ResultStore, bound: _Bound, spill: str | None = None,
+          tables: Iterable[str] | None = None) -> duckdb.DuckDBPyConnection:
     """An in-memory connection that cannot touch a file outside its private spill directory
-    ``spill`` (none: no spilling) and the bound result files, with one view per table over ``bound``.
+    ``spill`` (none: no spilling) and the bound result files, with one view per table over ``bound``
+    (``tables``: only those, plus ``units``; :func:`_create_views` adds the others later).
 
     Natively scanned (:func:`native_scan`): the bound files are the connection's ``allowed_paths``
     (exact files, not directories: a stray file beside them stays unreadable) and the views read them
@@ -872,22 +874,28 @@ def _open(store: ResultStore, bound: _Bound, spill: str | None = None) -> duckdb
             con.execute("SET parquet_metadata_cache = true")  # each footer read once per connection
         con.execute("SET enable_external_access = false")  # no file, any path, but the allowed ones
         _bind_units(con, store, bound)
-        for table in TABLES:
-            if table == "units":
-                continue
-            memory = bound.memory.get(table)
-            if native and table not in UNMANAGED_TABLES:
-                name = None
-                if memory is not None:
-                    name = f"_{table}_read_at_open"
-                    con.register(name, memory)
-                con.execute(_native_view(store, table, bound.files[table], bound, name))
-            else:
-                con.register(table, _dataset(store, table, bound.files[table], memory))  # DuckDB opens no file
+        _create_views(con, store, bound, TABLES if tables is None else tables)
     except BaseException:
         con.close()
         raise
     return con
+
+
+def _create_views(con: duckdb.DuckDBPyConnection, store: ResultStore, bound: _Bound, tables: Iterable[str]) -> None:
+    """The view of each of ``tables`` (but ``units``, made by :func:`_bind_units`) over ``bound``: over
+    exactly the verified files, with DuckDB's reader (:func:`_native_view`) or a pyarrow dataset."""
+    for table in tables:
+        if table == "units":
+            continue
+        memory = bound.memory.get(table)
+        if bound.native and table not in UNMANAGED_TABLES:
+            name = None
+            if memory is not None:
+                name = f"_{table}_read_at_open"
+                con.register(name, memory)
+            con.execute(_native_view(store, table, bound.files[table], bound, name))
+        else:
+            con.register(table, _dataset(store, table, bound.files[table], memory))  # DuckDB opens no file
 
 
 def connect(results: str | Path, store: ResultStore | None = None) -> duckdb.DuckDBPyConnection:
@@ -955,6 +963,10 @@ def check_read_only(sql: str) -> list[Any]:
     return list(statements)
 
 
+#: A word of SQL text (what may name a table).
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
 class Catalog:
     """One read-only DuckDB connection over a results tree; the views are created once.
 
@@ -985,8 +997,8 @@ class Catalog:
         self.native = bound.native
         self._watched: list[tuple[str, list[Any] | None]] = (
             [(w.rel, bound.identity.get(w.rel)) for w in _native_files(bound)] if self.native else [])
-        try:
-            con = _open(self.store, bound, self._spill)
+        try:  # the views are made when a query first names their table (a report reads a few of 16)
+            con = _open(self.store, bound, self._spill, tables=())
         except BaseException:
             self.close()
             raise
@@ -997,12 +1009,35 @@ class Catalog:
             self.close()
             raise
         self._con = con
+        self._bound: _Bound | None = bound
+        self._viewed: set[str] = {"units"}
 
     @property
     def con(self) -> duckdb.DuckDBPyConnection:
+        """The connection, with every table's view."""
+        return self._with_views(TABLES)
+
+    def _with_views(self, tables: Iterable[str]) -> duckdb.DuckDBPyConnection:
+        """The connection, once each of ``tables`` has its view (made now if not yet)."""
         if self._con is None:
             raise QueryError(f"the catalog over {self.results} is closed")
+        missing = [t for t in tables if t not in self._viewed]
+        if missing:
+            assert self._bound is not None
+            try:
+                _create_views(self._con, self.store, self._bound, missing)
+            except duckdb.Error as exc:
+                raise self._failed("", exc) from None
+            self._viewed.update(missing)
+            if len(self._viewed) == len(TABLES):
+                self._bound = None  # every view made: what they needed is theirs now
         return self._con
+
+    def _views_of(self, sql: str) -> duckdb.DuckDBPyConnection:
+        """The connection with the view of every table whose name appears in ``sql`` as a word (a
+        name in a comment or a string makes a view too: harmless)."""
+        words = set(_WORD.findall(sql))
+        return self._with_views(t for t in TABLES if t in words)
 
     def _failed(self, what: str, exc: duckdb.Error) -> QueryError:
         text = f"{what}{type(exc).__name__}: {exc}"
@@ -1020,7 +1055,7 @@ class Catalog:
         sql = named_query(name)
         bound = {p: params.get(p) for p in sql_params(sql)}
         try:
-            return self._unchanged(_arrow(self.con.sql(sql, params=bound or None)))
+            return self._unchanged(_arrow(self._views_of(sql).sql(sql, params=bound or None)))
         except duckdb.Error as exc:
             raise self._failed(f"named query {name!r} failed: ", exc) from None
 
@@ -1077,6 +1112,7 @@ class Catalog:
         if self._con is not None:
             self._con.close()
             self._con = None
+            self._bound = None
         if self._spill is not None:
             import shutil
 
