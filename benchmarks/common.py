@@ -41,7 +41,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["Case", "JUDGED_ON", "interleaved", "emit", "parser", "machine", "peak_rss_of", "load_average", "apply_threads",
-           "pick", "tier", "default_max_load", "own_load", "comparability", "THREAD_ENV"]
+           "pick", "tier", "default_max_load", "own_load", "comparability", "THREAD_ENV",
+           "running_tasks", "OthersLoad"]
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -63,6 +64,98 @@ def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
+def running_tasks(root: int) -> tuple[int, int]:
+    """What the kernel counts in its load average right now, ``(ours, all)``: the threads in state R
+    (runnable) or D (uninterruptible) of ``root`` and its descendants, and of every process (Linux
+    ``/proc``; a process or thread that exits while it is read is skipped)."""
+    parents: dict[int, int] = {}
+    counts: dict[int, int] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                parents[pid] = int(fh.read().rsplit(b")", 1)[1].split()[1])
+            n = 0
+            for task in os.scandir(f"/proc/{pid}/task"):
+                try:
+                    with open(f"/proc/{pid}/task/{task.name}/stat", "rb") as fh:
+                        n += fh.read().rsplit(b")", 1)[1].split()[0] in (b"R", b"D")
+                except (OSError, IndexError):
+                    continue
+            counts[pid] = n
+        except (OSError, IndexError, ValueError):
+            continue
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parents.items():
+        children.setdefault(ppid, []).append(pid)
+    ours, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        ours += counts.get(pid, 0)
+        todo.extend(children.get(pid, ()))
+    return ours, sum(counts.values())
+
+
+class OthersLoad:
+    """The 1-minute load average of every process but ours (``root`` and its descendants), computed as
+    the kernel computes the load: every ``interval`` seconds (the kernel's 5) the runnable and
+    uninterruptible tasks not ours are counted (:func:`running_tasks`) and folded into an exponentially
+    damped mean, time constant 60 s, started from the load average at :meth:`start` (when nothing of
+    ours runs yet). A background thread samples; :attr:`peak` is the largest value since :meth:`reset_peak`.
+
+    This sees every process a stage starts, however long it lives and whoever reaps it (Ray's raylet,
+    GCS and workers), where a CPU-time estimate of our share (:func:`own_load`) sees only the processes
+    reaped by the end of the stage, spread evenly over it."""
+
+    def __init__(self, root: int | None = None, interval: float = 5.0) -> None:
+        import threading
+
+        self.root = root if root is not None else os.getpid()
+        self.interval = interval
+        self.value = load_average()[0]
+        self.peak = self.value
+        self.samples = 0
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._at = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name="others-load", daemon=True)
+
+    def start(self) -> OthersLoad:
+        self.value = self.peak = load_average()[0]
+        self._at = time.monotonic()
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.sample()
+
+    def sample(self) -> float:
+        """Count the others' tasks now and fold them in; the new value."""
+        ours, every = running_tasks(self.root)
+        return self.fold(every - ours, time.monotonic())
+
+    def fold(self, others: int, now: float) -> float:
+        """Fold ``others`` running tasks seen at ``now`` (monotonic seconds) into the damped mean."""
+        with self._lock:
+            decay = math.exp(-(now - self._at) / LOAD_TIME_CONSTANT_S)
+            self.value = self.value * decay + max(others, 0) * (1.0 - decay)
+            self._at = now
+            self.peak = max(self.peak, self.value)
+            self.samples += 1
+            return self.value
+
+    def reset_peak(self) -> None:
+        with self._lock:
+            self.peak = self.value
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self.interval + 5)
+
+
 def default_max_load(cores: int | None = None) -> float:
     """The stated default threshold: 0.75 per core (1.5 on 2 cores, the figure docs/performance.md
     has used since the first runs)."""
@@ -78,16 +171,21 @@ def own_load(previous: float, cores_busy: float, seconds: float) -> float:
 
 
 def comparability(load_before: Sequence[float], load_after: Sequence[float], max_load: float,
-                  own_before: float = 0.0, own_after: float = 0.0) -> tuple[bool, str | None]:
+                  own_before: float = 0.0, own_after: float = 0.0,
+                  others_peak: float | None = None) -> tuple[bool, str | None]:
     """Is a stage comparable with a quiet run? No when the 1-minute load average, less this run's own
-    share of it (``own_load``: the stage's and the previous stages' own processes), exceeds ``max_load``
-    before or after the stage. Returns (comparable, why not)."""
+    share of it (the stage's and the previous stages' own processes: :class:`OthersLoad`, or the
+    CPU-time estimate ``own_load``), exceeds ``max_load`` before or after the stage, or when the load
+    of the other processes (``others_peak``, sampled) exceeded it at any time during the stage.
+    Returns (comparable, why not)."""
     why = []
     for when, load, own in (("before", load_before, own_before), ("after", load_after, own_after)):
         other = load[0] - own
         if other > max_load:
             share = f" ({load[0]:.2f} less {own:.2f} of this run's own)" if own >= 0.005 else ""
             why.append(f"load {when} {other:.2f}{share} > {max_load:g}")
+    if others_peak is not None and others_peak > max_load and not why:
+        why.append(f"other processes' load peaked at {others_peak:.2f} during the stage > {max_load:g}")
     return (not why, "; ".join(why) or None)
 
 

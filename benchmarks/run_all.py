@@ -15,11 +15,16 @@ Every script runs with the same explicit thread count (``--threads``, default 1)
 baseline alike: ``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``, ``OPENBLAS_NUM_THREADS`` and
 ``NUMBA_NUM_THREADS`` in its environment, and ``common.apply_threads`` in the script itself.
 
-A stage is *not comparable* when the 1-minute load average, less this run's own share of it (the
-CPU time of the stage's processes and of the stages before it, damped as the kernel damps the load
-average: ``common.own_load``), exceeds ``--max-load`` (default 0.75 per core) before or after it:
-its cases are recorded with ``met: null``, ``comparable: false`` and the reason (``why``), and the
-summary prints "not comparable" instead of yes/NO.
+A stage is *not comparable* when the load of the machine's other processes exceeds ``--max-load``
+(default 0.75 per core) before it, after it or at any sample during it: its cases are recorded with
+``met: null``, ``comparable: false`` and the reason (``why``), and the summary prints "not comparable"
+instead of yes/NO. The others' load is computed as the kernel computes the 1-minute load average --
+every 5 s the runnable and uninterruptible threads are counted and damped with a 60 s time constant --
+counting every thread but this run's and its descendants' (``common.OthersLoad``; this script is the
+subreaper of what its stages leave behind, so Ray's raylet, GCS and workers are its descendants). Each
+stage records ``others_load_before`` / ``_after`` / ``_peak``, our share (``own_load_before`` /
+``_after``: the load average less the others'), and the older CPU-time estimate of our share
+(``own_load_cpu_estimate``, ``common.own_load``), which missed processes reaped after the stage.
 
     python benchmarks/run_all.py                 # every stage, default sizes (under 15 minutes on 2 cores)
     python benchmarks/run_all.py --quick         # smaller sizes (make bench-quick)
@@ -105,7 +110,8 @@ def mark(entry: dict[str, Any], max_load: float) -> None:
     """Judge a stage's comparability from its loads and mark its cases: a case of a stage that is not
     comparable keeps its measured verdict as ``met_as_measured`` and gets ``met: None``."""
     ok, why = common.comparability(entry["load_before"], entry["load_after"], max_load,
-                                   entry.get("own_load_before", 0.0), entry.get("own_load_after", 0.0))
+                                   entry.get("own_load_before", 0.0), entry.get("own_load_after", 0.0),
+                                   entry.get("others_load_peak"))
     entry["comparable"], entry["why"] = ok, why
     for c in entry["cases"]:
         c["comparable"], c["why"] = ok, why
@@ -149,7 +155,8 @@ def main() -> int:
     env = {**os.environ, **{var: str(args.threads) for var in common.THREAD_ENV}}
     opts = ["--threads", str(args.threads)] + {"smoke": ["--smoke"], "quick": ["--quick"], "default": []}[tier]
     adopted = _adopt_orphans()
-    own, own_at = 0.0, time.perf_counter()  # this run's own share of the 1-minute load average, and when
+    own, own_at = 0.0, time.perf_counter()  # the CPU-time estimate of our share of the load, and when
+    others = common.OthersLoad().start()  # the load of every process but ours, sampled as the kernel does
     failed = []
     t_all = time.perf_counter()
     stages = [s.stem.removeprefix("bench_") for s in scripts(optional=True)]
@@ -164,8 +171,10 @@ def main() -> int:
             _reap()
             cpu0 = _children_cpu()
             t0 = time.perf_counter()
-            own_before = common.own_load(own, 0.0, t0 - own_at)
+            own_cpu_before = common.own_load(own, 0.0, t0 - own_at)
             load_before = common.load_average()
+            others_before = others.sample()
+            others.reset_peak()
             try:
                 proc = subprocess.run(cmd, cwd=common.REPO, timeout=args.timeout, env=env)
                 rc = proc.returncode
@@ -173,25 +182,33 @@ def main() -> int:
                 rc = -1
             seconds = time.perf_counter() - t0
             load_after = common.load_average()
+            others_after = others.sample()
+            others_peak = others.peak
             _reap()
             cpu = _children_cpu() - cpu0
-            own = common.own_load(own_before, cpu / seconds if seconds > 0 else 0.0, seconds)
+            own = common.own_load(own_cpu_before, cpu / seconds if seconds > 0 else 0.0, seconds)
             own_at = time.perf_counter()
+            # our share of each load average: what the sampler does not count as others'
+            own_before = max(load_before[0] - others_before, 0.0)
+            own_after = max(load_after[0] - others_after, 0.0)
             cases = json.loads(out.read_text()) if out.exists() else []
         entry: dict[str, Any] = {
             "stage": stage, "script": str(script.relative_to(common.REPO)), "returncode": rc,
             "seconds": round(seconds, 1), "threads": args.threads, "load_before": load_before,
             "load_after": load_after, "cpu_seconds": round(cpu, 1),
             "cores_busy": round(cpu / seconds, 2) if seconds > 0 else None,
-            "own_load_before": round(own_before, 2), "own_load_after": round(own, 2), "max_load": max_load,
+            "own_load_before": round(own_before, 2), "own_load_after": round(own_after, 2),
+            "others_load_before": round(others_before, 2), "others_load_after": round(others_after, 2),
+            "others_load_peak": round(others_peak, 2), "own_load_cpu_estimate": round(own, 2), "max_load": max_load,
             "cases": cases}
         mark(entry, max_load)
         print(f"=== {stage}: exit {rc}, {seconds:.1f} s, {cpu:.1f} CPU s; load {load_before[0]:.2f} -> "
-              f"{load_after[0]:.2f} (this run's own {own_before:.2f} -> {own:.2f}); "
+              f"{load_after[0]:.2f} (others' {others_before:.2f} -> {others_after:.2f}, peak {others_peak:.2f}); "
               + ("comparable" if entry["comparable"] else f"NOT COMPARABLE: {entry['why']}"), flush=True)
         run["stages"].append(entry)
         if rc != 0:
             failed.append(stage)
+    others.stop()
     run["orphans_adopted"] = adopted
     run["seconds"] = round(time.perf_counter() - t_all, 1)
     args.out.write_text(json.dumps(run, indent=1, default=str) + "\n")

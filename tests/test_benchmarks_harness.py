@@ -189,3 +189,44 @@ def test_every_bench_script_accepts_the_harness_options() -> None:
         text = script.read_text()
         assert "parser(" in text and "apply_threads(" in text, script.name
         assert "argparse.ArgumentParser(" not in text, f"{script.name}: build the parser with common.parser"
+
+
+def test_others_load_counts_every_thread_but_ours_and_our_descendants() -> None:
+    """A busy child of ours is ours; a busy process outside our tree is the others'."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    busy = [sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 20: pass"]
+    child = subprocess.Popen(busy)
+    try:
+        time.sleep(0.3)
+        ours, every = common.running_tasks(os.getpid())
+        assert ours >= 1 and every >= ours  # the spinning child (and this thread)
+        # seen from the child's own tree, this process is not the child's
+        theirs, _ = common.running_tasks(child.pid)
+        assert theirs == 1
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_others_load_damps_like_the_kernel_and_keeps_its_peak() -> None:
+    load = common.OthersLoad(interval=3600)  # not started: folded by hand
+    load.value = load.peak = 2.0
+    load._at = 0.0
+    # 60 s later, 3 other tasks running: 2 e^-1 + 3 (1 - e^-1), the kernel's update with dt = 60 s
+    assert load.fold(3, 60.0) == pytest.approx(2 * math.exp(-1) + 3 * (1 - math.exp(-1)))
+    assert load.peak == pytest.approx(load.value) and load.samples == 1
+    # then 5 s with none: it decays, the peak stays
+    low = load.fold(0, 65.0)
+    assert low == pytest.approx(load.peak * math.exp(-5 / 60)) and load.peak > low
+    load.reset_peak()
+    assert load.peak == low
+
+
+def test_a_stage_whose_others_load_peaked_during_it_is_not_comparable() -> None:
+    ok, why = common.comparability([0.2, 0.1, 0.0], [0.3, 0.1, 0.0], 1.5, others_peak=2.4)
+    assert not ok and "peaked at 2.40 during the stage" in why
+    assert common.comparability([0.2, 0.1, 0.0], [0.3, 0.1, 0.0], 1.5, others_peak=1.2) == (True, None)
