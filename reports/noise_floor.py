@@ -2,11 +2,19 @@
 
 Rows of the ``batch_invariance`` kind (docs/noise-floor.md) turned into findings:
 
-* each kernel's verdict (``batch_invariance_kernels``): ``batch-invariant`` (every (seed, M,
-  position) cell bit-identical to the probe row computed alone), ``varies within k spacings`` (no
+* each GEMM kernel's verdict (``batch_invariance_kernels``, one per output dtype and thread count)
+  judged against the accumulation algorithm the experiment declares (``algorithm``, default
+  ``any``): ``bit-invariant`` (every (seed, M, position) cell bit-identical to the probe row computed
+  alone), ``varies within bound (alg, fmt)`` (cells differ, and every element of every computation
+  of the probe, alone and in each batch, lies within the algorithm's bound) or ``varies beyond bound
+  (alg, fmt)`` (some element outside it, or a NaN/Inf mismatch: no computation by that algorithm
+  gives it); with the largest distance in output spacings and the largest |batch - alone| / bound
+  width; the per-M detail (``batch_invariance_by_m``); the same cells across torch thread counts
+  (``batch_invariance_threads``: each cell vs the same cell at the unit's first thread count).
+  Rows written before the bound (no ``algorithm``) keep the spacings verdicts below;
+* attention kernels and rows without a bound: ``batch-invariant``, ``varies within k spacings`` (no
   cell more than ``tolerance_spacings`` = k output spacings away and no NaN/Inf mismatch) or
-  ``varies beyond k spacings``; with the per-M detail (``batch_invariance_by_m``); the same verdicts
-  for attention kernels (``batch_invariance_attention_kernels``: a probe batch element's causal
+  ``varies beyond k spacings``, for attention kernels (``batch_invariance_attention_kernels``: a probe batch element's causal
   attention, output and logsumexp, in batches of B elements vs alone);
 * the model's noise floor per batch shape (``batch_invariance_model``) and over every batch shape of
   a comparison (``batch_invariance_model_prompts``): sequences (prompts) whose argmax differs from the
@@ -32,13 +40,18 @@ from reports.fliprisk import rate_interval
 if TYPE_CHECKING:
     from storage.catalog import Catalog
 
-__all__ = ["BATCH_INVARIANT", "VARIES_BEYOND", "VARIES_WITHIN", "attention_kernel_table", "certificate_section",
+__all__ = ["BATCH_INVARIANT", "BIT_INVARIANT", "VARIES_BEYOND", "VARIES_BEYOND_BOUND", "VARIES_WITHIN",
+           "VARIES_WITHIN_BOUND", "attention_kernel_table", "threads_table", "certificate_section",
            "distinct_table", "document_tables", "evidence_cells", "floor_table", "interval", "kernel_table",
            "kernel_verdict", "m_table", "model_table", "noise_floor", "swap_phrases"]
 
 BATCH_INVARIANT = "batch-invariant"
 VARIES_WITHIN = "varies within {k} spacings"
 VARIES_BEYOND = "varies beyond {k} spacings"
+#: The verdicts of GEMM kernels judged against their declared algorithm's bound (issue #26).
+BIT_INVARIANT = "bit-invariant"
+VARIES_WITHIN_BOUND = "varies within bound ({algorithm}, {accumulate})"
+VARIES_BEYOND_BOUND = "varies beyond bound ({algorithm}, {accumulate})"
 NOT_RUN = "not run"
 #: How a comparison of the model level reads.
 COMPARISONS = {"padded_prefill": "padded prefill in a batch vs the prompt alone",
@@ -48,8 +61,19 @@ COMPARISONS = {"padded_prefill": "padded prefill in a batch vs the prompt alone"
 E2E_MATCH = ("decode", "fp64")
 
 
+def _judged(r: dict[str, Any]) -> bool:
+    """Whether every cell of a kernel line carries the bound columns (rows from before issue #26 do not)."""
+    return bool(r.get("algorithm")) and r.get("cells_judged") == r["cells"]
+
+
 def kernel_verdict(r: dict[str, Any]) -> str:
-    """The verdict of one ``batch_invariance_kernels`` row (module docstring)."""
+    """The verdict of one ``batch_invariance_kernels`` row (module docstring): against the declared
+    algorithm's bound when every cell carries it, else in spacings."""
+    if _judged(r):
+        if r["cells_bitwise_equal"] == r["cells"]:
+            return BIT_INVARIANT
+        fmt = VARIES_BEYOND_BOUND if r["cells_beyond_bound"] else VARIES_WITHIN_BOUND
+        return fmt.format(algorithm=r["algorithm"], accumulate=r["accumulate"])
     k = r["tolerance_spacings"]
     if r["cells_bitwise_equal"] == r["cells"]:
         return BATCH_INVARIANT
@@ -88,6 +112,7 @@ def noise_floor(cat: Catalog, sweep: str | None) -> dict[str, Any]:
                for r in cat.named("batch_invariance_model_prompts", sweep=sweep)]
     return {"sweep": sweep, "kernels": kernels, "attention_kernels": attention,
             "by_m": cat.named("batch_invariance_by_m", sweep=sweep),
+            "threads": cat.named("batch_invariance_threads", sweep=sweep),
             "model": model, "model_overall": overall,
             "distinct_completions": cat.named("distinct_completions", sweep=sweep),
             "method": {"sequences": "exact Clopper-Pearson 95% over prompts (scipy.stats.binomtest)",
@@ -101,15 +126,40 @@ def _sweep(rows: list[dict[str, Any]], r: dict[str, Any]) -> dict[str, Any]:
     return {"sweep": r["sweep"]} if len({x["sweep"] for x in rows}) > 1 else {}
 
 
+def _bound_cells(r: dict[str, Any]) -> dict[str, Any]:
+    """The bound columns of a kernel line ("not judged" for rows written before the bound)."""
+    if not _judged(r):
+        return {"bound (declared algorithm)": "not judged", "cells beyond bound": NOT_RUN,
+                "max |batch - alone| / bound width": NOT_RUN, "alone row outside bound": NOT_RUN}
+    return {"bound (declared algorithm)": f"{r['algorithm']} ({r['accumulate']})",
+            "cells beyond bound": f"{r['cells_beyond_bound']}/{r['cells']}",
+            "max |batch - alone| / bound width": f"{r['max_bound_ratio']:.3g}",
+            "alone row outside bound": r["max_reference_outside_bound"]}
+
+
+def _threads(r: dict[str, Any]) -> Any:
+    return r["threads"] if r.get("threads") is not None else "(not recorded)"
+
+
 def kernel_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One line per kernel: its verdict and the counts behind it."""
+    """One line per kernel, output dtype and thread count: its verdict and the counts behind it."""
     return [{**_sweep(rows, r), "kernel": r["kernel"], "verdict": r["verdict"],
              "operands": f"{r['dtype']} -> {r['out_dtype']}, {r['scale_mode']} scales",
              "K x N": f"{r['k']} x {r['n']}", "M": f"{r['min_m']}..{r['max_m']} ({r['batch_sizes']} sizes)",
-             "cells bit-identical to M=1": f"{r['cells_bitwise_equal']}/{r['cells']}",
+             "threads": _threads(r), "cells bit-identical to M=1": f"{r['cells_bitwise_equal']}/{r['cells']}",
              "outputs differing": f"{r['differing']}/{r['elements']}",
-             "max spacings": r["max_spacing"], "first varying M": r["first_varying_m"],
+             "max spacings": r["max_spacing"], **_bound_cells(r), "first varying M": r["first_varying_m"],
              "tolerance (spacings)": r["tolerance_spacings"]} for r in rows]
+
+
+def threads_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One line per kernel, output dtype and thread count after a unit's first: its cells vs the same
+    cells at the first thread count."""
+    return [{**_sweep(rows, r), "kernel": r["kernel"], "operands": f"{r['dtype']} -> {r['out_dtype']}",
+             "K x N": f"{r['k']} x {r['n']}", "threads vs first": f"{r['threads']} vs {r['first_threads']}",
+             "cells differing": f"{r['cells_differing']}/{r['cells']}",
+             "outputs differing": f"{r['differing']}/{r['elements']}", "max spacings": r["max_spacing"]}
+            for r in rows]
 
 
 def attention_kernel_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -133,9 +183,12 @@ def _attention(rows: list[dict[str, Any]], r: dict[str, Any]) -> dict[str, Any]:
 def m_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One line per kernel and M (only kernels with a cell that differs: the others are all 0)."""
     varying = {(r["sweep"], r["experiment"], r["kernel"]) for r in rows if r["cells_bitwise_equal"] != r["cells"]}
-    return [{**_sweep(rows, r), "kernel": r["kernel"], "M": r["m"],
+    return [{**_sweep(rows, r), "kernel": r["kernel"], "out": r["out_dtype"], "threads": _threads(r), "M": r["m"],
              "cells bit-identical": f"{r['cells_bitwise_equal']}/{r['cells']}",
-             "outputs differing": f"{r['differing']}/{r['elements']}", "max spacings": r["max_spacing"]}
+             "outputs differing": f"{r['differing']}/{r['elements']}", "max spacings": r["max_spacing"],
+             "cells beyond bound": r.get("cells_beyond_bound"),
+             "max |batch - alone| / bound width": (None if r.get("max_bound_ratio") is None
+                                                   else f"{r['max_bound_ratio']:.3g}")}
             for r in rows if (r["sweep"], r["experiment"], r["kernel"]) in varying]
 
 
@@ -199,6 +252,9 @@ def document_tables(cat: Catalog, sweep: str | None) -> list[dict[str, Any]]:
         varying = m_table(nf["by_m"])
         if varying:
             out.append({"title": "Kernels that vary: cells per batch size M", "rows": varying})
+        if nf["threads"]:
+            out.append({"title": "Across torch thread counts: each cell vs the same cell at the first count",
+                        "rows": threads_table(nf["threads"])})
     if nf["attention_kernels"]:
         out.append({"title": "Batch invariance per attention kernel (probe element in batches of B vs alone)",
                     "rows": attention_kernel_table(nf["attention_kernels"])})
@@ -274,8 +330,10 @@ def _kernel_phrase(r: dict[str, Any]) -> str:
         return (f"{r['kernel']}: {r['verdict']} ({r['cells_bitwise_equal']}/{r['cells']} cells bit-identical, "
                 f"B {r['min_batch']}..{r['max_batch']}, max {r['max_spacing']} sp, logsumexp max "
                 f"{r['lse_max_spacing']} sp)")
-    return (f"{r['kernel']}: {r['verdict']} ({r['cells_bitwise_equal']}/{r['cells']} cells bit-identical, "
-            f"M {r['min_m']}..{r['max_m']}, max {r['max_spacing']} sp)")
+    bound = f", max |batch - alone| {r['max_bound_ratio']:.3g} of the bound width" if _judged(r) else ""
+    where = f"{r['out_dtype']} out" + (f", {r['threads']} threads" if r.get("threads") is not None else "")
+    return (f"{r['kernel']}: {r['verdict']} ({where}; {r['cells_bitwise_equal']}/{r['cells']} cells bit-identical, "
+            f"M {r['min_m']}..{r['max_m']}, max {r['max_spacing']} sp{bound})")
 
 
 def evidence_cells(section: dict[str, Any] | None, scale_mode: str, pairs: list[dict[str, Any]]) -> dict[str, str]:

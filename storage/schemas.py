@@ -285,6 +285,18 @@ BATCH_INVARIANCE = pa.schema(
         ("bitwise_equal", pa.bool_()),
         ("seconds", pa.float64()),
         ("seconds_reference", pa.float64()),
+        # issue #26 (NULL in older files): the declared algorithm and its format, the torch thread
+        # count, each computation's elements outside the algorithm's bound, the largest
+        # |batch - alone| / bound width, and the elements differing from the same cell at the unit's
+        # first thread count (NULL at the first) with their largest distance in output spacings
+        ("algorithm", pa.string()),
+        ("accumulate", pa.string()),
+        ("threads", pa.int32()),
+        ("outside_bound", pa.int64()),
+        ("reference_outside_bound", pa.int64()),
+        ("max_bound_ratio", pa.float64()),
+        ("thread_differing", pa.int64()),
+        ("thread_max_spacing", pa.int64()),
     ]
 )
 

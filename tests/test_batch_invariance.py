@@ -1,9 +1,10 @@
 """The ``batch_invariance`` kind, its named queries, the noise-floor report and the certificate cells.
 
-Kernel level: the CPU kernels come out batch-invariant (measured on every cell), and two kernels
-planted here, whose computation depends on M, are caught: one that splits K into bf16 partial sums
-above M = 64 (beyond one spacing) and one whose epilogue truncates instead of rounding above M = 64
-(within one spacing). Model level: the tiny W8A8 model with fp64 reductions computes a prompt's
+Kernel level: the CPU kernels come out bit-invariant (measured on every cell, judged against the
+default ``any`` fp32 bound), and two kernels planted here, whose computation depends on M, are told
+apart: one that splits K into bf16 partial sums above M = 64 (beyond the bound) and one whose epilogue
+truncates instead of rounding above M = 64 (one spacing: within the bound). The bound itself, the
+random probe row, several output dtypes and thread counts: tests/test_batch_invariance_bound.py. Model level: the tiny W8A8 model with fp64 reductions computes a prompt's
 logits bit for bit alike alone, in padded batches and decoded with the KV cache; with fp32 reductions
 it does not (torch's matmuls: a fact recorded per torch version). The SQL and report figures are recomputed here from the Parquet rows themselves.
 """
@@ -158,6 +159,11 @@ def test_probe_positions() -> None:
     assert [probe_row(1, p) for p in ("first", "middle", "last")] == [0, 0, 0]
     assert [probe_row(2, p) for p in ("first", "middle", "last")] == [0, 1, 1]
     assert [probe_row(257, p) for p in ("first", "middle", "last")] == [0, 128, 256]
+    # random: drawn from the seed and M, the same every time, inside the batch, and not one fixed row
+    rows = [probe_row(m, "random", seed) for m in (1, 2, 17, 257) for seed in (0, 1, 2)]
+    assert rows == [probe_row(m, "random", seed) for m in (1, 2, 17, 257) for seed in (0, 1, 2)]
+    assert rows[:3] == [0, 0, 0] and all(0 <= r < 257 for r in rows[9:])
+    assert len({probe_row(257, "random", seed) for seed in range(8)}) > 1
 
 
 def test_the_probe_row_is_the_same_input_in_every_batch() -> None:
@@ -199,19 +205,21 @@ def test_cpu_kernels_are_batch_invariant_and_planted_ones_are_caught(kernel_resu
     verdicts = {r["kernel"]: r for r in rep["kernels"]}
     for name in CPU_KERNELS:
         r = verdicts[name]
-        assert r["verdict"] == nf.BATCH_INVARIANT, r
-        assert r["cells"] == r["cells_bitwise_equal"] == len(SMALL_M) * 3 and r["differing"] == 0
+        assert r["verdict"] == nf.BIT_INVARIANT, r
+        assert r["cells"] == r["cells_bitwise_equal"] == r["cells_judged"] == len(SMALL_M) * 4 and r["differing"] == 0
+        assert r["cells_beyond_bound"] == 0 and r["max_reference_outside_bound"] == 0 and r["max_bound_ratio"] == 0
     split = verdicts[SPLIT]  # a kernel named by module:attr is reported by that name
-    assert split["verdict"] == "varies beyond 1 spacings"
-    assert split["first_varying_m"] == 65 and split["varying_ms"] == [65, 129]
-    trunc = verdicts[TRUNC]
-    assert trunc["verdict"] == "varies within 1 spacings"
+    assert split["verdict"] == "varies beyond bound (any, fp32)"
+    assert split["first_varying_m"] == 65 and split["varying_ms"] == [65, 129] and split["cells_beyond_bound"] > 0
+    trunc = verdicts[TRUNC]  # one spacing toward zero: well inside the fp32 algorithm's bound
+    assert trunc["verdict"] == "varies within bound (any, fp32)"
     assert trunc["first_varying_m"] == 65 and trunc["max_spacing"] == 1 and trunc["cells_beyond_tolerance"] == 0
+    assert trunc["cells_beyond_bound"] == 0 and 0 < trunc["max_bound_ratio"] < 1
 
 
 def test_kernel_figures_recomputed_from_the_parquet_rows(kernel_results: Path) -> None:
     rows = _parquet(kernel_results, "batch_invariance")
-    assert len(rows) == (len(CPU_KERNELS) + 2) * len(SMALL_M) * 3
+    assert len(rows) == (len(CPU_KERNELS) + 2) * len(SMALL_M) * 4
     with open_catalog(kernel_results) as cat:
         summary = {r["kernel"]: r for r in cat.named("batch_invariance_kernels", sweep=None)}
         by_m = {(r["kernel"], r["m"]): r for r in cat.named("batch_invariance_by_m", sweep=None)}
@@ -224,6 +232,10 @@ def test_kernel_figures_recomputed_from_the_parquet_rows(kernel_results: Path) -
         assert s["max_spacing"] == max(r["max_spacing"] for r in mine)
         varying = sorted({r["m"] for r in mine if r["differing"]})
         assert s["varying_ms"] == varying and s["first_varying_m"] == (varying[0] if varying else None)
+        assert s["cells_beyond_bound"] == sum(r["outside_bound"] > 0 or r["reference_outside_bound"] > 0
+                                              or r["nonfinite_mismatch"] > 0 for r in mine)
+        assert s["outside_bound"] == sum(r["outside_bound"] for r in mine)
+        assert s["max_bound_ratio"] == max(r["max_bound_ratio"] for r in mine)
         for m in SMALL_M:
             cell = [r for r in mine if r["m"] == m]
             assert by_m[(kernel, m)]["differing"] == sum(r["differing"] for r in cell)
@@ -238,9 +250,9 @@ def test_a_tolerance_of_zero_spacings_turns_within_into_beyond() -> None:
 
 
 def test_report_noise_floor_cli(kernel_results: Path) -> None:
-    res = runner.invoke(app, ["report", "noise-floor", "--results", str(kernel_results)], env={"COLUMNS": "250"})
+    res = runner.invoke(app, ["report", "noise-floor", "--results", str(kernel_results)], env={"COLUMNS": "420"})
     assert res.exit_code == 0, res.output
-    assert "batch-invariant" in res.output and "varies beyond 1 spacings" in res.output
+    assert "bit-invariant" in res.output and "varies beyond bound (any, fp32)" in res.output
     js = runner.invoke(app, ["report", "noise-floor", "--results", str(kernel_results), "--format", "json"])
     data = json.loads(js.stdout)
     assert {r["kernel"] for r in data["kernels"]} == {*CPU_KERNELS, SPLIT, TRUNC}
@@ -421,7 +433,9 @@ def test_the_certificate_puts_the_noise_floor_beside_the_swap(tmp_path: Path) ->
     assert row["kernel swap vs noise floor"] == (
         "kernel swap cut~tri (ka vs kb): 3/8 sequences differ; noise floor of the same kernel across batch shapes: "
         "ka, fp64 reductions, KV-cache decode in a batch vs prefill alone (batches 1, 4, 8): 2/8 sequences")
-    assert row["batch invariance (probe row in batches of M vs alone)"].startswith("ka: batch-invariant (3/3 cells")
+    # rows written before the bound (no algorithm): the spacings verdict, the kernel's line names its output
+    assert row["batch invariance (probe row in batches of M vs alone)"].startswith(
+        "ka: batch-invariant (bf16 out; 3/3 cells bit-identical, M 1..3, max 0 sp)")
     assert cert["noise_floor"]["model"][0]["sequences"]["k"] == 2
     res = runner.invoke(app, ["report", "certificate", "--results", str(root), "--format", "markdown"])
     assert res.exit_code == 0 and "3/8 sequences differ; noise floor" in res.stdout
@@ -466,6 +480,8 @@ def test_units_and_resources() -> None:
     assert [(u.params["kernel"]["name"], u.params["seed"], u.params["dtype"]) for u in units] == [
         ("int8-cutlass-order", 0, "int8"), ("int8-cutlass-order", 1, "int8"),
         ("fp8-sequential", 0, "fp8_e4m3"), ("fp8-sequential", 1, "fp8_e4m3")]
+    assert all(u.params["algorithm"] == "any" and u.params["accumulate"] == "fp32" and "threads" not in u.params
+               for u in units)
     assert all(u.resources.num_gpus == 0 for u in units)
     model = KIND.expand("model", parse_spec(MODEL_SPEC).experiments["model"])
     assert [(u.params["reductions"], u.params["batch"]) for u in model] == [("fp32", 1), ("fp32", 3), ("fp64", 1), ("fp64", 3)]

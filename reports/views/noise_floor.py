@@ -7,7 +7,7 @@ from typing import Any
 from reports.registry import Block, Report, Section, View
 
 #: --table -> the key of reports.noise_floor.noise_floor() holding its rows (JSON and CSV).
-KEYS = {"kernels": "kernels", "attention": "attention_kernels", "m": "by_m", "model": "model",
+KEYS = {"kernels": "kernels", "attention": "attention_kernels", "m": "by_m", "threads": "threads", "model": "model",
         "floor": "model_overall", "distinct": "distinct_completions"}
 
 
@@ -20,6 +20,8 @@ def _build(cat: Any, sweep: str, opts: dict[str, Any]) -> View:
              ("attention", "batch invariance per attention kernel (probe element in batches of B vs alone)",
               nf.attention_kernel_table(rep["attention_kernels"])),
              ("m", "kernels that vary: cells per batch size M", nf.m_table(rep["by_m"])),
+             ("threads", "across torch thread counts: each cell vs the same cell at the unit's first count",
+              nf.threads_table(rep["threads"])),
              ("floor", "model noise floor over every batch shape", nf.floor_table(rep["model_overall"])),
              ("model", "model noise floor per batch size", nf.model_table(rep["model"])),
              ("distinct", "distinct completions in N cold restarts, per arm", nf.distinct_table(rep["distinct_completions"]))]
@@ -48,11 +50,16 @@ REPORT = Report(
     tables=tuple(KEYS),
     help="""Batch invariance and the noise floor: what the same kernel changes by batch shape alone.
 
-`kernels`: per kernel of a `batch_invariance` experiment (level kernel), its verdict —
-`batch-invariant` (the probe row bit-identical to the row computed alone, M = 1, at every position
-of every batch size M and seed), `varies within k spacings` or `varies beyond k spacings` (k the
-spec's `tolerance_spacings`) — with the cells bit-identical, the outputs differing, the largest
-distance in output spacings and the first M that varies; `m`: per M, for the kernels that vary.
+`kernels`: per kernel of a `batch_invariance` experiment (level kernel), output dtype and torch
+thread count, its verdict against the accumulation algorithm the experiment declares (`algorithm`,
+default `any`) — `bit-invariant` (the probe row bit-identical to the row computed alone, M = 1, at
+every position of every batch size M and seed), `varies within bound (alg, fmt)` (rows differ, every
+element of every computation within the algorithm's bound) or `varies beyond bound (alg, fmt)` —
+with the cells bit-identical, the outputs differing, the largest distance in output spacings, the
+largest |batch - alone| / bound width and the first M that varies (rows written before the bound:
+`batch-invariant`, `varies within k spacings` or `varies beyond k spacings`, k the spec's
+`tolerance_spacings`); `m`: per M, for the kernels that vary; `threads`: each cell vs the same cell
+at the unit's first torch thread count (experiments with `threads`).
 `attention`: the same verdicts per attention kernel (`attention_kernels`): a probe batch element's
 causal attention, output and logsumexp, in batches of B elements vs alone.
 `floor`: per kernel, scales, reductions and comparison (padded prefill, or KV-cache decode, vs the
@@ -61,7 +68,7 @@ prompt scored alone), the sequences whose argmax differs in some batch size, k/N
 same per batch size, with positions (exact 95%, positions treated as independent), positions with
 any logit differing, the largest logit distance in fp32 spacings and the largest margin at a flip.
 `distinct`: per arm of a `generate` experiment, how many distinct greedy completions its N cold
-restarts produced per prompt. JSON (`--table all`): one object with `kernels`, `attention_kernels`, `by_m`, `model`,
+restarts produced per prompt. JSON (`--table all`): one object with `kernels`, `attention_kernels`, `by_m`, `threads`, `model`,
 `model_overall`, `distinct_completions` and `method`; another `--table` gives its rows. See
 docs/noise-floor.md.""",
     example="swapcheck report noise-floor --results results --sweep noise-floor-demo",

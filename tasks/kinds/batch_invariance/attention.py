@@ -100,7 +100,7 @@ def run_attention(params: dict[str, Any]) -> dict[str, Rows]:
     rows = []
     for m in ms:
         for position in params["positions"]:
-            r = probe_row(m, position)
+            r = probe_row(m, position, params["seed"])
             order = torch.cat([torch.arange(1, r + 1), torch.zeros(1, dtype=torch.long), torch.arange(r + 1, m)])
             out, lse, seconds = call(order)
             stats = compare(out[r: r + 1].reshape(-1, params["head_dim"]), ref.reshape(-1, params["head_dim"]), fmt)

@@ -19,6 +19,7 @@ from tasks.kinds.fields import (
     Strict,
     SyntheticPrompts,
     as_impl,
+    axis_values,
     check_axis,
     check_distinct,
     check_seed_axis,
@@ -27,9 +28,10 @@ from tasks.kinds.fields import (
 
 #: The batch sizes of vLLM's own batch-invariance test (1 to 257, around every power of two).
 DEFAULT_M = [1, 2, 3, 4, 5, 7, 8, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129, 255, 256, 257]
-#: Where the probe row sits in a batch of M rows.
-POSITIONS = ("first", "middle", "last")
-Position = Literal["first", "middle", "last"]
+#: Where the probe row sits in a batch of M rows (``random``: a row drawn with the unit's seed per M).
+POSITIONS = ("first", "middle", "last", "random")
+Position = Literal["first", "middle", "last", "random"]
+OutDtype = Literal["bf16", "fp16", "fp32"]
 Comparison = Literal["padded_prefill", "decode"]
 Reductions = Literal["fp32", "fp64"]
 #: Largest M of the kernel level (the probe's neighbours are drawn as one [M, K] matrix).
@@ -39,7 +41,10 @@ MAX_MODEL_BATCH = 1024
 
 #: Fields of each level, with the spec's other level named in the message when they are set.
 KERNEL_FIELDS = ("kernels", "attention_kernels", "m", "positions", "k", "n", "seeds", "dtype", "scale_mode",
-                 "out_dtype", "tolerance_spacings", "heads", "seq_len", "head_dim", "attention_dtype")
+                 "out_dtype", "tolerance_spacings", "algorithm", "accumulate", "threads", "heads", "seq_len",
+                 "head_dim", "attention_dtype")
+#: Largest torch thread count of the ``threads`` axis.
+MAX_THREADS = 1024
 MODEL_FIELDS = ("model", "model_seed", "kernel", "attention", "scales", "reductions", "batch_sizes", "comparisons",
                 "prompts", "new_tokens")
 #: The attention dtypes of the kernel level (the names of the attention registry and replay).
@@ -51,7 +56,9 @@ class BatchInvarianceExperiment(Strict):
 
     ``level = "kernel"`` uses the kernel fields (``kernels`` and/or ``attention_kernels``, ``m``,
     ``positions``, ``seeds``, ``tolerance_spacings``; GEMM kernels ``k``, ``n``, ``dtype``,
-    ``scale_mode``, ``out_dtype``; attention kernels ``heads``, ``seq_len``, ``head_dim``,
+    ``scale_mode``, ``out_dtype`` (one or several: one unit each), ``algorithm`` and ``accumulate``
+    (the accumulation algorithm the kernels declare, judged as the ``bounds`` check judges it),
+    ``threads`` (torch thread counts to run each probe at); attention kernels ``heads``, ``seq_len``, ``head_dim``,
     ``attention_dtype``); ``level = "model"`` the model fields (``model``, ``model_seed``, ``kernel``,
     ``attention``, ``scales``, ``reductions``, ``batch_sizes``, ``comparisons``, ``prompts``,
     ``new_tokens``). A field of the other level set to anything but its default is an error.
@@ -62,15 +69,25 @@ class BatchInvarianceExperiment(Strict):
     # -- kernel level
     kernels: list[str | Implementation] = Field(default_factory=list)
     m: IntAxis = Field(default_factory=lambda: list(DEFAULT_M))
-    positions: list[Position] = Field(default_factory=lambda: list[Position](["first", "middle", "last"]), min_length=1)
+    positions: list[Position] = Field(default_factory=lambda: list[Position](["first", "middle", "last", "random"]),
+                                      min_length=1)
     k: int = Field(default=256, ge=1, le=MAX_DIM)
     n: int = Field(default=256, ge=1, le=MAX_DIM)
     seeds: IntAxis = 1
     #: Operand dtype for kernels that take either (``any``); other kernels use their own.
     dtype: Literal["int8", "fp8_e4m3"] = "int8"
     scale_mode: ScaleMode = "real"
-    out_dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
+    #: Output dtype(s) of the GEMM kernels: one unit per kernel, seed and output dtype.
+    out_dtype: OutDtype | list[OutDtype] = Field(default_factory=lambda: list[OutDtype](["bf16", "fp32"]))
     tolerance_spacings: int = Field(default=1, ge=0, le=2**31 - 1)
+    #: The accumulation algorithm every GEMM kernel of the experiment declares (``swapcheck check
+    #: bounds --algorithm`` names: any, sequential, pairwise, blocked-<b>, exact, slots16) and its
+    #: format: each computation of the probe row is judged against its bound.
+    algorithm: str = "any"
+    accumulate: Literal["fp32", "bf16", "fp16"] = "fp32"
+    #: torch thread counts (``torch.set_num_threads``) to run every probe at, the CPU analogue of a
+    #: tensor-parallel size; unset: the worker's own setting, recorded.
+    threads: IntAxis | None = None
     #: Attention kernels (tasks.attention registry names): a probe batch element's causal attention
     #: alone (B = 1) and at each position of B elements, B the ``m`` axis.
     attention_kernels: list[str] = Field(default_factory=list)
@@ -99,6 +116,20 @@ class BatchInvarianceExperiment(Strict):
     def _m_axis(cls, v: Any) -> Any:
         return check_axis(v, 1, MAX_BATCH_ROWS)
 
+    @field_validator("threads")
+    @classmethod
+    def _threads_axis(cls, v: Any) -> Any:
+        return None if v is None else check_axis(v, 1, MAX_THREADS)
+
+    @field_validator("out_dtype")
+    @classmethod
+    def _out_dtypes(cls, v: Any) -> Any:
+        if isinstance(v, list):
+            if not v:
+                raise ValueError("give at least one output dtype (bf16, fp16, fp32)")
+            return check_distinct(v)
+        return v
+
     @field_validator("batch_sizes")
     @classmethod
     def _batch_axis(cls, v: Any) -> Any:
@@ -117,6 +148,13 @@ class BatchInvarianceExperiment(Strict):
     def seed_values(self) -> list[int]:
         return seed_values(self.seeds)
 
+    def out_dtypes(self) -> list[str]:
+        """The output dtypes of the GEMM kernels, as a list."""
+        return list(self.out_dtype) if isinstance(self.out_dtype, list) else [self.out_dtype]
+
+    def thread_counts(self) -> list[int] | None:
+        return None if self.threads is None else axis_values(self.threads)
+
     def impls(self) -> list[Implementation]:
         return [as_impl(i) for i in self.kernels]
 
@@ -132,6 +170,11 @@ def other_level_problems(base: str, exp: BatchInvarianceExperiment) -> list[str]
             for f in fields if getattr(exp, f) != getattr(default, f)]
 
 
-def probe_row(m: int, position: str) -> int:
-    """Where the probe sits in a batch of ``m`` rows."""
+def probe_row(m: int, position: str, seed: int = 0) -> int:
+    """Where the probe sits in a batch of ``m`` rows (``random``: a row drawn from ``seed`` and ``m``,
+    the same in every process)."""
+    if position == "random":
+        from tasks.seeds import stable_seed
+
+        return stable_seed("batch_invariance_random_row", seed, m) % m
     return {"first": 0, "middle": m // 2, "last": m - 1}[position]

@@ -1,0 +1,132 @@
+"""The declared algorithm's bound on one probe row, and a batch-invariance cell judged against it.
+
+Why a bound and not spacings.  A correct kernel whose accumulation order depends on M computes the
+probe row differently in different batches; at fp32 output those differences are several output
+spacings, at bf16 output most vanish on rounding.  Spacings alone cannot separate such a legitimate
+order change from a defect.  The declared accumulation algorithm can: :func:`tasks.checks.bounds.algorithm`
+(the ``bounds`` check's algorithms; ``any`` = any order of additions, products rounded or fused, in the
+accumulation format) gives, for the probe's exact products ``a[k] * b[k, j]``, the exact sum and the
+rigorous error bound ``tol`` of that algorithm (:class:`tasks.numerics.errormodel.Bounds`: ``gamma_n *
+sum |a b| + N eta (1 + gamma_n)``).  Nothing here writes a second accumulation bound.
+
+The epilogue.  The ``bounds`` check gives scaled kernels power-of-two scales, so scaling is exact; this
+kind's operands carry real scales (``scale_mode = "real"``: fp32 values), so the kernel's output is
+the accumulator times ``sa * sb`` with at most :data:`EPILOGUE_ROUNDINGS` fp32 roundings (the int32 ->
+fp32 conversion of an integer accumulator, ``* sa``, ``* sb``, in any order) and then one rounding to
+the output format.  A kernel may also scale the operands before accumulating (each term then passes
+up to three fp32 roundings: ``a * sa``, ``b * sb`` and their product).  Both are covered, with ``s = sa * sb`` (exact in float64) and ``S = sum |a b|``::
+
+    |y - s * exact| <= s * (tol * (1 + g3) + g3 * S) + underflow,   g3 = gamma_3 in fp32
+
+(scaling after: ``|acc - exact| <= tol`` and three relative roundings of ``acc * s``: ``s tol (1 +
+g3) + g3 s |exact|``, and ``|exact| <= S``; scaling before: each term is ``p s (1 + t)``, ``|t| <=
+gamma_3``, and the algorithm's bound on those terms is ``gamma_n (1 + gamma_3) s S``, both within the
+line above).  ``underflow`` charges half fp32's smallest subnormal to every rounding a term or the
+epilogue can pass through, times the largest scaled operand magnitude plus one: negligible unless
+values reach fp32's subnormal range.  The allowed outputs are ``[rn(low), rn(high)]`` with ``low``,
+``high`` the two ends of that interval (float64, widened by 2^-50 relative) and ``rn`` the rounding
+to the output format (monotone, so every output a correct kernel can produce lies inside).
+
+The judgement of a cell (the rigorous form).  The probe computed alone and in a batch of M are two
+computations of the same row; a correct kernel puts *each* of them inside ``[lo, hi]``.  That is the
+test: an element of either outside is a proof that the kernel did not compute it by the declared
+algorithm (``outside_bound`` / ``reference_outside_bound``).  It implies the weaker statement on the
+difference, ``|batch - alone| <= hi - lo`` (the sum of both computations' bounds around the exact
+result, measured in output values), which alone could not catch a kernel wrong in both computations
+by amounts that cancel in the difference, so it is reported, not judged: ``max_bound_ratio`` is the
+largest ``|batch - alone| / (hi - lo)`` over the row's elements (0 where they agree; elements whose
+bound allows a single output value are left out: a difference there always puts one computation
+outside, and is counted there).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["EPILOGUE_ROUNDINGS", "RowBound", "cell_stats", "row_bound"]
+
+#: fp32 roundings the epilogue may apply to the accumulator (int32 -> fp32, * scale_a, * scale_b).
+EPILOGUE_ROUNDINGS = 3
+_U32 = 2.0**-24
+_ETA32 = 2.0**-150
+_SLACK = 2.0**-50
+
+
+def _gamma(n: int, u: float) -> float:
+    from tasks.numerics.errormodel import gamma
+
+    return gamma(n, u)
+
+
+@dataclass(frozen=True)
+class RowBound:
+    """The outputs a kernel computing the probe row by the declared algorithm may produce.
+
+    ``low``/``high``: float64 arrays ``[N]`` of values of the output format (the interval's ends,
+    rounded to it); ``algorithm``/``accumulate``: the declared algorithm's name and format.
+    """
+
+    algorithm: str
+    accumulate: str
+    low: np.ndarray
+    high: np.ndarray
+
+    def covers(self, out: Any) -> np.ndarray:
+        """Elementwise: is the output row (a ``[1, N]`` or ``[N]`` tensor) inside the bound?"""
+        v = out.double().numpy().reshape(-1)
+        with np.errstate(invalid="ignore"):
+            return np.asarray(np.isfinite(v) & (v >= self.low) & (v <= self.high))
+
+
+def row_bound(name: str, accumulate: str, a_row: Any, b: Any, scale_a_row: Any, scale_b: Any,
+              out_fmt: Any) -> RowBound:
+    """The bound of algorithm ``name`` in ``accumulate`` on ``a_row @ b`` times the scales (module docstring).
+
+    ``a_row`` ``[1, K]`` and ``b`` ``[K, N]`` are int8 or e4m3 (exact in fp32, and so are their
+    products); ``scale_a_row`` one fp32 scale, ``scale_b`` ``[N]`` fp32 scales.
+    """
+    import torch
+
+    from tasks.checks.bounds import algorithm
+    from tasks.numerics import round_to_format
+
+    alg = algorithm(name, accumulate)
+    af, bf = a_row.to(torch.float32), b.to(torch.float32)
+    bnd = alg.bounds(af, bf)
+    exact = np.asarray(bnd.hi, dtype=np.float64).reshape(-1)
+    tol = (np.asarray(bnd.tolerance()) + np.abs(np.asarray(bnd.lo)) + np.asarray(bnd.err)).reshape(-1)
+    abs_sum = np.asarray(bnd.abs_sum, dtype=np.float64).reshape(-1)
+    sa = float(scale_a_row.to(torch.float64).reshape(-1)[0])
+    sb = scale_b.to(torch.float64).reshape(-1).numpy()
+    s = sa * sb  # two fp32 values: exact in float64
+    g3 = _gamma(EPILOGUE_ROUNDINGS, _U32)
+    k = int(af.shape[1])
+    big = 1.0 + float(np.abs(sa) * af.abs().max().item()) + float(np.max(np.abs(bf.double().numpy() * sb), initial=0.0))
+    underflow = (3 * k + 2 * EPILOGUE_ROUNDINGS) * _ETA32 * big * (1.0 + g3)
+    with np.errstate(over="ignore", invalid="ignore"):
+        center = exact * s
+        allowance = (s * (tol * (1.0 + g3) + g3 * abs_sum)) * (1.0 + _SLACK) + underflow
+        low = center - allowance - np.abs(center) * _SLACK
+        high = center + allowance + np.abs(center) * _SLACK
+    lo_o = np.asarray(round_to_format(low, out_fmt), dtype=np.float64)
+    hi_o = np.asarray(round_to_format(high, out_fmt), dtype=np.float64)
+    return RowBound(name, alg.format.name, lo_o, hi_o)
+
+
+def cell_stats(bound: RowBound, batch_row: Any, alone_row: Any) -> dict[str, Any]:
+    """The bound columns of one cell: elements of each computation outside, and the largest
+    ``|batch - alone| / (high - low)`` (module docstring)."""
+    vb = batch_row.double().numpy().reshape(-1)
+    va = alone_row.double().numpy().reshape(-1)
+    width = bound.high - bound.low
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = np.abs(vb - va)
+        # where the bound allows one output value a difference is always outside: no ratio there
+        ok = (width > 0) & np.isfinite(diff)
+        ratio = np.where(ok, diff / np.where(ok, width, 1.0), 0.0)
+    return {"outside_bound": int((~bound.covers(batch_row)).sum()),
+            "reference_outside_bound": int((~bound.covers(alone_row)).sum()),
+            "max_bound_ratio": float(ratio.max(initial=0.0))}
