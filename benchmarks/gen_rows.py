@@ -209,9 +209,24 @@ def _kdepth_units(store: ResultStore, rows: int, rng: np.random.Generator) -> li
 
 
 def data_table(table: str, data: dict[str, Any]) -> pa.Table:
+    """``data`` as the table's declared schema; a declared column it lacks (one added since this
+    generator was written) is all nulls, as the writer's own files would hold where it has no value."""
     from storage.schemas import TABLES
 
-    return pa.table(data).cast(TABLES[table])
+    schema = TABLES[table]
+    n = len(next(iter(data.values())))
+    return pa.table({f.name: data[f.name] if f.name in data else pa.nulls(n, f.type) for f in schema}).cast(schema)
+
+
+def schemas_key() -> str:
+    """A fingerprint of the declared schemas: a cached tree written under others is generated anew,
+    so that the reads measure files as the current writer writes them."""
+    import hashlib
+
+    from storage.schemas import TABLES
+
+    text = "\n".join(f"{t}:{TABLES[t].remove_metadata()}" for t in sorted(TABLES))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def generate(root: Path, rows: int, seed: int = 0) -> dict[str, Any]:
@@ -225,14 +240,14 @@ def generate(root: Path, rows: int, seed: int = 0) -> dict[str, Any]:
         "spec_sha256": "bench-spec", "question": "synthetic rows for the read benchmarks",
         "spec_path": "benchmarks/gen_rows.py", "spec_toml": "", "n_units": len(units), "unit_ids": units,
         "created_at": utcnow()}])
-    return {"rows": rows, "version": VERSION, "seed": seed, "units": len(units), "sweep": SWEEP}
+    return {"rows": rows, "version": VERSION, "seed": seed, "schemas": schemas_key(), "units": len(units), "sweep": SWEEP}
 
 
 def ensure_rows(directory: Path, rows: int, seed: int = 0) -> Path:
     """The results root holding ``rows`` per-position rows (cached under ``directory``)."""
     root = directory / f"rows-{rows}"
     marker = directory / f"rows-{rows}.json"
-    want = {"rows": rows, "version": VERSION, "seed": seed}
+    want = {"rows": rows, "version": VERSION, "seed": seed, "schemas": schemas_key()}
     if marker.exists() and root.exists():
         have = json.loads(marker.read_text())
         if all(have.get(k) == v for k, v in want.items()):
