@@ -22,10 +22,11 @@ __all__ = ["DOCUMENT_TITLE", "document_note", "by_layer", "by_pair", "document_t
 def pair_verdict(r: dict[str, Any]) -> str:
     """The verdict of one ``quantize_by_pair`` row, in the certificate's vocabulary and by the rule a
     quantizer certificate applies to its downstream replay (docs/quantizers.md, "Verdict per pair"):
-    ``IDENTICAL`` when the downstream GEMM outputs are bit-identical (with no downstream -- FP8 --
-    when the quantized values and scales are); ``EPILOGUE_ROUNDING`` when they differ in at most
-    RARE_FRACTION of outputs by at most 1 spacing (raw: every output); ``DIFFERENT`` otherwise;
-    ``not run`` for an FP8 pair whose values differ (no downstream GEMM to judge)."""
+    ``IDENTICAL`` when the downstream GEMM outputs are bit-identical; ``EPILOGUE_ROUNDING`` when they
+    differ in at most RARE_FRACTION of outputs by at most 1 spacing (raw: every output); ``DIFFERENT``
+    otherwise. INT8 and FP8 pairs alike (an FP8 pair's downstream is an FP8 GEMM). A row without a
+    downstream (an FP8 pair in results written before FP8 pairs had one): ``IDENTICAL`` when the
+    quantized values and scales are, else ``not run`` (no downstream GEMM to judge)."""
     if r["out_elements"] is None:
         return "IDENTICAL" if not r["q_differing"] and not r["scales_differing"] else f"{NOT_RUN} (no downstream GEMM)"
     if not r["out_differing"]:
@@ -84,20 +85,26 @@ DOCUMENT_TITLE = "Quantizer swaps: per pair, summed over every captured layer ca
 
 def document_note(rows: list[dict[str, Any]]) -> str:
     """The note under the per-pair table: what each column holds, and the fixed GEMM kernel(s)."""
-    gemm = sorted({r["gemm_kernel"] for r in rows if r["out_elements"] is not None})
+    gemm = sorted({r["gemm_kernel"] for r in rows if r["out_elements"] is not None and r["q_dtype"] == "int8"})
+    fp8 = sorted({r["gemm_kernel"] for r in rows if r["out_elements"] is not None and r["q_dtype"] == "fp8_e4m3"})
+    legacy = any(r["out_elements"] is None for r in rows)
     return ("Verdict (downstream GEMM): IDENTICAL when the GEMM outputs are bit-identical, EPILOGUE_ROUNDING "
-            "when at most 0.1% of them differ, by at most 1 spacing, DIFFERENT otherwise (the certificate's rule); "
-            "an FP8 pair has no downstream GEMM ('not run' unless nothing differs). "
+            "when at most 0.1% of them differ, by at most 1 spacing, DIFFERENT otherwise (the certificate's rule). "
             "Both quantizers see the same captured activations (rounded to the activation dtype shown). "
             "Quantized values differing: int8 or e4m3 values with q_ref != q_cand, of all values (percent). "
             "Largest abs(q_ref - q_cand): int8 steps (FP8: value). Per-token scales differing: of all tokens, "
             "and the largest distance between two scales in spacings of the scale format. Downstream, both "
             "sides go through the same GEMM kernel and weights"
-            + (f" ({', '.join(gemm)})" if gemm else "")
+            + (f" (INT8 pairs: {', '.join(gemm)}, the engine's int8 weights)" if gemm else "")
+            + (f" (FP8 pairs: {', '.join(fp8)}, fp32 accumulation with the CUTLASS epilogue of vLLM's FP8 W8A8 "
+               "kernel; the engine's weights dequantized in fp32 and requantized once to FP8 e4m3 with "
+               "per-output-channel fp32 scales, the channel-wise layout vLLM's FP8 path takes)" if fp8 else "")
             + ": GEMM output elements differing, of all outputs (ppm); the largest distance between two "
             "outputs in bf16 spacings, over the normal range (outputs at least 5% of the layer's largest) and "
             "raw, over all outputs (near zero a spacing is tiny, so the raw one can be large); layer calls whose outputs are "
-            "bit-identical, of all. Downstream cells read 'not run' for FP8 pairs (the engine's weights are INT8).")
+            "bit-identical, of all."
+            + (" Empty downstream cells: FP8 rows written before FP8 pairs had a downstream GEMM ('not run' "
+               "unless nothing differs)." if legacy else ""))
 
 
 def _count(n: int | None) -> str:

@@ -10,8 +10,11 @@ GEMM pair's certificate (reports/certificate.py):
   activations, each side's ``(q, scale)`` through the same GEMM kernel and weights; the rows of
   :data:`ACTIVATION_DTYPE` activations (what the W8A8 engine hands its quantizer; every dtype's when
   that one was not run). Its figures are the downstream ones: layer calls bit-identical, output
-  elements differing, largest distance in output spacings. FP8 pairs have no downstream (the
-  engine's weights are INT8): their replay is not run, their quantization figures are listed;
+  elements differing, largest distance in output spacings. An FP8 pair's downstream is an FP8 GEMM
+  (the ``quantize`` kind's ``fp8_gemm_kernel``, its row's ``gemm_kernel``) on the layer's weights
+  requantized once to FP8 e4m3 per output channel, with the same figures and verdict rule; FP8 rows
+  written before that existed have no downstream: their replay is not run, their quantization
+  figures are listed;
 * ``end_to_end`` from ``cross_arm`` and ``quantizer_arms``: arm pairs that ran the same GEMM kernel,
   the same attention kernel, under the same scales and differ only in their quantizer
   (:func:`arm_pairs`), with each arm's self-reproducibility and the teacher-forced flips of each
@@ -166,8 +169,8 @@ LEADS = {"IDENTICAL": "yes: bit-identical",
 
 
 def no_downstream(summary: list[dict[str, Any]]) -> list[str]:
-    """The quantized dtypes of a pair whose ``quantize`` rows have no GEMM downstream (FP8: the
-    engine's weights are INT8); empty when some row went through the GEMM kernel or none ran."""
+    """The quantized dtypes of a pair whose ``quantize`` rows have no GEMM downstream (FP8 rows written
+    before FP8 pairs had one); empty when some row went through the GEMM kernel or none ran."""
     if not summary or any(x["out_elements"] is not None for x in summary):
         return []
     return sorted({x["q_dtype"] for x in summary})
@@ -177,8 +180,11 @@ def fixed_phrase(gemm: str, summary: list[dict[str, Any]]) -> str:
     """What the certificate holds fixed, in words: the GEMM kernel, or that there is none downstream."""
     dtypes = no_downstream(summary)
     if dtypes:
-        return (f"quantizer swap: no downstream GEMM for this pair ({'/'.join(dtypes)} values; the engine's "
-                f"weights are INT8, so no GEMM kernel, {gemm} included, takes them): only the quantization is compared")
+        return (f"quantizer swap: no downstream GEMM for this pair ({'/'.join(dtypes)} values, results written "
+                f"before FP8 pairs had a downstream GEMM): only the quantization is compared")
+    if any(x["q_dtype"] == "fp8_e4m3" for x in summary):
+        return (f"quantizer swap: FP8 GEMM kernel {gemm} fixed (the layer's weights requantized once to FP8 e4m3, "
+                "per-output-channel scales), only the activation quantizer changes")
     return f"quantizer swap: GEMM kernel {gemm} fixed, only the activation quantizer changes"
 
 
@@ -187,7 +193,7 @@ def answer(cert: dict[str, Any]) -> str:
     replace A? no downstream GEMM for this pair (fp8 values): ...`` when its values go through none)."""
     dtypes = no_downstream(cert.get("quantize", []))
     head = (f"can {cert['kernel_b']} replace {cert['kernel_a']}? no downstream GEMM for this pair "
-            f"({'/'.join(dtypes)} values; the engine's weights are INT8): " if dtypes else
+            f"({'/'.join(dtypes)} values, results written before FP8 pairs had one): " if dtypes else
             f"can {cert['kernel_b']} replace {cert['kernel_a']} with GEMM kernel {cert['gemm_kernel']} fixed? ")
     clauses = []
     for s in cert["scale_modes"]:

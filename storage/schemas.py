@@ -361,7 +361,9 @@ BATCH_INVARIANCE_ATTENTION = pa.schema(
 )
 
 #: The ``quantize`` kind: one row per (layer call, reference quantizer, candidate quantizer)
-#: (docs/schema.md, docs/quantizers.md). ``out_*`` are NULL for FP8 pairs (no FP8 GEMM downstream).
+#: (docs/schema.md, docs/quantizers.md). ``gemm_weights``: the weights the downstream GEMM multiplied
+#: (the engine's int8, or FP8 e4m3 per channel for an FP8 pair; NULL in results written before FP8
+#: pairs had a downstream, whose FP8 rows have NULL ``out_*``).
 QUANTIZE = pa.schema(
     [
         ("unit_id", pa.string()),
@@ -381,6 +383,7 @@ QUANTIZE = pa.schema(
         ("reference_params", pa.string()),
         ("candidate_params", pa.string()),
         ("gemm_kernel", pa.string()),
+        ("gemm_weights", pa.string()),
         ("q_dtype", pa.string()),
         ("elements", pa.int64()),
         ("q_differing", pa.int64()),

@@ -215,14 +215,16 @@ def test_quantizer_certificate_matches_the_rows(results: tuple[Path, str], certs
     assert f"{want['q_differing']:,}/{want['q_elements']:,} quantized values" in cert["answer"]
 
 
-def test_fp8_pair_has_no_downstream(certs: list[dict[str, Any]], results: tuple[Path, str]) -> None:
+def test_fp8_pair_goes_through_an_fp8_gemm(certs: list[dict[str, Any]], results: tuple[Path, str]) -> None:
     cert = _cert(certs, "vllm-fp8", "fp8-mul-inv")
-    assert cert["verdict"] == "not run" and cert["scale_modes"][0]["replay"]["status"] == "not run"
     rows = [r for r in _parquet(results[0], "quantize") if r["candidate"] == "fp8-mul-inv"]
+    rp = cert["scale_modes"][0]["replay"]
+    assert cert["gemm_kernel"] == rp["gemm_kernel"] == "fp8-sequential" and rp["status"] == "run"
     (q,) = cert["quantize"]
-    assert (q["elements"], q["q_differing"], q["out_elements"]) == (sum(r["elements"] for r in rows),
-                                                                    sum(r["q_differing"] for r in rows), None)
-    assert "not run: no experiment took these two quantizers through a GEMM" in cert["answer"]
+    assert (q["elements"], q["q_differing"], q["out_elements"], q["out_differing"]) == (
+        sum(r["elements"] for r in rows), sum(r["q_differing"] for r in rows),
+        sum(r["out_elements"] for r in rows), sum(r["out_differing"] for r in rows))
+    assert cert["answer"].startswith("can fp8-mul-inv replace vllm-fp8 with GEMM kernel fp8-sequential fixed? ")
 
 
 def test_arm_pairs_that_change_the_quantizer_leave_gemm_certificates(certs: list[dict[str, Any]]) -> None:
@@ -260,7 +262,7 @@ def test_report_all_has_the_quantizer_section(results: tuple[Path, str], tmp_pat
     pairs = sorted({(r["experiment"], r["reference"], r["candidate"]) for r in rows})
     assert [(t["experiment"], t["pair (reference vs candidate)"]) for t in table["rows"]] == \
         [(e, f"{a} vs {b}") for e, a, b in pairs]
-    assert GEMM in table["note"]
+    assert GEMM in table["note"] and "FP8 pairs: fp8-sequential" in table["note"]
     for t, (e, a, b) in zip(table["rows"], pairs, strict=True):
         mine = [r for r in rows if (r["experiment"], r["reference"], r["candidate"]) == (e, a, b)]
         elements, differing = sum(r["elements"] for r in mine), sum(r["q_differing"] for r in mine)

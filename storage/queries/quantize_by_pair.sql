@@ -5,7 +5,9 @@
 -- q_max_spacing (the same in spacings of the q format), tokens / scales_differing /
 -- scale_max_spacing (per-token scales, in spacings of scale_format), out_* (both sides through the
 -- same GEMM kernel: output elements that differ and the largest distance in output spacings, over
--- all outputs and over outputs >= 5% of the layer's largest (_significant); NULL for FP8 pairs),
+-- all outputs and over outputs >= 5% of the layer's largest (_significant); NULL for FP8 rows written
+-- before FP8 pairs had a downstream), gemm_weights (the weights that GEMM multiplied: the engine's
+-- int8, or FP8 e4m3 per channel for an FP8 pair; NULL in results written before it was recorded),
 -- identical_out_layers (layer calls whose GEMM outputs are bit-identical).
 -- Parameters: $sweep (NULL for every sweep).
 SELECT
@@ -20,6 +22,7 @@ SELECT
     any_value(reference_params)                                  AS reference_params,
     any_value(candidate_params)                                  AS candidate_params,
     any_value(gemm_kernel)                                       AS gemm_kernel,
+    any_value(gemm_weights)                                      AS gemm_weights,
     any_value(q_dtype)                                           AS q_dtype,
     count(DISTINCT layer)::BIGINT                                AS layers,
     sum(elements)::BIGINT                                        AS elements,

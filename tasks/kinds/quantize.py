@@ -11,10 +11,16 @@ with both:
   value and in e4m3 spacings);
 * scales (one per token): how many differ and the largest distance in spacings of the scale format
   (fp16 when both sides store fp16 scales, else fp32; ``tasks.numerics.distance``);
-* downstream (both quantizers INT8): each side's ``(q, scale)`` through the SAME GEMM kernel and
-  weights (the replay machinery: ``tasks.devices.on_device`` and ``tasks.comparison.compare``), so
-  any output difference is the quantizer's alone; distances in output spacings.  FP8 pairs get the
-  quantization columns only (the engine's weights are INT8).
+* downstream: each side's ``(q, scale)`` through the SAME GEMM kernel and weights (the replay
+  machinery: ``tasks.devices.on_device`` and ``tasks.comparison.compare``), so any output difference
+  is the quantizer's alone; distances in output spacings.  INT8 pairs go through ``gemm_kernel`` with
+  the engine's int8 weights (``gemm_weights`` = :data:`INT8_WEIGHTS`).  FP8 pairs go through
+  ``fp8_gemm_kernel`` (default ``fp8-sequential``: fp32 accumulation with the CUTLASS epilogue, the
+  epilogue of vLLM's default FP8 W8A8 kernel on H100/H200, ``CutlassFP8ScaledMMLinearKernel``) with
+  the layer's weights quantized once to FP8 e4m3 per output channel
+  (:func:`tasks.models.quantization.quantize_weight_fp8` of the engine's int8 weights dequantized in
+  fp32, ``fl32(q * scale[n])``; ``gemm_weights`` = :data:`FP8_WEIGHTS`); the row's ``gemm_kernel``
+  names the FP8 kernel then.
 """
 
 from __future__ import annotations
@@ -44,6 +50,11 @@ from tasks.kinds.fields import (
 )
 
 VERSION = "1"
+#: The ``gemm_weights`` of a row: what weights the downstream GEMM multiplied.
+INT8_WEIGHTS = "int8 per-channel (the engine's)"
+FP8_WEIGHTS = "fp8_e4m3 per-channel (the engine's int8 weights dequantized in fp32, requantized)"
+#: The FP8 GEMM kernel of an FP8 pair by default (module docstring).
+FP8_GEMM_KERNEL = "fp8-sequential"
 
 
 def as_ref(x: str | QuantizerRef) -> QuantizerRef:
@@ -62,6 +73,9 @@ class QuantizeExperiment(Strict):
     candidates: list[str | QuantizerRef] = Field(min_length=1)
     #: The GEMM kernel both sides' operands go through (fixed: only the quantizer changes).
     gemm_kernel: str = "int8-cutlass-order"
+    #: The FP8 GEMM kernel both sides' operands go through when the quantizers produce FP8 e4m3
+    #: (the layer's weights quantized once to e4m3 per output channel); unused for INT8 pairs.
+    fp8_gemm_kernel: str = FP8_GEMM_KERNEL
     #: The dtype the activations are rounded to before quantizing (both sides alike): ``fp32`` is what
     #: the W8A8 engine hands its quantizer; ``bf16``/``fp16`` is what a bf16/fp16 model would.
     activation_dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
@@ -96,6 +110,9 @@ def problems(base: str, exp: QuantizeExperiment) -> list[str]:
     p = kernel_problem(f"{base}.gemm_kernel", Implementation(kernel=exp.gemm_kernel), "int8")
     if p:
         out.append(p)
+    p = kernel_problem(f"{base}.fp8_gemm_kernel", Implementation(kernel=exp.fp8_gemm_kernel), "fp8_e4m3")
+    if p:
+        out.append(p)
     out.extend(model_and_prompt_problems(base, exp.model, exp.prompts))
     return out
 
@@ -112,13 +129,22 @@ def expand(experiment: str, exp: QuantizeExperiment) -> list[Unit]:
         "activation_dtype": exp.activation_dtype,
         "prompts": prompt_payload(exp.prompts),
     }
+    if _is_fp8(ref):  # only FP8 units carry it: an INT8 unit's id is what it was before FP8 had a downstream
+        params["fp8_gemm_kernel"] = impl_payload(Implementation(kernel=exp.fp8_gemm_kernel))
     return [KIND.unit(experiment, params, exp.resources)]
+
+
+def _is_fp8(ref: QuantizerRef) -> bool:
+    from tasks.quantizers import get_quantizer
+
+    return get_quantizer(ref.quantizer, **ref.params).out_dtype == "fp8_e4m3"
 
 
 def describe(p: dict[str, Any]) -> str:
     cands = ", ".join(c["name"] for c in p["candidates"])
+    gemm = (p.get("fp8_gemm_kernel") or p["gemm_kernel"])["name"]
     return (f"quantize {p['model']} ({p['activation_dtype']} activations): {p['reference']['name']} vs {cands}; "
-            f"GEMM {p['gemm_kernel']['name']}")
+            f"GEMM {gemm}")
 
 
 def compare_quantized(qa: Any, sa: Any, qb: Any, sb: Any) -> dict[str, Any]:
@@ -159,24 +185,32 @@ def compare_quantized(qa: Any, sa: Any, qb: Any, sb: Any) -> dict[str, Any]:
     }
 
 
-_OUT_NULL = {"out_elements": None, "out_differing": None, "out_frac_differing": None, "out_max_spacing": None,
-             "out_max_spacing_significant": None, "out_max_abs_error": None, "out_bitwise_equal": None}
+def fp8_weights(layer: Any) -> tuple[Any, Any]:
+    """The layer's weights as the FP8 downstream multiplies them: the engine's int8 ``q`` ``[N, K]``
+    dequantized in fp32 (``fl32(q * scale[n])``), then :func:`quantize_weight_fp8` (per output
+    channel): ``(q float8_e4m3fn [N, K], scale float32 [N])``."""
+    import torch
+
+    from tasks.models.quantization import quantize_weight_fp8
+
+    w = layer.weight.to(torch.float32) * layer.weight_scale.to(torch.float32).reshape(-1, 1)
+    return quantize_weight_fp8(w)
 
 
-def downstream(layer: Any, kernel: Any, qa: Any, sa: Any, qb: Any, sb: Any) -> dict[str, Any]:
-    """Both sides' operands through one GEMM kernel and the layer's weights: output differences."""
+def downstream(kernel: Any, weights: tuple[Any, Any], bias: Any, out_dtype: Any,
+               qa: Any, sa: Any, qb: Any, sb: Any) -> dict[str, Any]:
+    """Both sides' operands through one GEMM kernel and the same weights ``(q [N, K], scale [N])``:
+    output differences (the reference side's output is the one distances are measured from)."""
     import torch
 
     from tasks.comparison import compare
     from tasks.devices import on_device
     from tasks.numerics import get_format
 
-    if qa.dtype != torch.int8 or qb.dtype != torch.int8:
-        return dict(_OUT_NULL)
-    w, ws, bias, dtype = layer.weight.t(), layer.weight_scale, layer.bias, layer.out_dtype
-    oa, _ = on_device(kernel.device, kernel, qa, w, sa.to(torch.float32), ws, dtype, bias)
-    ob, _ = on_device(kernel.device, kernel, qb, w, sb.to(torch.float32), ws, dtype, bias)
-    s = compare(ob, oa, get_format(dtype))  # the reference side is out_b
+    w, ws = weights[0].t(), weights[1]
+    oa, _ = on_device(kernel.device, kernel, qa, w, sa.to(torch.float32), ws, out_dtype, bias)
+    ob, _ = on_device(kernel.device, kernel, qb, w, sb.to(torch.float32), ws, out_dtype, bias)
+    s = compare(ob, oa, get_format(out_dtype))  # the reference side is out_b
     return {"out_elements": s["elements"], "out_differing": s["differing"], "out_frac_differing": s["frac_differing"],
             "out_max_spacing": s["max_spacing"], "out_max_spacing_significant": s["max_spacing_significant"],
             "out_max_abs_error": s["max_abs_error"], "out_bitwise_equal": s["differing"] == 0}
@@ -198,24 +232,31 @@ def run(params: dict[str, Any], context: UnitContext | None = None) -> dict[str,
     prompts = prompts_from_payload(params["prompts"], int(model.config.vocab_size))
     with capture_inputs(model) as inputs:
         model.forward_tokens(prompts)
-    kernel = get_kernel(gk["kernel"], **gk["params"])
     ref = params["reference"]
     qref = get_quantizer(ref["quantizer"], **ref["params"])
+    fp8 = qref.out_dtype == "fp8_e4m3"
+    down = params["fp8_gemm_kernel"] if fp8 else gk
+    kernel = get_kernel(down["kernel"], **down["params"])
     cands = [(c, get_quantizer(c["quantizer"], **c["params"])) for c in params["candidates"]]
     act = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[params["activation_dtype"]]
+    weights: dict[str, tuple[Any, Any]] = {}  # layer name -> its downstream weights, quantized once
     rows: Rows = []
     for li in inputs:
         x = li.x.to(act)
         qa, sa = qref(x)
+        if li.name not in weights:
+            weights[li.name] = fp8_weights(li.layer) if fp8 else (li.layer.weight, li.layer.weight_scale)
         base = {"model": params["model"], "activation_dtype": params["activation_dtype"], "layer": li.key, "layer_index": li.index, "layer_type": li.layer_type,
                 "m": int(li.x.shape[0]), "k": int(li.x.shape[1]), "n": int(li.layer.out_features),
-                "reference": ref["name"], "reference_quantizer": ref["quantizer"], "gemm_kernel": gk["name"],
+                "reference": ref["name"], "reference_quantizer": ref["quantizer"], "gemm_kernel": down["name"],
+                "gemm_weights": FP8_WEIGHTS if fp8 else INT8_WEIGHTS,
                 "reference_params": json.dumps(ref["params"], sort_keys=True)}
         for c, qc in cands:
             qb, sb = qc(x)
             rows.append({**base, "candidate": c["name"], "candidate_quantizer": c["quantizer"],
                          "candidate_params": json.dumps(c["params"], sort_keys=True),
-                         **compare_quantized(qa, sa, qb, sb), **downstream(li.layer, kernel, qa, sa, qb, sb)})
+                         **compare_quantized(qa, sa, qb, sb),
+                         **downstream(kernel, weights[li.name], li.layer.bias, li.layer.out_dtype, qa, sa, qb, sb)})
     return {"quantize": rows}
 
 

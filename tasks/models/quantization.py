@@ -33,6 +33,14 @@ checkpoint; our choice where a detail is not pinned down):
 * :func:`requantize_weight_pow2` moves an already-int8 channel (a compressed-tensors checkpoint)
   onto the power-of-two grid: ``q2 = clamp(rn(q * s / pow2_up(s)), -127, 127)``, computed in float64
   (``q * s / 2^e`` is exact there).
+
+FP8 e4m3 weights, per output channel, symmetric (:func:`quantize_weight_fp8`; the downstream GEMM of
+an FP8 quantizer pair in the ``quantize`` kind): ``scale[n] = fl32(absmax(w[n, :]) / 448)``;
+``q = e4m3(clamp(fl32(w / scale[n]), -448, 448))`` rounded to nearest, ties to even (torch's fp32 ->
+``float8_e4m3fn`` conversion); an all-zero channel gets scale 1.0 and q 0.  This is the per-channel
+("channel" strategy) layout vLLM's FP8 W8A8 kernels take as ``weight_scale`` ``[N, 1]``
+(reference/vllm-kernels.md §2.4: the channel-wise path is taken unless both scales are per tensor),
+computed the way a symmetric absmax quantizer computes it.
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ __all__ = [
     "is_pow2",
     "quantize_activations",
     "quantize_weight",
+    "quantize_weight_fp8",
     "requantize_weight_pow2",
 ]
 
@@ -148,3 +157,21 @@ def requantize_weight_pow2(q: torch.Tensor, scale: torch.Tensor) -> tuple[torch.
     s2 = torch.where(s2 == 0, torch.ones_like(s2), s2)
     v = q.to(torch.float64) * scale.to(torch.float64).reshape(-1, 1) / s2.to(torch.float64)[:, None]
     return _round_sat(v, -_WEIGHT_MAX, _WEIGHT_MAX), s2.contiguous()
+
+
+_FP8_MAX = 448.0
+
+
+def quantize_weight_fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-output-channel symmetric FP8 e4m3 quantization of ``w`` ``[N, K]`` (module docstring):
+    ``(q float8_e4m3fn [N, K] in [-448, 448], scale float32 [N])``."""
+    if w.dim() != 2:
+        raise ValueError(f"quantize_weight_fp8 takes a 2-D [N, K] weight, got shape {tuple(w.shape)}")
+    wf = w.to(torch.float32)
+    if not bool(torch.isfinite(wf).all()):
+        raise ValueError("weight contains inf or NaN")
+    absmax = wf.abs().amax(dim=1)  # [N]
+    scale = absmax / _FP8_MAX  # fp32 division, one rounding
+    scale = torch.where(absmax == 0, torch.ones_like(scale), scale)
+    v = (wf / scale[:, None]).clamp_(-_FP8_MAX, _FP8_MAX)  # fp32 division, one rounding per element
+    return v.to(torch.float8_e4m3fn), scale.contiguous()
