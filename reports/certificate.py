@@ -30,7 +30,7 @@ from itertools import combinations
 from typing import TYPE_CHECKING, Any
 
 from reports import attention as attention_swap
-from reports import kdepth, noise_floor, quantizer_swap, replay, spacing
+from reports import divergence, kdepth, noise_floor, quantizer_swap, replay, spacing
 from reports.agreement import self_cell
 
 if TYPE_CHECKING:
@@ -281,7 +281,8 @@ def _self(r: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 def end_to_end_section(cat: Catalog, sweep: str, cross: list[dict[str, Any]], self_rows: dict[str, dict[str, Any]],
-                       tf_pairs: dict[tuple[str, str], dict[str, Any]], arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
+                       tf_pairs: dict[tuple[str, str], dict[str, Any]], arms: dict[str, dict[str, Any]],
+                       div: dict[str, Any] | None = None) -> dict[str, Any]:
     if not cross:
         return {"status": NOT_RUN}
     pairs = []
@@ -296,6 +297,8 @@ def end_to_end_section(cat: Catalog, sweep: str, cross: list[dict[str, Any]], se
                       "self_reproducibility_a": _self(self_rows.get(c["arm_a"])),
                       "self_reproducibility_b": _self(self_rows.get(c["arm_b"])),
                       "flips": flips})
+        if div is not None:  # where the arms part, probs_diff / KL (reports/divergence.py)
+            pairs[-1]["divergence"] = divergence.pair_figures(div, c["arm_a"], c["arm_b"])
     return {"status": "run", "arm_pairs": pairs}
 
 
@@ -429,6 +432,7 @@ def _sweep_certificates(cat: Catalog, sweep: str) -> list[dict[str, Any]]:
              and quantizer_swap.same_quantizer(c, qarms)]
     self_rows = {r["arm"]: r for r in cat.named("self_reproducibility", sweep=sweep)}
     tf_pairs = {(r["ref_arm"], r["arm"]): r for r in cat.named("teacher_forced_pairs", sweep=sweep)}
+    div = divergence.divergence(cat, sweep) if cross else None
     checks_rows = check_verdicts(cat, sweep)
     floor = noise_floor.noise_floor(cat, sweep)
     prov, versions = _provenance(cat, sweep)
@@ -475,7 +479,7 @@ def _sweep_certificates(cat: Catalog, sweep: str) -> list[dict[str, Any]]:
                                             [(k, dn[0], dn[1]) for (k, _), dn in sorted(seed_cells.get((key, m), {}).items())]),
                    "replay": replay_section([r for r in rp if r["scale_mode"] == m]),
                    "end_to_end": end_to_end_section(cat, sweep, [c for c in xs if (c["scales_a"] or "") == m],
-                                                    self_rows, tf_pairs, arms)}
+                                                    self_rows, tf_pairs, arms, div)}
             sections.append({**sec, "verdict": section_verdict(sec, checks)})
         kd_run = [s["kdepth"] for s in sections if s["kdepth"]["status"] == "run"]
         beyond = [x["max_spacing_beyond_reference_error"] for x in kd_run]
@@ -736,9 +740,31 @@ def evidence_rows(cert: dict[str, Any]) -> list[dict[str, Any]]:
         row["flips [95% exact]"] = "; ".join(
             f"{f['ref_arm']}->{f['arm']} {f['flips']}/{f['positions']} = {_num(f['flip_rate'])} "
             f"{_interval(f['flip_rate_ci_low'], f['flip_rate_ci_high'])}" for p in pairs for f in p["flips"]) or NOT_RUN
+        row.update(divergence_cells(pairs))
         row.update(noise_floor.evidence_cells(cert.get("noise_floor"), s["scale_mode"], pairs))
         rows.append(row)
     return rows
+
+
+def divergence_cells(pairs: list[dict[str, Any]]) -> dict[str, str]:
+    """The evidence cells of reports/divergence.py: first divergence, TARr@2N, probs_diff / k3 / KL and the gate."""
+    divs = [(p, p["divergence"]) for p in pairs if p.get("divergence")]
+    if not divs:
+        return {}
+    first = "; ".join(f"{p['arm_a']}~{p['arm_b']} {d['first_divergence']['diverged']}/{d['first_divergence']['sequences']}"
+                      f" diverge, KM median {d['first_divergence']['km_median'] if d['first_divergence']['km_median'] is not None else 'not reached'}"
+                      for p, d in divs if d["first_divergence"]) or NOT_RUN
+    tarr = "; ".join(f"{p['arm_a']}+{p['arm_b']} {d['tarr_2n']['k']}/{d['tarr_2n']['n']} "
+                     f"{_interval(*(d['tarr_2n']['interval'] or (None, None)))}" for p, d in divs if d["tarr_2n"]) or NOT_RUN
+    tf = [t for _p, d in divs for t in d["teacher_forced"]]
+    dist = "; ".join(f"{t['ref_arm']}->{t['arm']} probs_diff {_num(t['probs_diff_mean'])} (max {_num(t['probs_diff_max'])}), "
+                     f"k3 {_num(t['k3_mean'])}, KL {_num(t['kl_mean'])} {_interval(*(t['kl_ci'] or (None, None)))}"
+                     for t in tf) or NOT_RUN
+    gate = "; ".join(f"{t['ref_arm']}->{t['arm']} {'PASS' if t['gate']['passed'] else 'FAIL'} "
+                     f"({t['gate']['metric']} {_num(abs(t['gate']['mean']))} + 2 x {_num(t['gate']['se'], '.2g')} vs "
+                     f"{t['gate']['threshold']:g})" for t in tf if t["gate"]["passed"] is not None) or NOT_RUN
+    return {"first divergence": first, "TARr@2N [95% exact]": tarr, "probs_diff / k3 / KL per position [95%]": dist,
+            "KL gate (|mean| + 2 SE)": gate}
 
 
 def detail_lines(cert: dict[str, Any]) -> list[str]:

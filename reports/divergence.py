@@ -1,0 +1,337 @@
+"""Where two arms part and the figures the field reads (``report divergence``, docs/divergence.md).
+
+Per arm pair of one sweep, never pooled across pairs or sweeps:
+
+- **first divergence** of the restart-0 generations (``first_divergence.sql``, the pairs the agreement
+  report forms): its distribution as a Kaplan-Meier survival curve "identical through token t"
+  (``scipy.stats.ecdf`` on right-censored data: a sequence identical to its end is censored there),
+  its quantiles, and both arms' margins at the first divergence beside the margins at the positions
+  where the two sequences are still identical (``divergence_prefix_margins.sql``);
+- **TARr@N and distinct completions**: per arm over its N cold restarts (``self_reproducibility``,
+  ``distinct_completions``) and per arm pair over all 2N runs (``divergence_pair_runs.sql``), with
+  exact Clopper-Pearson intervals (``scipy.stats.binomtest``); TARa@N and accuracy where the
+  sequences record ``correct``;
+- **probs_diff, k3 KL and mismatch KL** from the teacher-forced replay (``divergence_sequences.sql``),
+  with percentile-bootstrap intervals resampling reference sequences (``scipy.stats.bootstrap``) and a
+  gate ``|mean| + 2 SE < threshold``;
+- **flip rate by the reference token's probability** (``divergence_prob_buckets.sql``), 0.1-0.9 called
+  out, each bucket with its Clopper-Pearson interval.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from storage.catalog import Catalog
+
+__all__ = ["BUCKETS", "GATE_METRICS", "clopper_pearson", "distribution", "divergence", "first_divergence",
+           "flip_buckets", "total_agreement"]
+
+LEVEL = 0.95
+#: Lower edges of the p_ref buckets of ``divergence_prob_buckets.sql`` and their labels.
+BUCKETS = {0.0: "[0, 0.1)", 0.1: "[0.1, 0.5)", 0.5: "[0.5, 0.9)", 0.9: "[0.9, 1]"}
+#: The per-position means the gate can read: name -> (sum column, what it is).
+GATE_METRICS = {"kl": ("sum_kl", "mismatch KL(ref || arm), exact over the vocabulary, mean per position (nats)"),
+                "k3": ("sum_k3", "k3 KL, mean per position of r - 1 - log r, r = p_arm / p_ref of the reference token"),
+                "probs_diff": ("sum_abs_prob_diff", "probs_diff, mean per position of |p_ref - p_arm| of the "
+                               "reference token")}
+#: Survival-curve positions shown in the tables (every event time is in the JSON).
+CURVE_AT = (0, 1, 3, 7, 15, 31, 63, 127, 255, 511, 1023)
+
+
+def clopper_pearson(k: int, n: int, level: float = LEVEL) -> dict[str, Any]:
+    """``k / n`` with its exact (Clopper-Pearson) interval from ``scipy.stats.binomtest``; None for n = 0."""
+    if n == 0:
+        return {"k": 0, "n": 0, "rate": None, "interval": None, "method": "Clopper-Pearson (exact)", "level": level}
+    from scipy.stats import binomtest
+
+    ci = binomtest(k, n).proportion_ci(confidence_level=level, method="exact")
+    return {"k": k, "n": n, "rate": k / n, "interval": [float(ci.low), float(ci.high)],
+            "method": "Clopper-Pearson (exact)", "level": level}
+
+
+def _pair_key(r: dict[str, Any], a: str = "arm_a", b: str = "arm_b") -> tuple[str, str, str]:
+    return (r["sweep"], r[a], r[b])
+
+
+# --- first divergence ----------------------------------------------------------------------------------------------
+
+def _finite(v: Any) -> float | None:
+    return float(v) if math.isfinite(v) else None
+
+
+def _survival(times: list[int], censored: list[int]) -> dict[str, Any]:
+    """Kaplan-Meier S(t) = P(identical through token t) from first-divergence positions (events) and the
+    last positions of never-diverging sequences (right-censored there), with its Greenwood interval."""
+    import numpy as np
+    from scipy.stats import CensoredData, ecdf
+
+    n = len(times) + len(censored)
+    method = ("Kaplan-Meier (scipy.stats.ecdf on right-censored data), pointwise 95% interval: Greenwood, "
+              "log-log")
+    if not times:
+        return {"method": method, "sequences": n, "events": 0, "curve": [], "quantiles": {}, "note":
+                "no sequence diverged: S(t) = 1 through every generated position"}
+    res = ecdf(CensoredData(uncensored=times, right=censored) if censored else np.asarray(times))
+    sf = res.sf
+    with warnings.catch_warnings():  # log-log is undefined where S(t) is 0 or 1: NaN there, shown as no bound
+        warnings.simplefilter("ignore", RuntimeWarning)
+        ci = sf.confidence_interval(LEVEL, method="log-log")
+    at = np.asarray(sorted(set(times)), dtype=float)
+    curve: list[dict[str, Any]] = [{"t": int(t), "survival": float(s), "low": _finite(lo), "high": _finite(hi)}
+             for t, s, lo, hi in zip(at, sf.evaluate(at), ci.low.evaluate(at), ci.high.evaluate(at), strict=True)]
+    quantiles: dict[str, Any] = {}
+    for q in (0.1, 0.25, 0.5, 0.75, 0.9):  # smallest t with S(t) <= 1 - q: the q-quantile of the first divergence
+        hit = [c["t"] for c in curve if c["survival"] <= 1 - q + 1e-12]
+        quantiles[f"{q:g}"] = hit[0] if hit else None
+    return {"method": method, "sequences": n, "events": len(times), "curve": curve, "quantiles": quantiles}
+
+
+def first_divergence(cat: Catalog, sweep: str) -> list[dict[str, Any]]:
+    """Per arm pair: sequences compared, diverged, the survival curve and quantiles, the diverged ones'
+    positions, and the margins at the first divergence vs at the identical-prefix positions."""
+    import numpy as np
+    from scipy.stats import mannwhitneyu
+
+    by_pair: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in cat.named("first_divergence", sweep=sweep):
+        by_pair[_pair_key(r)].append(r)
+    prefix: dict[tuple[str, str, str], dict[str, list[float]]] = defaultdict(lambda: {"a": [], "b": []})
+    tab = cat.named_arrow("divergence_prefix_margins", sweep=sweep)
+    if tab.num_rows:
+        import pyarrow.compute as pc
+
+        keys = tab.select(["sweep", "arm_a", "arm_b"]).group_by(["sweep", "arm_a", "arm_b"]).aggregate([]).to_pylist()
+        for k in keys:
+            sel = tab.filter(pc.and_(pc.and_(pc.equal(tab["sweep"], k["sweep"]), pc.equal(tab["arm_a"], k["arm_a"])),
+                                     pc.equal(tab["arm_b"], k["arm_b"])))
+            prefix[_pair_key(k)] = {"a": sel["margin_a"].to_pylist(), "b": sel["margin_b"].to_pylist()}
+    out = []
+    for key, rows in sorted(by_pair.items()):
+        div = [r for r in rows if r["first_divergence"] is not None]
+        times = [int(r["first_divergence"]) for r in div]
+        censored = [int(r["positions"]) - 1 for r in rows if r["first_divergence"] is None]
+        surv = _survival(times, censored)
+        diverged = None
+        if times:
+            q = np.quantile(np.asarray(times, dtype=float), [0.25, 0.5, 0.75])
+            diverged = {"min": min(times), "q25": float(q[0]), "median": float(q[1]), "q75": float(q[2]),
+                        "max": max(times), "method": "numpy.quantile (linear), diverged sequences only"}
+        margins: dict[str, Any] = {}
+        for side in ("a", "b"):
+            at = [float(r[f"margin_{side}"]) for r in div if r[f"margin_{side}"] is not None]
+            pre = [float(m) for m in prefix[key][side] if m is not None]
+            entry: dict[str, Any] = {"arm": key[1] if side == "a" else key[2], "at_divergence": len(at),
+                                     "prefix_positions": len(pre),
+                                     "median_at_divergence": float(np.median(at)) if at else None,
+                                     "median_prefix": float(np.median(pre)) if pre else None,
+                                     "p_lower": None}
+            if at and pre:
+                u = mannwhitneyu(at, pre, alternative="two-sided").statistic
+                # P(a margin at the first divergence < a margin at an identical-prefix position), ties count half
+                entry["p_lower"] = 1.0 - float(u) / (len(at) * len(pre))
+                entry["prefix_share_at_or_below_median"] = float(np.mean(np.asarray(pre) <= entry["median_at_divergence"]))
+            margins[side] = entry
+        out.append({"sweep": key[0], "arm_a": key[1], "arm_b": key[2], "sequences": len(rows),
+                    "last_position": max(int(r["positions"]) for r in rows) - 1,
+                    "diverged": len(times), "identical": len(censored), "survival": surv, "diverged_positions": diverged,
+                    "margins": margins, "unit": "restart-0 sequence pairs (one per prompt)"})
+    return out
+
+
+# --- TARr@N, distinct completions ----------------------------------------------------------------------------------
+
+def _distinct_stats(counts: list[int]) -> dict[str, Any]:
+    import numpy as np
+
+    if not counts:
+        return {"median": None, "max": None, "total": 0}
+    return {"median": float(np.median(counts)), "max": int(max(counts)), "total": int(sum(counts))}
+
+
+def _sequence_columns(cat: Catalog) -> set[str]:
+    return {str(r["column_name"]) for r in cat.query("DESCRIBE sequences").to_pylist()}
+
+
+def total_agreement(cat: Catalog, sweep: str) -> dict[str, Any]:
+    """TARr@N per arm (prompts whose N cold-restart completions are all identical) and per arm pair
+    (all 2N), each with its exact interval; distinct completions per prompt (median, max) and in all;
+    accuracy and TARa@N where ``correct`` is recorded, else a line saying there are no answers."""
+    arms = []
+    distinct = {r["arm"]: r for r in cat.named("distinct_completions", sweep=sweep)}
+    for r in cat.named("self_reproducibility", sweep=sweep):
+        d = distinct.get(r["arm"])
+        counts = [e["distinct"] for e in d["distribution"] for _ in range(e["prompts"])] if d else []
+        tar = clopper_pearson(r["identical"], r["total"]) if r["identical"] is not None else None
+        arms.append({"sweep": r["sweep"], "arm": r["arm"], "restarts": r["restarts"], "prompts": r["total"],
+                     "tarr": tar, "note": None if tar else "one run per prompt: TARr@N needs N >= 2",
+                     "distinct": {**_distinct_stats(counts), "completions": (r["restarts"] or 0) * r["total"],
+                                  "incomplete_prompts": d["prompts_incomplete"] if d else 0}})
+    pairs: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in cat.named("divergence_pair_runs", sweep=sweep):
+        pairs[_pair_key(r)].append(r)
+    pair_rows = []
+    for key, rows in sorted(pairs.items()):
+        ok = sum(1 for r in rows if r["complete"] and r["same_prompt"] and r["distinct_completions"] == 1)
+        pair_rows.append({"sweep": key[0], "arm_a": key[1], "arm_b": key[2], "restarts_a": rows[0]["restarts_a"],
+                          "restarts_b": rows[0]["restarts_b"], "prompts": len(rows), "tarr": clopper_pearson(ok, len(rows)),
+                          "incomplete_prompts": sum(1 for r in rows if not r["complete"]),
+                          "distinct": {**_distinct_stats([r["distinct_completions"] for r in rows]),
+                                       "completions": sum(r["runs"] for r in rows)}})
+    answers: dict[str, Any] = {"recorded": False,
+                               "note": "no answers recorded: the sequences table has no `correct` column, so "
+                                       "TARa@N and accuracy are not measured (a model with answers records them)"}
+    if "correct" in _sequence_columns(cat):
+        answers = _answers(cat, sweep)
+    return {"arms": arms, "pairs": pair_rows, "answers": answers}
+
+
+def _answers(cat: Catalog, sweep: str) -> dict[str, Any]:
+    """Accuracy per arm (sequences with ``correct`` true / with ``correct`` recorded) and, per arm, the
+    prompts whose N runs are all correct or all identical: a lower bound on TARa@N (one right answer:
+    all-correct runs agree on it; identical sequences give identical answers). The extracted answer is
+    not recorded, so TARa@N itself is not."""
+    rows = cat.named("divergence_answers", sweep=sweep)
+    if not any(r["checked"] for r in rows):
+        return {"recorded": False, "note": "no answers recorded: `correct` is NULL in every sequence of this sweep"}
+    arms = [{"sweep": r["sweep"], "arm": r["arm"], "accuracy": clopper_pearson(r["correct"], r["checked"]),
+             "tara_lower": clopper_pearson(r["agreeing_prompts"], r["prompts"])} for r in rows]
+    return {"recorded": True, "arms": arms,
+            "note": "accuracy: correct / checked sequences (every restart); TARa@N lower bound: prompts whose N "
+                    "runs are all correct or all identical (the extracted answer is not recorded)"}
+
+
+# --- probs_diff, k3, mismatch KL -----------------------------------------------------------------------------------
+
+def _bootstrap(sums: Any, counts: Any, per: str, resamples: int, seed: int) -> dict[str, Any]:
+    """Percentile bootstrap over reference sequences of ``sum(sums) / sum(counts)`` (per position) or of
+    ``mean(sums)`` (per sequence), with its standard error; None below 2 sequences."""
+    import numpy as np
+    from scipy.stats import bootstrap
+
+    n = len(sums)
+    if n < 2:
+        return {"interval": None, "se": None, "note": f"{n} sequence(s): no bootstrap interval"}
+
+    def ratio(s: Any, c: Any, axis: int = -1) -> Any:
+        return np.sum(s, axis=axis) / np.sum(c, axis=axis)
+
+    def mean(s: Any, axis: int = -1) -> Any:
+        return np.mean(s, axis=axis)
+
+    rng = np.random.default_rng(seed)
+    if per == "position":
+        res = bootstrap((sums, counts), ratio, paired=True, vectorized=True, n_resamples=resamples,
+                        confidence_level=LEVEL, method="percentile", rng=rng)
+    else:
+        res = bootstrap((sums,), mean, vectorized=True, n_resamples=resamples, confidence_level=LEVEL,
+                        method="percentile", rng=rng)
+    lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
+    return {"interval": [lo, hi], "se": float(res.standard_error), "note": None}
+
+
+def distribution(cat: Catalog, sweep: str, *, gate_metric: str = "kl", threshold: float = 0.015,
+                 resamples: int = 2000, seed: int = 0) -> list[dict[str, Any]]:
+    """Per teacher-forced (ref_arm, arm) pair: probs_diff (mean, max), k3 KL mean, mismatch KL per
+    position and per sequence, each mean with a percentile-bootstrap interval over reference sequences,
+    and the gate ``|mean| + 2 SE < threshold`` on ``gate_metric`` (SE: the bootstrap's)."""
+    import numpy as np
+
+    by_pair: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in cat.named("divergence_sequences", sweep=sweep):
+        by_pair[_pair_key(r, "ref_arm", "arm")].append(r)
+    out = []
+    for key, rows in sorted(by_pair.items()):
+        meas = [r for r in rows if r["measured"]]
+        entry: dict[str, Any] = {"sweep": key[0], "ref_arm": key[1], "arm": key[2], "sequences": len(rows),
+                                 "positions": sum(r["positions"] for r in rows),
+                                 "measured_positions": sum(r["measured"] for r in meas),
+                                 "measured_sequences": len(meas)}
+        if entry["measured_positions"] < entry["positions"]:
+            entry["note"] = (f"{entry['positions'] - entry['measured_positions']} positions without probabilities "
+                             "(vLLM engine, or teacher_forced units written before the columns existed)")
+        if not meas:
+            out.append(entry)
+            continue
+        counts = np.array([r["measured"] for r in meas], dtype=float)
+        col = {c: np.array([r[c] for r in meas], dtype=float) for c in ("sum_abs_prob_diff", "sum_k3", "sum_kl")}
+        n = counts.sum()
+        figures: dict[str, Any] = {}
+        for name, c in (("probs_diff", "sum_abs_prob_diff"), ("k3", "sum_k3"), ("kl", "sum_kl")):
+            figures[name] = {"mean_per_position": float(col[c].sum() / n),
+                             "per_position": _bootstrap(col[c], counts, "position", resamples, seed)}
+        figures["probs_diff"]["max"] = float(max(r["max_abs_prob_diff"] for r in meas))
+        figures["kl"]["max"] = float(max(r["max_kl"] for r in meas))
+        figures["kl"]["mean_per_sequence"] = float(col["sum_kl"].mean())
+        figures["kl"]["per_sequence"] = _bootstrap(col["sum_kl"], counts, "sequence", resamples, seed)
+        g = figures[gate_metric]
+        mean, se = g["mean_per_position"], g["per_position"]["se"]
+        bound = None if se is None else abs(mean) + 2 * se
+        entry.update(figures)
+        entry["bootstrap"] = {"method": "percentile bootstrap (scipy.stats.bootstrap), resampling reference "
+                                        "sequences (not positions)", "level": LEVEL, "resamples": resamples,
+                              "seed": seed, "sequences": len(meas)}
+        entry["gate"] = {"metric": gate_metric, "what": GATE_METRICS[gate_metric][1], "mean": mean, "se": se,
+                         "bound": bound, "threshold": threshold,
+                         "passed": None if bound is None else bool(bound < threshold),
+                         "rule": "|mean| + 2 SE < threshold, SE: bootstrap standard error over reference sequences"}
+        out.append(entry)
+    return out
+
+
+# --- flips by p_ref ------------------------------------------------------------------------------------------------
+
+def flip_buckets(cat: Catalog, sweep: str) -> list[dict[str, Any]]:
+    """Per teacher-forced pair: flips / positions per bucket of the reference token's probability under
+    the reference arm, each with its Clopper-Pearson interval, plus the 0.1-0.9 range and the rest."""
+    by_pair: dict[tuple[str, str, str], dict[float, tuple[int, int]]] = defaultdict(dict)
+    for r in cat.named("divergence_prob_buckets", sweep=sweep):
+        by_pair[_pair_key(r, "ref_arm", "arm")][float(r["bucket_low"])] = (r["flips"], r["positions"])
+    out = []
+    for key, got in sorted(by_pair.items()):
+        buckets = [dict(clopper_pearson(*got.get(low, (0, 0))), bucket=label) for low, label in BUCKETS.items()]
+        mid = [got.get(low, (0, 0)) for low in (0.1, 0.5)]
+        rest = [got.get(low, (0, 0)) for low in (0.0, 0.9)]
+        out.append({"sweep": key[0], "ref_arm": key[1], "arm": key[2], "buckets": buckets,
+                    "middle": dict(clopper_pearson(sum(f for f, _ in mid), sum(n for _, n in mid)), bucket="[0.1, 0.9)"),
+                    "outside": dict(clopper_pearson(sum(f for f, _ in rest), sum(n for _, n in rest)),
+                                    bucket="[0, 0.1) and [0.9, 1]")})
+    return out
+
+
+def divergence(cat: Catalog, sweep: str, *, gate_metric: str = "kl", threshold: float = 0.015, resamples: int = 2000,
+               seed: int = 0) -> dict[str, Any]:
+    """The whole report for one sweep (JSON of ``report divergence``)."""
+    return {"sweep": sweep, "first_divergence": first_divergence(cat, sweep),
+            "total_agreement": total_agreement(cat, sweep),
+            "distribution": distribution(cat, sweep, gate_metric=gate_metric, threshold=threshold, resamples=resamples,
+                                         seed=seed),
+            "flip_buckets": flip_buckets(cat, sweep)}
+
+
+def pair_figures(rep: dict[str, Any], arm_a: str, arm_b: str) -> dict[str, Any]:
+    """What a certificate shows of one arm pair (either order) from ``divergence``'s object: the first
+    divergence (sequences, diverged, Kaplan-Meier median), TARr over all 2N runs, and per teacher-forced
+    direction probs_diff, k3 KL, mismatch KL with its interval, the gate and the 0.1-0.9 flip rate."""
+    pair = {arm_a, arm_b}
+    first = next((p for p in rep["first_divergence"] if {p["arm_a"], p["arm_b"]} == pair), None)
+    tarr = next((p for p in rep["total_agreement"]["pairs"] if {p["arm_a"], p["arm_b"]} == pair), None)
+    middle = {(p["ref_arm"], p["arm"]): p["middle"] for p in rep["flip_buckets"]}
+    teacher = []
+    for p in rep["distribution"]:
+        if {p["ref_arm"], p["arm"]} != pair or "kl" not in p:
+            continue
+        teacher.append({"ref_arm": p["ref_arm"], "arm": p["arm"], "positions": p["measured_positions"],
+                        "probs_diff_mean": p["probs_diff"]["mean_per_position"], "probs_diff_max": p["probs_diff"]["max"],
+                        "k3_mean": p["k3"]["mean_per_position"], "kl_mean": p["kl"]["mean_per_position"],
+                        "kl_ci": p["kl"]["per_position"]["interval"], "gate": p["gate"],
+                        "flips_p_ref_0.1_0.9": middle.get((p["ref_arm"], p["arm"]))})
+    return {"first_divergence": None if first is None else {
+                "sequences": first["sequences"], "diverged": first["diverged"],
+                "km_median": first["survival"]["quantiles"].get("0.5"),
+                "diverged_median": None if first["diverged_positions"] is None else first["diverged_positions"]["median"]},
+            "tarr_2n": None if tarr is None else tarr["tarr"], "teacher_forced": teacher}

@@ -1,0 +1,162 @@
+"""The human tables of ``report divergence`` (and its ``report all`` section) from
+``reports.divergence.divergence``'s object: one row per arm pair (or per pair and bucket / position),
+each interval beside its method, unit and counts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from reports.divergence import CURVE_AT
+
+__all__ = ["tables"]
+
+
+def _g(v: float | None, spec: str = ".4g") -> str:
+    return "" if v is None else format(v, spec)
+
+
+def _ci(ci: list[float] | None, spec: str = ".3g") -> str:
+    return "" if ci is None else f"[{ci[0]:{spec}}, {ci[1]:{spec}}]"
+
+
+def _rate(r: dict[str, Any] | None) -> str:
+    if r is None or not r["n"]:
+        return ""
+    return f"{r['k']}/{r['n']} = {r['rate']:.3g} {_ci(r['interval'])}"
+
+
+def _pair(r: dict[str, Any]) -> str:
+    return f"{r['arm_a']} vs {r['arm_b']}" if "arm_a" in r else f"{r['ref_arm']} -> {r['arm']}"
+
+
+def first_rows(rep: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for p in rep["first_divergence"]:
+        q, d = p["survival"]["quantiles"], p["diverged_positions"]
+        out.append({"pair": _pair(p), "sequences": p["sequences"], "diverged": p["diverged"],
+                    "identical to the end": p["identical"],
+                    "KM q25 / median / q75": " / ".join("not reached" if q.get(k) is None else str(q[k])
+                                                        for k in ("0.25", "0.5", "0.75")) if q else "",
+                    "diverged: min / median / max": "" if d is None else f"{d['min']} / {d['median']:g} / {d['max']}"})
+    return out
+
+
+def survival_rows(rep: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for p in rep["first_divergence"]:
+        curve, last = p["survival"]["curve"], p["last_position"]
+        for t in sorted({x for x in CURVE_AT if x < last} | {last}):
+            past = [c for c in curve if c["t"] <= t]
+            s, lo, hi = (past[-1]["survival"], past[-1]["low"], past[-1]["high"]) if past else (1.0, None, None)
+            out.append({"pair": _pair(p), "t": t, "identical through t": f"{s:.3f}",
+                        "95% (Greenwood, log-log)": "" if lo is None or hi is None else f"[{lo:.3f}, {hi:.3f}]"})
+    return out
+
+
+def margin_rows(rep: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for p in rep["first_divergence"]:
+        for m in p["margins"].values():
+            out.append({"pair": _pair(p), "arm": m["arm"], "at divergence (n)": m["at_divergence"],
+                        "median margin at divergence": _g(m["median_at_divergence"]),
+                        "identical-prefix positions": m["prefix_positions"],
+                        "median margin there": _g(m["median_prefix"]),
+                        "P(div < prefix)": _g(m["p_lower"], ".3f"),
+                        "prefix share <= div median": _g(m.get("prefix_share_at_or_below_median"), ".3f")})
+    return out
+
+
+def tarr_rows(rep: dict[str, Any]) -> list[dict[str, Any]]:
+    ta = rep["total_agreement"]
+    rows = [{"arm(s)": a["arm"], "N": a["restarts"], "prompts": a["prompts"],
+             "TARr@N [95% exact]": _rate(a["tarr"]) or a["note"],
+             "distinct/prompt median / max": f"{_g(a['distinct']['median'], 'g')} / {a['distinct']['max']}",
+             "distinct in all": f"{a['distinct']['total']} of {a['distinct']['completions']} completions"}
+            for a in ta["arms"]]
+    rows += [{"arm(s)": f"{p['arm_a']} + {p['arm_b']} (all 2N)", "N": f"{p['restarts_a']}+{p['restarts_b']}",
+              "prompts": p["prompts"], "TARr@N [95% exact]": _rate(p["tarr"]),
+              "distinct/prompt median / max": f"{_g(p['distinct']['median'], 'g')} / {p['distinct']['max']}",
+              "distinct in all": f"{p['distinct']['total']} of {p['distinct']['completions']} completions"}
+             for p in ta["pairs"]]
+    return rows
+
+
+def tarr_lines(rep: dict[str, Any]) -> list[str]:
+    ans = rep["total_agreement"]["answers"]
+    lines = ["TARr@N: prompts whose N cold-restart completions are identical token for token / prompts; interval: "
+             "Clopper-Pearson (exact, scipy.stats.binomtest), unit: prompts"]
+    if not ans["recorded"]:
+        return [*lines, f"TARa@N: {ans['note']}"]
+    lines += [f"{a['arm']}: accuracy {_rate(a['accuracy'])} (sequences); TARa@N >= {_rate(a['tara_lower'])} (prompts)"
+              for a in ans["arms"]]
+    return [*lines, ans["note"]]
+
+
+DIST_COLUMNS = ("probs_diff mean [95%]", "probs_diff max", "k3 KL mean [95%]", "mismatch KL / position [95%]",
+                "mismatch KL / sequence [95%]", "gate")
+
+
+def distribution_rows(rep: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for p in rep["distribution"]:
+        row: dict[str, Any] = {"pair": _pair(p), "sequences": p["measured_sequences"],
+                               "positions": f"{p['measured_positions']} of {p['positions']}"}
+        if "kl" not in p:
+            out.append({**row, **dict.fromkeys(DIST_COLUMNS, ""), "note": p.get("note", "")})
+            continue
+        g = p["gate"]
+        row.update({
+            "probs_diff mean [95%]": f"{p['probs_diff']['mean_per_position']:.3g} {_ci(p['probs_diff']['per_position']['interval'])}",
+            "probs_diff max": f"{p['probs_diff']['max']:.3g}",
+            "k3 KL mean [95%]": f"{p['k3']['mean_per_position']:.3g} {_ci(p['k3']['per_position']['interval'])}",
+            "mismatch KL / position [95%]": f"{p['kl']['mean_per_position']:.3g} {_ci(p['kl']['per_position']['interval'])}",
+            "mismatch KL / sequence [95%]": f"{p['kl']['mean_per_sequence']:.3g} {_ci(p['kl']['per_sequence']['interval'])}",
+            "gate": "" if g["passed"] is None else
+            f"{'PASS' if g['passed'] else 'FAIL'}: {g['metric']} |{g['mean']:.3g}| + 2 x SE {g['se']:.2g} = "
+            f"{g['bound']:.3g} {'<' if g['passed'] else '>='} {g['threshold']:g}", "note": p.get("note", "")})
+        out.append(row)
+    return out
+
+
+def distribution_lines(rep: dict[str, Any]) -> list[str]:
+    boot = next((p["bootstrap"] for p in rep["distribution"] if "bootstrap" in p), None)
+    if boot is None:
+        return [p["note"] for p in rep["distribution"] if p.get("note")]
+    gate = next(p["gate"] for p in rep["distribution"] if "gate" in p)
+    return [f"intervals: {boot['level']:.0%} {boot['method']}, {boot['resamples']} resamples, seed {boot['seed']}; "
+            "per position: sum over the resampled sequences / their positions; per sequence: mean of each sequence's "
+            "summed KL",
+            f"gate: {gate['rule']}; metric {gate['metric']}: {gate['what']}",
+            "k3 = r - 1 - log r, r = p_arm / p_ref of the reference token (Schulman's k3; it estimates KL(ref || arm) "
+            "when the tokens are sampled from the reference: greedy tokens are not, so read k3 beside the exact KL)",
+            *[f"{_pair(p)}: {p['note']}" for p in rep["distribution"] if p.get("note")]]
+
+
+def bucket_rows(rep: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for p in rep["flip_buckets"]:
+        for b in [*p["buckets"], p["middle"], p["outside"]]:
+            out.append({"pair": _pair(p), "p_ref bucket": b["bucket"], "positions": b["n"], "flips": b["k"],
+                        "flip rate [95% exact]": _rate(b) if b["n"] else "no positions"})
+    return out
+
+
+def tables(rep: dict[str, Any]) -> list[tuple[str, str, list[dict[str, Any]], list[str]]]:
+    """(``--table`` key, title, rows, lines) of every table of the report."""
+    first_lines = ([f"method: {rep['first_divergence'][0]['survival']['method']}; unit: restart-0 sequence pairs "
+                    "(one per prompt); a sequence identical to its end is right-censored at its last position"]
+                   if rep["first_divergence"] else [])
+    return [
+        ("first", "first divergence per arm pair (restart 0; positions 0-based)", first_rows(rep), first_lines),
+        ("survival", "survival: share of sequences identical through token t (Kaplan-Meier)", survival_rows(rep), []),
+        ("margins", "top-1/top-2 margin at the first divergence vs where the sequences are still identical",
+         margin_rows(rep), ["P(div < prefix): Mann-Whitney U / (n_div * n_prefix), scipy.stats.mannwhitneyu; "
+                            "positions of one sequence are not independent: read it as a description, not a test"]),
+        ("tarr", "TARr@N and distinct completions over N cold restarts (per arm, and per pair over all 2N)",
+         tarr_rows(rep), tarr_lines(rep)),
+        ("distribution", "probs_diff, k3 KL and mismatch KL (teacher-forced, per (ref_arm, arm) pair)",
+         distribution_rows(rep), distribution_lines(rep)),
+        ("buckets", "flip rate by the reference token's probability under the reference arm", bucket_rows(rep),
+         ["interval: Clopper-Pearson (exact), unit: teacher-forced positions; [0.1, 0.9) is the range where flips "
+          "are reported to concentrate"]),
+    ]

@@ -1,0 +1,234 @@
+"""``report divergence`` on a hand-built results tree whose every number is known, each figure recomputed
+here with plain DuckDB over the Parquet files (SQL written here, not the report's named queries).
+
+Sweep `s1`, arms `a` and `b` (real scales), restarts 0 and 1, 4 prompts of 6 generated tokens:
+- a: both restarts identical on every prompt (TARr@2 = 4/4);
+- b restart 0: prompt 1 diverges from a at position 2, prompt 2 at position 4, prompts 0 and 3 identical
+  to a to the end (right-censored at position 5);
+- b restart 1: as restart 0 but prompt 3 differs at position 5 (TARr@2 = 3/4, 5 distinct of 8).
+Kaplan-Meier by hand: S(t) = 1 for t < 2, 3/4 on [2, 4), 3/4 * 2/3 = 1/2 from 4: quartile 2, median 4,
+third quartile not reached. All four runs of the pair agree on prompt 0 only (1/4).
+Teacher-forced pair a -> b: per position known p_ref, p_arm, KL and k3; pair a -> a-old: a file written
+before the probability columns existed (NULL there: counted, never made up).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import traceback
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import numpy as np
+import pytest
+from scipy.stats import binomtest
+from typer.testing import CliRunner
+
+from orchestrator.cli.main import app
+from reports import divergence as dv
+from storage.catalog import open_catalog
+from storage.store import ResultStore
+
+runner = CliRunner()
+pytestmark = pytest.mark.usefixtures("ledgered_writes")  # hand-written result files are committed
+
+PROMPTS, LENGTH = 4, 6
+
+
+def _sha(tokens: list[int]) -> str:
+    return hashlib.sha256(b"".join(t.to_bytes(8, "little", signed=True) for t in tokens)).hexdigest()
+
+
+def _tokens(arm: str, restart: int, p: int) -> list[int]:
+    t = [100 * p + i for i in range(LENGTH)]
+    if arm == "b":
+        if p == 1:
+            t = [x + 1000 if i >= 2 else x for i, x in enumerate(t)]
+        if p == 2:
+            t[4] += 1000
+        if p == 3 and restart == 1:
+            t[5] += 2000
+    return t
+
+
+def _margin(arm: str, i: int) -> float:
+    return (1.0 if arm == "a" else 2.0) + 0.25 * i
+
+
+def tf_row(p: int, i: int) -> dict[str, Any]:
+    """Teacher-forced position (prompt p, position i) of a -> b, with values chosen to be known."""
+    p_ref = 0.05 + 0.15 * i
+    p_arm = p_ref - 0.01 * (p + 1)
+    kl = 0.001 * (p + 1) * (i + 1)
+    r = p_arm / p_ref
+    return {"ref_token": 100 * p + i, "ref_argmax": 100 * p + i, "ref_margin": 0.5 + i,
+            "arm_argmax": 100 * p + i + (1 if (p % 2 == 1 and i % 3 == 0) else 0), "arm_margin": 0.5 + i,
+            "ref_token_prob_ref": p_ref, "ref_token_prob_arm": p_arm, "kl_ref_arm": kl,
+            "k3_ref_arm": r - 1 - math.log(r)}
+
+
+def write_fixture(root: Path) -> None:
+    store = ResultStore(root)
+    for arm, kernel in (("a", "int8-cutlass-order"), ("b", "int8-triton-order")):
+        for restart in (0, 1):
+            unit = f"s1-{arm}-{restart}"
+            gens, seqs = [], []
+            for p in range(PROMPTS):
+                toks = _tokens(arm, restart, p)
+                gens += [{"unit_id": unit, "experiment": "e2e", "arm": arm, "restart": restart, "prompt_index": p,
+                          "position": i, "token": tok, "margin": _margin(arm, i), "topk_ids": [tok, tok + 1],
+                          "topk_logits": [5.0, 5.0 - _margin(arm, i)]} for i, tok in enumerate(toks)]
+                seqs.append({"unit_id": unit, "experiment": "e2e", "arm": arm, "restart": restart, "prompt_index": p,
+                             "prompt_hash": _sha([p]), "sequence_hash": _sha(toks), "n_tokens": len(toks),
+                             "tokens": toks})
+            store.write("generations", "s1", unit, gens)
+            store.write("sequences", "s1", unit, seqs)
+            store.write("arm_runs", "s1", unit, [{
+                "unit_id": unit, "experiment": "e2e", "arm": arm, "restart": restart, "model": "tiny-qwen3",
+                "engine": "cpu-w8a8", "configured_kernel": kernel, "scales": "real", "env_json": "{}", "host": "h",
+                "pid": 10 * restart + (1 if arm == "a" else 2), "observed_kernels": [kernel], "kernel_calls_json": "{}",
+                "evidence_ok": True, "weights_sha256": "w"}])
+    base = {"experiment": "e2e", "ref_restart": 0, "flip": None}
+    rows = []
+    for p in range(PROMPTS):
+        for i in range(LENGTH):
+            r = {**base, "unit_id": "tf-ab", "ref_arm": "a", "arm": "b", "prompt_index": p, "position": i, **tf_row(p, i)}
+            r["flip"] = r["ref_argmax"] != r["arm_argmax"]
+            rows.append(r)
+    store.write("teacher_forced", "s1", "tf-ab", rows)
+    old = [{k: v for k, v in r.items() if k not in ("ref_token_prob_ref", "ref_token_prob_arm", "kl_ref_arm",
+                                                    "k3_ref_arm")} | {"unit_id": "tf-old", "arm": "a-old"}
+           for r in rows[:6]]
+    store.write("teacher_forced", "s1", "tf-old", old)
+
+
+@pytest.fixture
+def results(tmp_path: Path) -> Path:
+    write_fixture(tmp_path / "results")
+    return tmp_path / "results"
+
+
+@pytest.fixture
+def rep(results: Path) -> dict[str, Any]:
+    with open_catalog(results) as cat:
+        return dv.divergence(cat, "s1", resamples=500)
+
+
+def plain(results: Path, table: str) -> str:
+    """``read_parquet`` over the table's files of sweep s1: plain DuckDB, no catalog."""
+    files = sorted(str(f) for f in ResultStore(results).partition(table, "s1").glob("*.parquet"))
+    return f"read_parquet({files!r}, union_by_name = true)"
+
+
+def test_first_divergence_and_survival_match_plain_duckdb_and_the_hand_count(results: Path, rep: dict[str, Any]) -> None:
+    con = duckdb.connect()
+    g = plain(results, "generations")
+    rows = con.sql(f"""
+        SELECT x.prompt_index, min(x.position) FILTER (WHERE x.token <> y.token) AS first
+        FROM {g} x JOIN {g} y ON x.prompt_index = y.prompt_index AND x.position = y.position
+        WHERE x.arm = 'a' AND y.arm = 'b' AND x.restart = 0 AND y.restart = 0
+        GROUP BY x.prompt_index ORDER BY x.prompt_index""").fetchall()
+    assert rows == [(0, None), (1, 2), (2, 4), (3, None)]
+    (p,) = rep["first_divergence"]
+    assert (p["arm_a"], p["arm_b"], p["sequences"], p["diverged"], p["identical"]) == ("a", "b", 4, 2, 2)
+    events = sorted(r[1] for r in rows if r[1] is not None)
+    assert [c["t"] for c in p["survival"]["curve"]] == events
+    assert [c["survival"] for c in p["survival"]["curve"]] == pytest.approx([3 / 4, 1 / 2])
+    assert p["survival"]["quantiles"] == {"0.1": 2, "0.25": 2, "0.5": 4, "0.75": None, "0.9": None}
+    assert p["diverged_positions"]["median"] == 3.0 and p["diverged_positions"]["max"] == 4
+    # margins at the first divergence (a: 1 + 0.25 t) vs the identical-prefix positions (before it, or all)
+    m = p["margins"]["a"]
+    assert m["median_at_divergence"] == pytest.approx(np.median([1.5, 2.0]))
+    prefix = [_margin("a", i) for i in range(LENGTH)] * 2 + [_margin("a", i) for i in range(2)] + \
+        [_margin("a", i) for i in range(4)]
+    assert m["prefix_positions"] == len(prefix) == 18 and m["median_prefix"] == pytest.approx(np.median(prefix))
+
+
+def test_tarr_and_distinct_completions_match_plain_duckdb(results: Path, rep: dict[str, Any]) -> None:
+    con = duckdb.connect()
+    s = plain(results, "sequences")
+    per_arm = dict(con.sql(f"""
+        SELECT arm, count(*) FILTER (WHERE n = 1) FROM (
+            SELECT arm, prompt_index, count(DISTINCT sequence_hash) AS n FROM {s} GROUP BY arm, prompt_index)
+        GROUP BY arm""").fetchall())
+    distinct = dict(con.sql(f"""
+        SELECT arm, sum(n) FROM (SELECT arm, prompt_index, count(DISTINCT sequence_hash) AS n FROM {s}
+                                 GROUP BY arm, prompt_index) GROUP BY arm""").fetchall())
+    (pair_ok, pair_distinct), = con.sql(f"""
+        SELECT count(*) FILTER (WHERE n = 1), sum(n) FROM (
+            SELECT prompt_index, count(DISTINCT sequence_hash) AS n FROM {s} GROUP BY prompt_index)""").fetchall()
+    arms = {a["arm"]: a for a in rep["total_agreement"]["arms"]}
+    assert {k: a["tarr"]["k"] for k, a in arms.items()} == per_arm == {"a": 4, "b": 3}
+    assert {k: a["distinct"]["total"] for k, a in arms.items()} == distinct == {"a": 4, "b": 5}
+    assert (arms["b"]["distinct"]["median"], arms["b"]["distinct"]["max"], arms["b"]["distinct"]["completions"]) == (1, 2, 8)
+    ci = binomtest(3, 4).proportion_ci(confidence_level=0.95, method="exact")
+    assert arms["b"]["tarr"]["interval"] == [ci.low, ci.high] and "Clopper-Pearson" in arms["b"]["tarr"]["method"]
+    (p,) = rep["total_agreement"]["pairs"]
+    assert (p["tarr"]["k"], p["tarr"]["n"], p["distinct"]["total"]) == (pair_ok, 4, pair_distinct) == (1, 4, 7)
+    assert p["distinct"]["completions"] == 16 and p["distinct"]["max"] == 2
+
+
+def test_probs_diff_k3_and_mismatch_kl_match_plain_duckdb(results: Path, rep: dict[str, Any]) -> None:
+    con = duckdb.connect()
+    t = plain(results, "teacher_forced")
+    ((pd_mean, pd_max, k3, kl),) = con.sql(f"""
+        SELECT avg(abs(ref_token_prob_ref - ref_token_prob_arm)), max(abs(ref_token_prob_ref - ref_token_prob_arm)),
+               avg(k3_ref_arm), avg(kl_ref_arm)
+        FROM {t} WHERE ref_arm = 'a' AND arm = 'b'""").fetchall()
+    ((kl_seq,),) = con.sql(f"""SELECT avg(s) FROM (SELECT sum(kl_ref_arm) AS s FROM {t} WHERE arm = 'b'
+                            GROUP BY ref_restart, prompt_index)""").fetchall()
+    by = {(p["ref_arm"], p["arm"]): p for p in rep["distribution"]}
+    p = by["a", "b"]
+    assert p["probs_diff"]["mean_per_position"] == pytest.approx(pd_mean) == pytest.approx(0.025)
+    assert p["probs_diff"]["max"] == pytest.approx(pd_max) == pytest.approx(0.04)
+    assert p["k3"]["mean_per_position"] == pytest.approx(k3)
+    assert p["kl"]["mean_per_position"] == pytest.approx(kl) == pytest.approx(0.001 * 2.5 * 3.5)
+    assert p["kl"]["mean_per_sequence"] == pytest.approx(kl_seq) == pytest.approx(0.001 * 2.5 * 21)
+    lo, hi = p["kl"]["per_position"]["interval"]
+    assert lo <= p["kl"]["mean_per_position"] <= hi and p["bootstrap"]["sequences"] == 4
+    assert "resampling reference sequences" in p["bootstrap"]["method"]
+    g = p["gate"]
+    assert g["bound"] == pytest.approx(abs(g["mean"]) + 2 * g["se"]) and g["se"] > 0
+    assert g["passed"] is (g["bound"] < 0.015) and g["threshold"] == 0.015
+    old = by["a", "a-old"]  # written before the columns existed: counted, no figure made up
+    assert (old["positions"], old["measured_positions"]) == (6, 0) and "kl" not in old and "before" in old["note"]
+
+
+def test_flip_buckets_are_counted_with_exact_intervals(results: Path, rep: dict[str, Any]) -> None:
+    con = duckdb.connect()
+    t = plain(results, "teacher_forced")
+    (got,) = con.sql(f"""SELECT count(*), count(*) FILTER (WHERE flip) FROM {t}
+                      WHERE arm = 'b' AND ref_token_prob_ref >= 0.1 AND ref_token_prob_ref < 0.9""").fetchall()
+    (p,) = [x for x in rep["flip_buckets"] if x["arm"] == "b"]
+    assert (p["middle"]["n"], p["middle"]["k"]) == got
+    assert sum(b["n"] for b in p["buckets"]) == 24 and sum(b["k"] for b in p["buckets"]) == 4
+    for b in p["buckets"]:
+        if b["n"]:
+            ci = binomtest(b["k"], b["n"]).proportion_ci(confidence_level=0.95, method="exact")
+            assert b["interval"] == [ci.low, ci.high]
+
+
+def test_cli_report_all_and_certificate_show_it(results: Path) -> None:
+    out = runner.invoke(app, ["report", "divergence", "--results", str(results), "--sweep", "s1", "--format", "json",
+                              "--resamples", "200"])
+    assert out.exit_code == 0, out.output
+    got = json.loads(out.output)
+    assert {"first_divergence", "total_agreement", "distribution", "flip_buckets"} <= set(got)
+    table = runner.invoke(app, ["report", "divergence", "--results", str(results), "--sweep", "s1"])
+    assert table.exit_code == 0, "".join(traceback.format_exception(*table.exc_info)) if table.exc_info else table.output
+    assert "TARa@N: no answers recorded" in table.output and "[0.1, 0.9)" in table.output
+    bad = runner.invoke(app, ["report", "divergence", "--results", str(results), "--threshold", "-1"])
+    assert bad.exit_code == 2 and "--threshold" in bad.output
+    md = runner.invoke(app, ["report", "all", "--results", str(results), "--sweep", "s1", "--format", "markdown"])
+    assert md.exit_code == 0 and "mismatch KL" in md.output and "TARr@N" in md.output
+    cert = runner.invoke(app, ["report", "certificate", "--results", str(results), "--sweep", "s1", "--format", "json"])
+    (c,) = json.loads(cert.output)
+    (pair,) = [p for s in c["scale_modes"] for p in s["end_to_end"].get("arm_pairs", [])]
+    d = pair["divergence"]
+    assert d["first_divergence"] == {"sequences": 4, "diverged": 2, "km_median": 4, "diverged_median": 3.0}
+    assert (d["tarr_2n"]["k"], d["tarr_2n"]["n"]) == (1, 4)
+    (tf,) = d["teacher_forced"]
+    assert tf["probs_diff_max"] == pytest.approx(0.04) and tf["gate"]["metric"] == "kl"
