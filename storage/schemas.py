@@ -516,6 +516,52 @@ ATTENTION_REPLAY = pa.schema(
     ]
 )
 
+#: ``localize``: one row per (arm pair, prompt) of the localize kind (tasks.kinds.localize; issue 27;
+#: docs/localize.md): the first generated position where all-A and all-B part (null: never), the
+#: first linear / decoder layer whose output hash differs teacher-forced, the 1-minimal culprit set
+#: found by ddmin with its verification flags, and the culprit replay artifact.
+LOCALIZE = pa.schema(
+    [
+        ("unit_id", pa.string()),
+        ("experiment", pa.string()),
+        ("model", pa.string()),
+        ("pair", pa.string()),
+        ("arm_a", pa.string()),
+        ("arm_b", pa.string()),
+        ("kernel_a", pa.string()),
+        ("kernel_b", pa.string()),
+        ("scales", pa.string()),
+        ("prompt_index", pa.int32()),
+        ("prompt_tokens", pa.int32()),
+        ("max_new_tokens", pa.int32()),
+        ("generated", pa.int32()),
+        ("first_divergence", pa.int32()),
+        ("token_a", pa.int64()),
+        ("token_b", pa.int64()),
+        ("margin_a", pa.float64()),
+        ("margin_b", pa.float64()),
+        ("first_diff_linear", pa.string()),
+        ("first_diff_linear_order", pa.int32()),
+        ("first_diff_layer", pa.int32()),
+        ("linears_differing", pa.int32()),
+        ("linears_hashed", pa.int32()),
+        ("tf_reproduces", pa.bool_()),
+        ("culprit", pa.list_(pa.string())),
+        ("culprit_size", pa.int32()),
+        ("bisection_generations", pa.int32()),
+        ("bisection_tests", pa.int32()),
+        ("culprit_divergence", pa.int32()),
+        ("verified_culprit_diverges", pa.bool_()),
+        ("verified_none_identical", pa.bool_()),
+        ("verified_one_minimal", pa.bool_()),
+        ("verification_generations", pa.int32()),
+        ("artifact", pa.string()),
+        ("artifact_sha256", pa.string()),
+        ("artifact_reproduces", pa.bool_()),
+        ("error", pa.string()),
+    ]
+)
+
 #: Tables whose files are no unit's results (no ledger row names them): the catalog reads them whole
 #: (minus damage) and ``sweep verify`` does not hold them to the ledger. Defined once, here.
 UNMANAGED_TABLES = frozenset({"units", "sweeps", "launches", "preregistrations"})
@@ -538,6 +584,7 @@ TABLES: dict[str, pa.Schema] = {
     "batch_invariance_model": BATCH_INVARIANCE_MODEL,
     "batch_invariance_attention": BATCH_INVARIANCE_ATTENTION,
     "quantize": QUANTIZE,
+    "localize": LOCALIZE,
     "units": UNITS,
     "sweeps": SWEEPS,
     "launches": LAUNCHES,

@@ -49,6 +49,7 @@ _REGISTRY: Registry[Kind] = Registry("experiment kind", error=KindError, validat
 for _name in ("kdepth", "replay", "generate", "teacher_forced", "exact_match", "bounds", "attention_replay",
               "quantize", "batch_invariance", "fuzz", "precision"):
     _REGISTRY.register(_name, f"tasks.kinds.{_name}:KIND")
+_REGISTRY.register("localize", "tasks.kinds.localize:KIND")  # issue 27: where two kernels make a generation part
 
 
 def register_kind(kind: Kind | str, name: str | None = None) -> Kind | str:
