@@ -83,11 +83,10 @@ def test_a_tiny_model_unit_writes_the_columns_its_logits_give() -> None:
     """A real unit (cutlass reference, triton pow2 arm, 3 prompts x 10 tokens): every position has the
     four columns; p_ref is the softmax of the reference arm's own logits at the reference token; a
     flip never happens where both arms give the reference token probability above 1/2."""
-    from tests.test_teacher_forced_columns import FakeContext
-
     from tasks.kinds import generate
     from tasks.models.arms import build_arm_model
     from tasks.prompts import prompts_from_payload
+    from tests.test_teacher_forced_columns import FakeContext
 
     exp = generate.GenerateExperiment.model_validate({
         "kind": "generate", "restarts": 1, "max_new_tokens": 10, "prompts": {"count": 3, "length": 6, "seed": 2},
