@@ -10,6 +10,7 @@ from typing import Any
 
 import mpmath
 import numpy as np
+import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -97,7 +98,9 @@ def test_a_tiny_model_unit_writes_the_columns_its_logits_give() -> None:
     gen_unit = next(u for u in units if u.kind == "generate" and u.params["arm"]["name"] == "cutlass")
     tf_unit = next(u for u in units if u.kind == "teacher_forced")
     produced = generate.run(gen_unit.params)
-    got = tf.run(tf_unit.params, FakeContext({"sequences": {gen_unit.id: produced["sequences"]}}))["teacher_forced"]
+    ctx: Any = FakeContext({"sequences": {gen_unit.id: produced["sequences"]}})
+    got = tf.run(tf_unit.params, ctx)["teacher_forced"]
+    assert isinstance(got, pa.Table)
     cols: dict[str, Any] = {c: got.column(c).to_numpy() for c in got.column_names if c not in ("ref_arm", "arm")}
     assert got.num_rows == 30 and all(got.column(c).null_count == 0 for c in tf.DISTRIBUTION)
 
