@@ -200,7 +200,8 @@ class SyntheticPrompts(Strict):
 
 
 class FilePrompts(Strict):
-    """A JSONL file, one prompt per line: a JSON list of token ids, or ``{"tokens": [...]}``."""
+    """A JSONL file, one prompt per line: a JSON list of token ids, or ``{"tokens": [...]}`` with
+    optionally ``"answer": [...]`` (the expected continuation; the generate kind checks it)."""
 
     file: str = Field(min_length=1)
 
@@ -269,10 +270,23 @@ def needs_gpu(impls: list[Implementation]) -> bool:
 
 # -- models and prompts ---------------------------------------------------------------------------
 
+#: Models named in a spec besides "tiny-qwen3" and a checkpoint path: the checkpoints shipped in the
+#: repository's models/ (tasks.models.checkpoint.SHIPPED_MODELS; kept here so that validating a spec
+#: imports no torch), loaded with their MANIFEST.json sha256 checked.
+SHIPPED_MODELS = ("answer-qwen3",)
+
 def model_fingerprint(model: str) -> str:
     """Identity of a model for unit ids: the name, or a hash of a checkpoint's config and file list."""
     if model == "tiny-qwen3":
         return model
+    if model in SHIPPED_MODELS:
+        # The weights' sha256 from the shipped MANIFEST.json: retrained weights are another model.
+        import json
+
+        from tasks.models.checkpoint import shipped_model_dir
+
+        manifest = json.loads((shipped_model_dir(model) / "MANIFEST.json").read_text())
+        return f"{model}@{str(manifest['model_safetensors_sha256'])[:16]}"
     d = Path(model)
     if not (d / "config.json").is_file():
         # A checkpoint only the cluster's GPU nodes hold (or a hub name vLLM resolves there).
@@ -284,10 +298,13 @@ def model_fingerprint(model: str) -> str:
 
 
 def prompt_payload(prompts: Prompts) -> dict[str, Any]:
-    from tasks.prompts import read_prompt_file
+    from tasks.prompts import read_prompt_records
 
     if isinstance(prompts, FilePrompts):
-        return {"tokens": read_prompt_file(prompts.file)}
+        tokens, answers = read_prompt_records(prompts.file)
+        if any(a is not None for a in answers):  # only then: files without answers keep their unit ids
+            return {"tokens": tokens, "answers": answers}
+        return {"tokens": tokens}
     return {"synthetic": prompts.model_dump()}
 
 
@@ -295,8 +312,16 @@ def model_and_prompt_problems(base: str, model: str, prompts: Prompts) -> list[s
     from tasks.prompts import read_prompt_file
 
     problems = []
-    if model != "tiny-qwen3" and not (Path(model) / "config.json").is_file():
-        problems.append(f"{base}.model: {model!r} is neither 'tiny-qwen3' nor a directory with a config.json")
+    if model in SHIPPED_MODELS or (Path(model) / "MANIFEST.json").is_file():
+        from tasks.models.checkpoint import check_manifest, shipped_model_dir
+
+        try:
+            check_manifest(shipped_model_dir(model) if model in SHIPPED_MODELS else Path(model))
+        except ValueError as exc:
+            problems.append(f"{base}.model: {exc}")
+    elif model != "tiny-qwen3" and not (Path(model) / "config.json").is_file():
+        problems.append(f"{base}.model: {model!r} is neither 'tiny-qwen3', a shipped model "
+                        f"({', '.join(SHIPPED_MODELS)}) nor a directory with a config.json")
     if isinstance(prompts, FilePrompts):
         try:
             read_prompt_file(prompts.file)
@@ -310,7 +335,7 @@ def model_and_prompt_problems(base: str, model: str, prompts: Prompts) -> list[s
 def resolve_model_and_prompts(exp: Any, resolve_path: Callable[[str], Path]) -> Any:
     """A model directory and a prompt file given relative to the spec become absolute paths."""
     update: dict[str, Any] = {}
-    if exp.model != "tiny-qwen3":
+    if exp.model != "tiny-qwen3" and exp.model not in SHIPPED_MODELS:
         # A local directory relative to the spec, else kept as given (a path on the cluster's
         # GPU nodes, or a name vLLM resolves there).
         cand = resolve_path(exp.model)

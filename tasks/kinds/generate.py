@@ -132,11 +132,29 @@ def problems(base: str, exp: GenerateExperiment) -> list[str]:
                 out.append(p)
     if vllm and len(vllm) != len(exp.arms):
         out.append(f"{base}.arms: mix of vllm arms {vllm} and cpu arms; put them in separate experiments")
+    if isinstance(exp.prompts, FilePrompts):
+        out.extend(answer_length_problems(base, exp))
     if not vllm:
         out.extend(model_and_prompt_problems(base, exp.model, exp.prompts))
     elif isinstance(exp.prompts, FilePrompts):
         out.extend(model_and_prompt_problems(base, "tiny-qwen3", exp.prompts))
     return out
+
+
+def answer_length_problems(base: str, exp: GenerateExperiment) -> list[str]:
+    """A prompt file's expected answers must fit in ``max_new_tokens`` (else no answer can be right)."""
+    from tasks.prompts import read_prompt_records
+
+    assert isinstance(exp.prompts, FilePrompts)
+    try:
+        _, answers = read_prompt_records(exp.prompts.file)
+    except (ValueError, OSError):
+        return []  # reported by model_and_prompt_problems
+    longest = max((len(a) for a in answers if a is not None), default=0)
+    if longest > exp.max_new_tokens:
+        return [f"{base}.max_new_tokens: {exp.max_new_tokens} is shorter than the longest expected answer "
+                f"in {exp.prompts.file} ({longest} tokens); allowed: >= {longest}"]
+    return []
 
 
 def arm_quantizer_problems(where: str, arm: Arm) -> list[str]:
@@ -223,7 +241,7 @@ def run(params: dict[str, Any], context: UnitContext | None = None) -> dict[str,
     from tasks.models.arms import build_arm_model, build_vllm_engine, vllm_prompts
     from tasks.models.evidence import kernel_evidence
     from tasks.models.predictions import sequence_hash
-    from tasks.prompts import prompts_from_payload
+    from tasks.prompts import answers_from_payload, prompts_from_payload
 
     arm = params["arm"]
     if arm["engine"] == "vllm":
@@ -259,10 +277,11 @@ def run(params: dict[str, Any], context: UnitContext | None = None) -> dict[str,
          "margin": r["margin"], "topk_ids": r["topk_ids"], "topk_logits": r["topk_logits"]}
         for r in gen.rows()
     ]
+    answers = answers_from_payload(params["prompts"]) or [None] * len(gen.prompts)
     sequences = [
         {**ident, "prompt_index": i, "prompt_hash": sequence_hash(p), "sequence_hash": sequence_hash(t),
-         "n_tokens": len(t), "tokens": t}
-        for i, (p, t) in enumerate(zip(gen.prompts, gen.tokens, strict=True))
+         "n_tokens": len(t), "tokens": t, **answer_columns(t, a)}
+        for i, (p, t, a) in enumerate(zip(gen.prompts, gen.tokens, answers, strict=True))
     ]
     run_row = {
         **ident, "model": params["model"], "engine": arm["engine"], "configured_kernel": configured,
@@ -273,6 +292,16 @@ def run(params: dict[str, Any], context: UnitContext | None = None) -> dict[str,
         "evidence_ok": bool(evidence["ok"]), "weights_sha256": weights,
     }
     return {"generations": generations, "sequences": sequences, "arm_runs": [run_row]}
+
+
+def answer_columns(tokens: list[int], answer: list[int] | None) -> dict[str, Any]:
+    """The sequences table's answer columns for one generated sequence: ``extracted_answer`` (the
+    first ``len(answer)`` generated tokens: the answer the model gave) and ``correct`` (it equals the
+    expected ``answer`` token for token); both null for a prompt without an expected answer."""
+    if answer is None:
+        return {"extracted_answer": None, "correct": None}
+    extracted = [int(t) for t in tokens[: len(answer)]]
+    return {"extracted_answer": extracted, "correct": extracted == [int(t) for t in answer]}
 
 
 KIND = Kind(name="generate", version=VERSION, spec=GenerateExperiment,

@@ -15,10 +15,15 @@
   INT8 checkpoint (``config.json`` with ``quantization_config``, ``model.safetensors`` with int8
   ``weight`` ``[N, K]`` and fp32 ``weight_scale`` ``[N, 1]`` per decoder linear, everything else
   in fp32), which :func:`read_checkpoint` loads back bit for bit.
+* Shipped checkpoints (:data:`SHIPPED_MODELS`: ``answer-qwen3``, a Qwen3 trained by
+  ``tools/train_answer_model.py``) live in the repository's ``models/<name>`` and load by name;
+  a checkpoint directory with a ``MANIFEST.json`` that records ``model_safetensors_sha256`` is
+  loaded only if ``model.safetensors`` has that hash (:func:`check_manifest`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +45,59 @@ __all__ = [
     "read_checkpoint",
     "save_compressed",
     "COMPRESSED_TENSORS_W8A8",
+    "SHIPPED_MODELS",
+    "ManifestError",
+    "check_manifest",
+    "shipped_model_dir",
 ]
+
+#: Checkpoints shipped in the repository's ``models/`` directory, loaded by name.
+SHIPPED_MODELS = ("answer-qwen3",)
+#: Where they live: ``<repository>/models/<name>``.
+MODELS_DIR = Path(__file__).resolve().parents[2] / "models"
+
+
+class ManifestError(ValueError):
+    """A checkpoint's ``model.safetensors`` does not have the sha256 its ``MANIFEST.json`` records."""
+
+
+def shipped_model_dir(name: str) -> Path:
+    """The directory of the shipped checkpoint ``name`` (one of :data:`SHIPPED_MODELS`)."""
+    if name not in SHIPPED_MODELS:
+        raise ValueError(f"model {name!r} is not a shipped model; allowed: {', '.join(SHIPPED_MODELS)}")
+    root = MODELS_DIR / name
+    if not (root / "config.json").is_file():
+        raise ValueError(f"model {name!r}: the shipped checkpoint {root} is missing (config.json not found)")
+    return root
+
+
+def check_manifest(path: str | Path) -> dict[str, Any] | None:
+    """Check ``model.safetensors`` of the directory ``path`` against its ``MANIFEST.json``.
+
+    Returns the manifest, or None when the directory has none (an ordinary checkpoint).  Raises
+    :class:`ManifestError` when the file's sha256 differs from ``model_safetensors_sha256`` (or
+    the manifest records none, or the file is missing)."""
+    root = Path(path)
+    mf = root / "MANIFEST.json"
+    if not mf.is_file():
+        return None
+    try:
+        manifest: dict[str, Any] = json.loads(mf.read_text())
+    except json.JSONDecodeError as exc:
+        raise ManifestError(f"{mf}: not valid JSON ({exc})") from exc
+    want = manifest.get("model_safetensors_sha256") if isinstance(manifest, dict) else None
+    if not isinstance(want, str) or len(want) != 64:
+        raise ManifestError(f"{mf}: model_safetensors_sha256 is missing or not a sha256 hex digest")
+    weights = root / "model.safetensors"
+    if not weights.is_file():
+        raise ManifestError(f"{root}: model.safetensors is missing (MANIFEST.json records sha256 {want})")
+    got = hashlib.sha256(weights.read_bytes()).hexdigest()
+    if got != want:
+        raise ManifestError(
+            f"{weights}: sha256 {got} does not match MANIFEST.json's model_safetensors_sha256 {want}; "
+            "the weights were changed or damaged (retrain with the manifest's command, or restore the file)"
+        )
+    return manifest
 
 #: The ``tiny-qwen3`` architecture (transformers ``Qwen3Config`` keyword arguments).  4 decoder
 #: layers x 7 linears = 28 W8A8 layers.
@@ -193,9 +250,10 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
     root = Path(path)
     if not root.is_dir():
         raise ValueError(
-            f"model {str(path)!r} is neither 'tiny-qwen3' nor a checkpoint directory "
-            "(a directory with config.json and *.safetensors)"
+            f"model {str(path)!r} is neither 'tiny-qwen3', a shipped model ({', '.join(SHIPPED_MODELS)}) "
+            "nor a checkpoint directory (a directory with config.json and *.safetensors)"
         )
+    check_manifest(root)
     cfg_path = root / "config.json"
     if not cfg_path.is_file():
         raise ValueError(f"{root}: no config.json (a checkpoint directory needs config.json and *.safetensors)")

@@ -36,7 +36,14 @@ import numpy as np
 import torch
 
 from .capture import Capture
-from .checkpoint import Checkpoint, _build_float, read_checkpoint, tiny_qwen3_float
+from .checkpoint import (
+    SHIPPED_MODELS,
+    Checkpoint,
+    _build_float,
+    read_checkpoint,
+    shipped_model_dir,
+    tiny_qwen3_float,
+)
 from .invariance import kv_cache
 from .linear import OUT_DTYPES, PROJECTIONS, W8A8Linear, resolve_kernel
 from .predictions import GenerationResult, ScoreResult, predict, predict_arrays, target_values
@@ -393,7 +400,9 @@ def build_model(
     """Build the W8A8 engine.
 
     Args:
-        model: ``"tiny-qwen3"`` (seeded weights, :data:`tasks.models.checkpoint.TINY_QWEN3`), or a
+        model: ``"tiny-qwen3"`` (seeded weights, :data:`tasks.models.checkpoint.TINY_QWEN3`), a
+            shipped model by name (``"answer-qwen3"``: ``models/answer-qwen3``, its sha256 checked
+            against its MANIFEST.json; :data:`tasks.models.checkpoint.SHIPPED_MODELS`), or a
             local checkpoint directory (config.json + *.safetensors): a float checkpoint is
             quantized on load, a compressed-tensors W8A8 INT8 checkpoint is loaded as is.
         kernel: the registry kernel every W8A8 layer calls: a name, ``{"kernel": name, "params":
@@ -441,7 +450,7 @@ def build_model(
                          threads=threads, reductions=reductions)
     if overrides:
         raise ValueError("overrides apply to 'tiny-qwen3' only; a checkpoint's config.json is used as it is")
-    ck = read_checkpoint(Path(model))
+    ck = read_checkpoint(shipped_model_dir(model) if model in SHIPPED_MODELS else Path(model))
     hf, notes = _from_checkpoint(ck, make, scales, reductions)
     if attention is not None:
         from tasks.models.hf_attention import use_attention
