@@ -122,6 +122,10 @@ SEQUENCES = pa.schema(
         ("sequence_hash", pa.string()),
         ("n_tokens", pa.int32()),
         ("tokens", pa.list_(pa.int64())),
+        # A prompt with an expected answer (a prompt file's "answer"): the first len(answer) generated
+        # tokens, and whether they equal it. Null for prompts without one.
+        ("extracted_answer", pa.list_(pa.int64())),
+        ("correct", pa.bool_()),
     ]
 )
 
