@@ -8,7 +8,8 @@ process (the same :func:`tasks.checks.fuzz.fuzz` that ``swapcheck check fuzz --k
 * ``trials``: trials run up to and including the first failing one (all trials run, if none failed);
 * ``trial seconds``: the seconds those trials took (both checks; the shrinking after a find excluded);
 * ``total seconds``: the whole run, shrinking included;
-* ``shape``: the failing trial's drawn shape, recipe and layout, and what it shrank to.
+* ``shape``: the failing trial's drawn shape, the failing check's inputs (the bounds recipe, or exact
+  match's input kind: binary / cancelling-runs) and layout, and what it shrank to.
 
 Then, per kernel, found-within-budget as a count of seeds and a Clopper-Pearson 95% interval on the
 probability (scipy.stats.binomtest), and the median trials and seconds to find.
@@ -61,7 +62,8 @@ def measure(kernel: str, seed: int, budget: float) -> dict[str, Any]:
     if r.failures:
         f = r.failures[0]
         o = f.original.plan
-        row["shape"] = f"{o.shape} {o.recipe} {o.layout} ({f.check}) -> {f.shrunk.plan.shape}"
+        inputs = o.recipe if f.check == "bounds" else o.exact_inputs  # what the failing check drew
+        row["shape"] = f"{o.shape} {inputs} {o.layout} ({f.check}) -> {f.shrunk.plan.shape}"
     return row
 
 

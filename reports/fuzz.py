@@ -41,15 +41,20 @@ def _shape(m: Any, k: Any, n: Any) -> str:
 
 
 def failure_table(rows: list[dict[str, Any]], root: str | None = None) -> list[dict[str, Any]]:
-    """One line per failure; ``replay`` is the command that reproduces it (``root``: the results root
-    the artifact paths are relative to)."""
+    """One line per failure; ``inputs`` is the bounds recipe or exact match's input kind (binary or
+    cancelling-runs; binary in rows written before fuzz version 3), ``layout`` the operands' memory
+    layout the artifact replays with; ``replay`` is the command that reproduces it (``root``: the
+    results root the artifact paths are relative to)."""
     out = []
     for r in rows:
         path = r["artifact"] if root is None else f"{root.rstrip('/')}/{r['artifact']}"
         where = ("-" if r["first_row"] is None else
                  f"C[{r['first_row']}, {r['first_col']}]: expected {r['first_expected']:.9g}, observed {r['first_observed']:.9g}")
+        inputs = r["recipe"] if r["failed_check"] == "bounds" else r.get("exact_inputs") or "binary"
         out.append({"experiment": r["experiment"], "kernel": r["kernel"], "output": r["dtype"], "trial": r["trial"],
-                    "check": r["failed_check"], "verdict": r["verdict"], "drawn M x K x N": _shape(r["m"], r["k"], r["n"]),
+                    "check": r["failed_check"], "verdict": r["verdict"], "inputs": inputs,
+                    "layout": r.get("layout") or "contiguous (not recorded)",
+                    "drawn M x K x N": _shape(r["m"], r["k"], r["n"]),
                     "shrunk to": _shape(r["shrunk_m"], r["shrunk_k"], r["shrunk_n"]),
                     "first failing element": r["error"] or where, "replay": f"swapcheck check replay {path}"})
     return out

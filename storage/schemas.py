@@ -227,7 +227,7 @@ PRECISION = _check_schema([])
 #: ``fuzz``: one row per fuzz trial of one kernel (tasks.kinds.fuzz; docs/schema.md). A failing trial
 #: carries its shrunk shape, the failing element and the artifact that replays it; ``layout`` is the
 #: operands' memory layout and ``classes`` the boundary classes the trial hit (issue 26; null in
-#: files written before).
+#: files written before); ``exact_inputs`` exact match's input kind (fuzz version 3; null before).
 FUZZ = pa.schema(
     [
         ("unit_id", pa.string()),
@@ -263,6 +263,7 @@ FUZZ = pa.schema(
         ("artifact", pa.string()),
         ("layout", pa.string()),
         ("classes", pa.list_(pa.string())),
+        ("exact_inputs", pa.string()),
     ]
 )
 

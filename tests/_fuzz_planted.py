@@ -20,9 +20,17 @@ partials``             the output's 16-bit format (bf16 for an fp32 output) befo
                        (issue 26: the old generator capped K at 4097 and missed it)
 ``pow2_k_8192_drop_    K a power of two >= 8192: the "aligned fast path" skips the last 8 elements
 tail8``                of K (K = 8191, 8193, 12288 and every K below 8192 are right)
+``split_k_8192_half_   K > 8192 only: K is split in chunks of 4096 whose fp32 partial sums are
+partials``             rounded to the output's 16-bit format (bf16 for an fp32 output); right for
+                       every K <= 8192 (issue 26's large-K residual: found for 2 of 3 seeds in 60 s
+                       before exact match's cancelling-runs inputs)
+``col_major_a_drops_   layout only: a column-major A (the fuzzer's ``a-transposed`` and
+last_k``               ``both-transposed`` layouts, M and K > 1) takes a "transposed path" that drops
+                       the last element of K; right for every shape with a row-major A (a failure
+                       that replays only in its recorded layout)
 =====================  ============================================================================
 
-The last two are held out from the generator's design: it weights every power-of-two boundary of K
+The last three are held out from the generator's design: it weights every power-of-two boundary of K
 (2**j - 1, 2**j, 2**j + 1) up to :data:`tasks.checks.fuzz.MAX_K`, not these two kernels' numbers.
 """
 
@@ -70,10 +78,10 @@ def split_k_tail(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 SPLIT_4096 = 4096
 
 
-@kernel_function
-def split_k_4096_half_partials(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def _split_half_partials(a: torch.Tensor, b: torch.Tensor, above: int) -> torch.Tensor:
+    """fp32 accumulation, except for K > ``above``: 4096-chunk partials stored in 16 bits."""
     k = a.shape[1]
-    if k <= SPLIT_4096:
+    if k <= above:
         return (a.float() @ b.float()).to(a.dtype)
     half = a.dtype if a.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
     acc = torch.zeros(a.shape[0], b.shape[1])
@@ -84,10 +92,27 @@ def split_k_4096_half_partials(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor
 
 
 @kernel_function
+def split_k_4096_half_partials(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return _split_half_partials(a, b, SPLIT_4096)
+
+
+@kernel_function
+def split_k_8192_half_partials(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return _split_half_partials(a, b, 2 * SPLIT_4096)
+
+
+@kernel_function
 def pow2_k_8192_drop_tail8(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     k = a.shape[1]
     if k >= 8192 and k & (k - 1) == 0:
         return (a[:, : k - 8].float() @ b[: k - 8].float()).to(a.dtype)
+    return (a.float() @ b.float()).to(a.dtype)
+
+
+@kernel_function
+def col_major_a_drops_last_k(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    if a.shape[0] > 1 and a.shape[1] > 1 and a.stride(0) == 1:
+        return (a[:, :-1].float() @ b[:-1].float()).to(a.dtype)
     return (a.float() @ b.float()).to(a.dtype)
 
 
@@ -111,4 +136,4 @@ class AlignedK16(Kernel):
 #: The planted kernels the fuzzer must catch.
 PLANTED = ("n_tail_pair_store", "large_m_ftz", "split_k_tail")
 #: Issue 26: boundary defects beyond the old generator's reach (K <= 4097).
-PLANTED_FAR = ("split_k_4096_half_partials", "pow2_k_8192_drop_tail8")
+PLANTED_FAR = ("split_k_4096_half_partials", "pow2_k_8192_drop_tail8", "split_k_8192_half_partials")

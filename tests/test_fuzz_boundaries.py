@@ -148,9 +148,10 @@ def test_fixed_shape_checks_miss_the_far_defects(attr: str) -> None:
 
 #: A seed whose hunt finds each far defect within a few trials (seconds): the trial that finds it is
 #: fixed by the seed, so this is deterministic; benchmarks/fuzz_reach.py measures seeds 1-10 at 60 s.
-QUICK_SEED = {"split_k_4096_half_partials": 3, "pow2_k_8192_drop_tail8": 1}
+QUICK_SEED = {"split_k_4096_half_partials": 3, "pow2_k_8192_drop_tail8": 1, "split_k_8192_half_partials": 4}
 CONDITION = {
     "split_k_4096_half_partials": lambda m, k, n: k > 4096,
+    "split_k_8192_half_partials": lambda m, k, n: k > 8192,
     "pow2_k_8192_drop_tail8": lambda m, k, n: k >= 8192 and k & (k - 1) == 0,
 }
 

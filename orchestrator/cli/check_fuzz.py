@@ -115,8 +115,8 @@ def replay(
     no_user_kernels: NoUserKernelsOpt = False,
 ) -> None:
     """Replay a saved failure: load its operands, scales and recorded output, run the same kernel
-    (by the reference and parameters it recorded) and the same check on exactly those operands, and
-    compare. Exit 0 when the failure reproduces (same verdict, output byte for byte), 1 when it no
+    (by the reference and parameters it recorded) and the same check on exactly those operands, in
+    the recorded memory layout (contiguous for artifacts that predate layouts), and compare. Exit 0 when the failure reproduces (same verdict, output byte for byte), 1 when it no
     longer does (e.g. the kernel was fixed), 2 for a file that is not a valid artifact.
 
     Example: swapcheck check replay fuzz-failures/fuzz-exact-match-trial3-1x1026x2.safetensors
@@ -130,8 +130,8 @@ def replay(
         obj = {"artifact": r.artifact, "kernel": r.kernel, "check": r.check, "shape": r.shape,
                "recorded_verdict": r.recorded_verdict, "verdict": r.verdict, "same_output": r.same_output,
                "same_expected": r.same_expected, "reproduced": r.reproduced,
-               "recorded_version": r.recorded_version, "version": r.version,
-               "row": r.judged.result.to_row()}  # fmt: skip
+               "recorded_version": r.recorded_version, "version": r.version, "layout": r.layout,
+               "layout_recorded": r.layout_recorded, "row": r.judged.result.to_row()}  # fmt: skip
         sys.stdout.write(json.dumps(obj, default=str) + "\n")
     else:
         typer.echo(r.text())

@@ -1,5 +1,5 @@
 -- Fuzzing per (sweep, experiment, kernel, dtype): trials run, the seed and budget, trials per
--- verdict of each check (exact match on binary inputs, bounds), failures saved (rows with an
+-- verdict of each check (exact match on binary or cancelling-runs inputs, bounds), failures saved (rows with an
 -- artifact) and kernel errors. One row per hunt; the trials themselves are in the fuzz table.
 -- Columns: trials, seconds (sum of trial times), em_* / bounds_* (trials whose check said
 -- IDENTICAL / a worse verdict), failures (trials with a saved artifact), errors (trials whose kernel raised).

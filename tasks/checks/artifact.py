@@ -5,7 +5,8 @@ One ``.safetensors`` file holds everything a replay needs:
 ==============  ==============================================================================
 tensor          what it is
 ==============  ==============================================================================
-``a``, ``b``    the operands ``[M, K]`` and ``[K, N]``, in the kernel's operand dtype
+``a``, ``b``    the operands ``[M, K]`` and ``[K, N]``, in the kernel's operand dtype, stored
+                contiguous (row-major); ``layout`` says the memory layout the kernel got them in
 ``scale_a``     (scaled kernels) ``[M or 1, 1]`` float32; ``scale_b``: ``[N or 1]`` float32
 ``expected``    float64 ``[M, N]``: what a correct kernel returns (the check's reference)
 ``exact``       float64 ``[M, N]``: the exact result (bounds: within one float64 spacing)
@@ -21,7 +22,12 @@ for people), one JSON object:
 * ``check``: ``name`` ("exact_match" / "bounds"), ``dtype`` (the output format), ``algorithm``,
   ``accumulate``, ``fma`` and the trial's ``info`` (p, recipe, scale kind);
 * ``shape`` (``m``, ``k``, ``n``), ``original_shape`` (before shrinking), ``seed``, ``trial``,
-  ``recipe``, ``scales``, ``shrink_runs``;
+  ``recipe`` (the bounds recipe, or exact match's input kind: ``binary`` / ``cancelling-runs``),
+  ``scales``, ``shrink_runs``;
+* ``layout``: the operands' memory layout in the failing run (:data:`tasks.checks.fuzz.LAYOUTS`:
+  ``contiguous``, ``a-transposed``, ``b-transposed``, ``both-transposed``, ``strided``); a replay
+  hands the kernel the operands in that layout again.  Artifacts written before it was recorded
+  have no ``layout`` and replay contiguous (the replay says so);
 * ``verdict``, ``row`` (the check's trial row: counts, first and worst failing element with
   indices, exact, expected and observed values), ``actual_sha256`` (of the output's bytes).
 
@@ -46,6 +52,7 @@ from tasks.verdicts import Verdict
 from .bounds import algorithm as get_algorithm
 from .bounds import judge_bounds
 from .exact_match import judge_exact_match
+from .fuzz import LAYOUTS, apply_layout
 from .result import Judged
 from .subject import CheckInputError, load_subject
 
@@ -108,7 +115,8 @@ def artifact_bytes(fail: Failure, subject: Subject, params: dict[str, Any], seed
         "original_shape": {"m": o.m, "k": o.k, "n": o.n},
         "seed": seed,
         "trial": run.plan.index,
-        "recipe": run.plan.recipe if fail.check == "bounds" else "binary",
+        "recipe": run.plan.recipe if fail.check == "bounds" else run.info.get("inputs", "binary"),
+        "layout": run.plan.layout,
         "scales": run.info.get("scales"),
         "shrink_runs": fail.shrink_runs,
         "verdict": j.result.verdict.value,
@@ -210,6 +218,10 @@ def load_artifact(path: str | Path) -> Artifact:
     _need(meta, "seed", where, int)
     _need(meta, "trial", where, int)
     _need(meta, "verdict", where, str)
+    if "layout" in meta:
+        layout = _need(meta, "layout", where, str)
+        if layout not in LAYOUTS:
+            raise ArtifactError(f"{where}: layout: expected one of {', '.join(LAYOUTS)}, got {layout!r}")
     m, k, n = meta["shape"]["m"], meta["shape"]["k"], meta["shape"]["n"]
     for name, shape in (("a", (m, k)), ("b", (k, n))):
         if name not in tensors:
@@ -246,6 +258,8 @@ class Replay:
     recorded_version: str | None
     version: str
     judged: Judged
+    layout: str = "contiguous"
+    layout_recorded: bool = True
 
     @property
     def reproduced(self) -> bool:
@@ -255,7 +269,9 @@ class Replay:
     def text(self) -> str:
         r = self.judged.result
         lines = [f"replay of {self.artifact}",
-                 f"  {self.check.replace('_', '-')} check of {self.kernel} at {self.shape}"]  # fmt: skip
+                 f"  {self.check.replace('_', '-')} check of {self.kernel} at {self.shape}",
+                 f"  operand layout: {self.layout}" + ("" if self.layout_recorded else
+                     " (not recorded: the artifact predates layouts; replayed contiguous)")]  # fmt: skip
         if self.recorded_version is not None and self.recorded_version != self.version:
             lines.append(f"  note: kernel version is now {self.version}; the artifact recorded {self.recorded_version}")
         lines.append(f"  recorded verdict {self.recorded_verdict}; now {self.verdict}")
@@ -287,12 +303,14 @@ def replay(path: str | Path) -> Replay:
     dtype = get_format(cmeta["dtype"]).torch_dtype
     sa, sb = t.get("scale_a"), t.get("scale_b")
     info = dict(cmeta["info"])
+    layout = meta.get("layout", "contiguous")  # older artifacts: no layout recorded, replayed contiguous
+    a, b = apply_layout(t["a"], t["b"], layout)
     if meta["check"]["name"] == "exact_match":
-        judged = judge_exact_match(subject, t["a"], t["b"], dtype, sa, sb, trial=meta["trial"], seed=meta["seed"],
+        judged = judge_exact_match(subject, a, b, dtype, sa, sb, trial=meta["trial"], seed=meta["seed"],
                                    info=info)  # fmt: skip
     else:
         alg = get_algorithm(cmeta["algorithm"], cmeta["accumulate"], cmeta["fma"])
-        judged = judge_bounds(subject, alg, t["a"], t["b"], dtype, sa, sb, trial=meta["trial"], seed=meta["seed"],
+        judged = judge_bounds(subject, alg, a, b, dtype, sa, sb, trial=meta["trial"], seed=meta["seed"],
                               info=info)  # fmt: skip
     out = judged.output
     rec = t.get("actual")
@@ -308,4 +326,4 @@ def replay(path: str | Path) -> Replay:
     m, k, n = meta["shape"]["m"], meta["shape"]["k"], meta["shape"]["n"]
     return Replay(art.path, kmeta["ref"], cmeta["name"], f"{m}x{k}x{n}", meta["verdict"],
                   judged.result.verdict.value, same_out, bool(same_exp), kmeta.get("version"),
-                  subject.kernel.version, judged)  # fmt: skip
+                  subject.kernel.version, judged, layout, "layout" in meta)  # fmt: skip

@@ -4,16 +4,20 @@ Fixed-shape checks miss defects that live at one kind of edge (a tail tile, a la
 configuration, a split-K path); a seeded fuzzer with an exact reference finds them.  Each trial
 ``i`` draws, from a generator seeded by ``(seed, i)`` alone:
 
-* a **shape** ``(M, K, N)`` aimed at kernel edges: ``M`` = 1, small, around 64, or large (up to
-  :data:`MAX_M`); ``K`` and ``N`` at ``16 j +- 1``, ``64 j +- 1``, ``128 j +- 1``, at 256, 512, 1024,
-  2048, 4096 (+- 1), or anywhere in range; ``M * K * N`` at most :data:`MAX_WORK` (``N`` shrinks
-  first), so a trial takes milliseconds to a second;
+* a **shape** ``(M, K, N)`` aimed at kernel edges: K at every power-of-two boundary ``2**j +- 1`` up
+  to :data:`MAX_K`, at ``16 j +- 1``, ``64 j +- 1``, ``128 j +- 1``, or log-uniform; M and N at 1, at
+  tile sizes ``t +- 1`` (:data:`TILES`), small, or anywhere up to :data:`MAX_M` / ``MAX_N``;
+  ``M * K * N`` at most :data:`MAX_WORK` (:data:`MAX_WORK_LARGE_K` above K = 4097), so a trial takes
+  milliseconds to a second;
 * a **value recipe** (:data:`RECIPES`) and, for a scaled kernel, a **scale kind**
-  (:data:`SCALE_KINDS`).
+  (:data:`SCALE_KINDS`); an operand **layout** (:data:`LAYOUTS`);
+* exact match's **input kind** (:data:`EXACT_INPUTS`): binary, or (where the claimed accumulator is
+  fp32 or wider) ``cancelling-runs``, dense small integers whose partial sums are large but exact
+  in fp32 in any order, so that a 16-bit partial or accumulator is seen at any K.
 
 The trial is judged by **both** checks of :mod:`tasks.checks`, through their own judges
-(:func:`.exact_match.judge_exact_match`, :func:`.bounds.judge_bounds`): exact match on binary
-operands of that shape (power-of-two scales: its premise), and the bounds check on the recipe's
+(:func:`.exact_match.judge_exact_match`, :func:`.bounds.judge_bounds`): exact match on the trial's
+exact inputs of that shape (power-of-two scales: its premise), and the bounds check on the recipe's
 operands with the trial's scales.  Trials run until the time budget is spent (or ``max_trials``);
 the budget only decides *how many* trials run — trial ``i`` is the same draw on every machine.
 
@@ -58,6 +62,9 @@ __all__ = [
     "boundary_classes",
     "coverage_text",
     "RECIPES",
+    "EXACT_INPUTS",
+    "RUNS_PROBABILITY",
+    "runs_valid",
     "SCALE_KINDS",
     "INT8_NO_OVERFLOW_K",
     "TrialPlan",
@@ -114,6 +121,17 @@ RECIPES = {
     "subnormal": "magnitudes whose products and outputs are subnormal in the output format",
     "int32-edge": "int8 only: K near the int32 no-overflow bound, +-127 aligned so sums near 2**31",
 }
+#: Exact match's input kinds.  ``cancelling-runs`` needs an fp32 (or wider) accumulator, the claim of
+#: every registered CPU kernel (int8: exact int32; fp8: exact products, fp32 sums; plain matmuls at
+#: the default ``--accumulate fp32``): :func:`runs_valid`.  Where it is not valid every trial is binary.
+EXACT_INPUTS = {
+    "binary": "zeros and ones, sparse enough that nearly every sum is exact in the output format",
+    "cancelling-runs": "integers 1..3 in long runs of one sign whose pairs cancel: partial sums far beyond "
+                       "256 (2048) in magnitude, every one exact in fp32, total a small integer "
+                       "(tasks.checks.operands.cancelling_runs)",
+}
+#: The fraction of trials whose exact-match operands are cancelling-runs (where valid).
+RUNS_PROBABILITY = 0.5
 #: Scale kinds of a scaled kernel's bounds trial.
 SCALE_KINDS = {
     "pow2": "powers of two 2**e, e in [-2, 2], per token and per channel",
@@ -140,8 +158,8 @@ _N_EDGES = _edges(MAX_N)
 
 @dataclass(frozen=True)
 class TrialPlan:
-    """What trial ``index`` draws: its shape, value recipe, scale kind ("none": plain matmul) and
-    operand layout (:data:`LAYOUTS`)."""
+    """What trial ``index`` draws: its shape, value recipe, scale kind ("none": plain matmul), operand
+    layout (:data:`LAYOUTS`) and exact match's input kind (:data:`EXACT_INPUTS`)."""
 
     index: int
     m: int
@@ -150,14 +168,15 @@ class TrialPlan:
     recipe: str
     scales: str
     layout: str = "contiguous"
+    exact_inputs: str = "binary"
 
     @property
     def shape(self) -> str:
         return f"{self.m}x{self.k}x{self.n}"
 
     def at(self, m: int, k: int, n: int) -> TrialPlan:
-        """The same trial (recipe, scales, layout) at another shape: what shrinking tries."""
-        return TrialPlan(self.index, m, k, n, self.recipe, self.scales, self.layout)
+        """The same trial (recipe, scales, layout, exact inputs) at another shape: what shrinking tries."""
+        return TrialPlan(self.index, m, k, n, self.recipe, self.scales, self.layout, self.exact_inputs)
 
 
 def _pow2_boundary(rng: np.random.Generator, lo: int, hi: int) -> int:
@@ -203,10 +222,19 @@ def _fit_work(m: int, k: int, n: int) -> tuple[int, int]:
     return m, n
 
 
-def plan_trial(seed: int, index: int, operands: str | None) -> TrialPlan:
+def runs_valid(accumulate: str) -> bool:
+    """Whether exact match may use ``cancelling-runs`` for a kernel claiming accumulation format
+    ``accumulate``: its partial sums reach ``9 K`` (below ``2**24``), exact only in fp32 or wider."""
+    return get_format(accumulate).max_exact_integer >= 2**24
+
+
+def plan_trial(seed: int, index: int, operands: str | None, accumulate: str = "fp32") -> TrialPlan:
     """Trial ``index``'s plan, from ``(seed, index)`` only.
 
     ``operands``: "int8", "fp8_e4m3", or None for a plain matmul (no scales, no int32-edge recipe).
+    ``accumulate``: the accumulation format the kernel claims; exact match's input kind is drawn last
+    (binary or cancelling-runs, :data:`RUNS_PROBABILITY`), so the shape, recipe, scales and layout
+    are those of the fuzz kind's version 2, and it is binary where :func:`runs_valid` says no.
     """
     rng = np.random.default_rng(stable_seed("fuzz-plan-v2", seed, index))
     recipes = [r for r in RECIPES if r != "int32-edge" or operands == "int8"]
@@ -222,12 +250,14 @@ def plan_trial(seed: int, index: int, operands: str | None) -> TrialPlan:
     layout = names[int(rng.choice(len(names), p=[0.6, 0.1, 0.1, 0.1, 0.1]))]
     if recipe == "int32-edge":
         k = int(rng.integers(INT8_NO_OVERFLOW_K - 2048, INT8_NO_OVERFLOW_K + 1))
-        return TrialPlan(index, int(rng.integers(1, 5)), k, int(rng.integers(1, 5)), recipe, scales, layout)
-    k = _draw_k(rng)
-    m = _tile_size(rng, MAX_M)
-    n = int(rng.choice(_N_EDGES)) if rng.random() < 0.2 else _tile_size(rng, MAX_N)
-    m, n = _fit_work(m, k, n)
-    return TrialPlan(index, m, k, n, recipe, scales, layout)
+        m, n = int(rng.integers(1, 5)), int(rng.integers(1, 5))
+    else:
+        k = _draw_k(rng)
+        m = _tile_size(rng, MAX_M)
+        n = int(rng.choice(_N_EDGES)) if rng.random() < 0.2 else _tile_size(rng, MAX_N)
+        m, n = _fit_work(m, k, n)
+    runs = rng.random() < RUNS_PROBABILITY and runs_valid(accumulate)
+    return TrialPlan(index, m, k, n, recipe, scales, layout, "cancelling-runs" if runs else "binary")
 
 
 def apply_layout(a: torch.Tensor, b: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -387,16 +417,24 @@ class Run:
 def draw_operands(subject: Subject, check: str, plan: TrialPlan, seed: int, dtype: torch.dtype
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None, dict[str, Any]]:  # fmt: skip
     """``plan``'s operands for ``check``: ``(a, b, scale_a, scale_b, info)``, from (seed, trial, check,
-    shape) only.  Exact match: binary, power-of-two scales; bounds: the recipe and the scale kind."""
+    shape) only.  Exact match: the plan's exact inputs (binary or cancelling-runs), power-of-two
+    scales; bounds: the recipe and the scale kind."""
     m, k, n = plan.m, plan.k, plan.n
     gen = torch.Generator().manual_seed(stable_seed("fuzz", seed, plan.index, check, m, k, n))
     op = subject.operand_dtype(dtype)
     sa = sb = None
-    if check == "exact_match":
+    if check == "exact_match" and plan.exact_inputs == "cancelling-runs":
+        ar, br = ops_mod.cancelling_runs(m, k, n, gen)
+        a, b = ar.to(op), br.to(op)  # integers |x| <= 3: exact in every operand dtype
+        info: dict[str, Any] = {"inputs": "cancelling-runs"}
+        if not subject.plain:
+            sa, sb = ops_mod.scales("pow2", m, n, subject.scale_numel(m, n, k), gen)
+            info["scales"] = "pow2"
+    elif check == "exact_match":
         p = zero_probability(k, exact_limit(get_format(dtype)), EXACT_MATCH_OVERFLOW)
         a01, b01 = ops_mod.binary(m, k, n, p, gen)
         a, b = a01.to(op), b01.to(op)
-        info: dict[str, Any] = {"p": p, "inputs": "binary"}
+        info = {"p": p, "inputs": "binary"}
         if not subject.plain:
             sa, sb = ops_mod.scales("pow2", m, n, subject.scale_numel(m, n, k), gen)
             info["scales"] = "pow2"
@@ -409,7 +447,7 @@ def draw_operands(subject: Subject, check: str, plan: TrialPlan, seed: int, dtyp
     else:
         raise CheckInputError(f"unknown check {check!r}; valid: exact_match, bounds")
     if plan.layout != "contiguous":  # the same values in another memory layout (not in ``info``: the
-        a, b = apply_layout(a, b, plan.layout)  # check rows have no layout column; the plan has it)
+        a, b = apply_layout(a, b, plan.layout)  # check rows have no layout column; the plan and artifact have it)
     return a, b, sa, sb, info
 
 
@@ -516,10 +554,11 @@ class FuzzResult:
         return self.verdict.passed
 
     def counts(self, what: str) -> dict[str, int]:
-        """How many trials had each ``what``: "recipe", "scales", "layout", "exact_match", "bounds", "verdict"."""
+        """How many trials had each ``what``: "recipe", "scales", "layout", "exact_inputs", "exact_match",
+        "bounds", "verdict"."""
         out: dict[str, int] = {}
         for t in self.trials:
-            v = getattr(t.plan, what) if what in ("recipe", "scales", "layout") else getattr(t, what)
+            v = getattr(t.plan, what) if what in ("recipe", "scales", "layout", "exact_inputs") else getattr(t, what)
             key = v.value if isinstance(v, Verdict) else str(v)
             out[key] = out.get(key, 0) + 1
         return dict(sorted(out.items()))
@@ -541,7 +580,8 @@ class FuzzResult:
             r = f.shrunk.judged.result
             o, s = f.original.plan, f.shrunk.plan
             rows.append({"trial": o.index, "check": f.check, "verdict": r.verdict.value,
-                         "recipe": o.recipe if f.check == "bounds" else "binary", "scales": f.shrunk.info.get("scales"),
+                         "recipe": o.recipe if f.check == "bounds" else o.exact_inputs, "layout": o.layout,
+                         "scales": f.shrunk.info.get("scales"),
                          "original_shape": o.shape, "shape": s.shape, "shrink_runs": f.shrink_runs,
                          "first": r.first.to_dict() if r.first else None, "error": r.error,
                          "problem": r.info.get("problem"), "artifact": f.artifact})  # fmt: skip
@@ -555,7 +595,7 @@ class FuzzResult:
             "settings": self.settings, "trials": len(self.trials), "verdict": self.verdict.value,
             "passed": self.passed, "recipes": self.counts("recipe"), "scales": self.counts("scales"),
             "exact_match_verdicts": self.counts("exact_match"), "bounds_verdicts": self.counts("bounds"),
-            "layouts": self.counts("layout"), "skipped": self.skipped, "skip_reason": self.skip_reason,
+            "layouts": self.counts("layout"), "exact_match_inputs": self.counts("exact_inputs"), "skipped": self.skipped, "skip_reason": self.skip_reason,
             "coverage": self.coverage(), "failures": self.failure_dicts(),
         }  # fmt: skip
 
@@ -564,7 +604,7 @@ class FuzzResult:
         st = self.settings
         lines = [
             f"fuzz of {self.subject}, output {st['dtype']}, seed {self.seed}, budget {self.budget_s:g} s",
-            "  each trial: exact match on binary operands (power-of-two scales) and bounds "
+            "  each trial: exact match on binary or cancelling-runs operands (power-of-two scales) and bounds "
             f"({st['algorithm']} in {st['accumulate']}) on the trial's recipe and scales",
             f"  trials run: {len(self.trials)} in {self.seconds:.1f} s (stopped: {self.stopped})",
             *([f"  skipped: {self.skipped} trial(s) at shapes the kernel does not take (first: {self.skip_reason})"]
@@ -573,6 +613,7 @@ class FuzzResult:
         ]
         if any(t.plan.scales != "none" for t in self.trials):
             lines.append("  scales: " + ", ".join(f"{k} {v}" for k, v in self.counts("scales").items()))
+        lines.append("  exact-match inputs: " + ", ".join(f"{k} {v}" for k, v in self.counts("exact_inputs").items()))
         lines.append("  exact-match verdicts: " + ", ".join(f"{k} {v}" for k, v in self.counts("exact_match").items()))
         lines.append("  bounds verdicts: " + ", ".join(f"{k} {v}" for k, v in self.counts("bounds").items()))
         lines.append("  layouts: " + ", ".join(f"{k} {v}" for k, v in self.counts("layout").items()))
@@ -580,7 +621,7 @@ class FuzzResult:
         lines.append(f"  failures: {len(self.failures)}")
         for f in self.failure_dicts():
             lines.append(f"    trial {f['trial']}: {f['check'].replace('_', '-')} {f['verdict']} ({f['recipe']}"
-                         + (f", {f['scales']} scales" if f["scales"] else "")
+                         + (f", {f['scales']} scales" if f["scales"] else "") + f", layout {f['layout']}"
                          + f"), shape {f['original_shape']} shrunk to {f['shape']} in {f['shrink_runs']} runs")
             r = next(x for x in self.failures if x.original.plan.index == f["trial"]).shrunk.judged.result
             if r.first is not None:
@@ -657,7 +698,7 @@ def fuzz(
         if max_trials is not None and len(result.trials) >= max_trials:
             result.stopped = "max_trials"
             break
-        plan = plan_trial(seed, index, subject.operands)
+        plan = plan_trial(seed, index, subject.operands, settings.accumulate)
         index += 1
         try:
             subject.preflight(plan.m, plan.n, plan.k)

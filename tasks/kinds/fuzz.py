@@ -1,8 +1,8 @@
 """The ``fuzz`` kind: a seeded hunt for one kernel's failures, for a fixed time budget.
 
 ``run(params, context) -> {"fuzz": rows}``, one row per trial (:mod:`tasks.checks.fuzz`): its
-shape, value recipe, scale kind, operand layout and boundary classes (the coverage table of
-``report fuzz``), both checks' verdicts, and for a failing trial the shrunk
+shape, value recipe, scale kind, operand layout, exact match's input kind (``exact_inputs``:
+binary or cancelling-runs) and boundary classes (the coverage table of ``report fuzz``), both checks' verdicts, and for a failing trial the shrunk
 shape, the first failing element and the artifact (written through ``context.put_artifact``)
 that ``swapcheck check replay`` reproduces byte for byte.  Unit parameters:
 
@@ -35,7 +35,10 @@ from tasks.kinds.fields import (
 
 __all__ = ["KIND", "VERSION", "FuzzExperiment", "run"]
 
-VERSION = "2"  # 2: boundary-weighted shapes up to K = 32,769, operand layouts, coverage classes
+# 2: boundary-weighted shapes up to K = 32,769, operand layouts, coverage classes;
+# 3: exact match draws cancelling-runs operands in half the trials (fp32 accumulation claimed), so
+#    the same (seed, trial) judges other operands: new work, and the rows' exact_inputs column
+VERSION = "3"
 
 
 class FuzzExperiment(Strict):
@@ -116,7 +119,7 @@ def run(params: dict[str, Any], context: UnitContext | None = None) -> dict[str,
     for t in result.trials:
         row: dict[str, Any] = {**base, "trial": t.plan.index, "m": t.plan.m, "k": t.plan.k, "n": t.plan.n,
                                "recipe": t.plan.recipe, "scales": t.plan.scales, "layout": t.plan.layout,
-                               "classes": boundary_classes(t.plan),
+                               "exact_inputs": t.plan.exact_inputs, "classes": boundary_classes(t.plan),
                                "exact_match_verdict": t.exact_match.value, "bounds_verdict": t.bounds.value,
                                "verdict": t.verdict.value, "seconds": t.seconds}  # fmt: skip
         f = t.failure
