@@ -68,8 +68,9 @@ def fuzz(
     2^j-1, 2^j, 2^j+1 up to 32,769 and off multiples of 16, 64 and 128; M and N at tile sizes 16..256
     +-1, M = 1, N tails), transposed and strided operand layouts, values that stress rounding
     (outliers along K, mixed-magnitude rows, exact ties, subnormal outputs, the int32 edge of INT8)
-    and scales that are and are not powers of two. Each trial is judged by both checks (exact match
-    and bounds); the output has a coverage table (trials and failures per boundary class); a failure
+    and scales that are and are not powers of two. Each trial is judged by both checks (exact match,
+    on binary operands or on cancelling-runs integers whose large partial sums are exact only in
+    fp32, and bounds); the output has a coverage table (trials and failures per boundary class); a failure
     is shrunk to the smallest shape that still fails and saved as an artifact that `swapcheck check
     replay` reproduces byte for byte. Exit 1 when a failure is found.
 
