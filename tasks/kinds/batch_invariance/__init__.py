@@ -5,25 +5,32 @@ This kind measures that noise at two levels (``level`` in the spec; docs/noise-f
 
 **Kernel level** (``level = "kernel"``; table ``batch_invariance``). One probe row of activations is
 multiplied by one fixed weight matrix ``[K, N]`` alone (M = 1: the reference), and again placed at
-positions ``first`` (row 0), ``middle`` (row ``M // 2``) and ``last`` (row ``M - 1``) of batches of M
-rows for every M of the spec's axis, its neighbours random rows drawn with the unit's seed. Operands
-are drawn and quantized as :func:`tasks.models.operands.draw_operands` draws them (per-token scales:
-the probe's int8/e4m3 values and scale do not depend on its neighbours). Each (M, position) row
-compares the probe's output row in the batch with the M = 1 output (:func:`tasks.comparison.compare`:
-bitwise and in output spacings). The M = 1 cell runs the kernel a second time on the same single
-row: run-to-run determinism. A kernel's verdict (``reports.noise_floor``): ``batch-invariant`` when
-every cell is bit-identical, ``varies within k spacings`` when no cell is more than
-``tolerance_spacings`` output spacings away (and no NaN/Inf differs), else ``varies beyond k
-spacings``. Kernels that compute each output element from its own row and column only (the CPU
-INT8 kernels: an exact int32 accumulator and an elementwise epilogue; the FP8 emulations: one fixed
-summation order per element) must come out batch-invariant — measured, not assumed.
+positions ``first`` (row 0), ``middle`` (row ``M // 2``), ``last`` (row ``M - 1``) and ``random`` (a
+row drawn from the unit's seed and M) of batches of M rows for every M of the spec's axis, its
+neighbours random rows drawn with the unit's seed. Operands are drawn and quantized as
+:func:`tasks.models.operands.draw_operands` draws them (per-token scales: the probe's int8/e4m3
+values and scale do not depend on its neighbours). One unit per kernel, seed and output dtype
+(``out_dtype``: one or several, default bf16 and fp32). Each (M, position) row compares the probe's
+output row in the batch with the M = 1 output (:func:`tasks.comparison.compare`: bitwise and in
+output spacings) and judges both computations against the accumulation algorithm the experiment
+declares (``algorithm``/``accumulate``, default ``any`` in fp32; :mod:`.bound`: elements outside the
+bound, and the largest ``|batch - alone|`` over the bound's width). With ``threads`` every probe runs
+at each torch thread count, and each cell is also compared with the same cell at the first count.
+The M = 1 cell runs the kernel a second time on the same single row: run-to-run determinism. A
+kernel's verdict (``reports.noise_floor``): ``bit-invariant`` when every cell is bit-identical,
+``varies within bound (alg, fmt)`` when cells differ and no element of either computation lies
+outside the bound, else ``varies beyond bound (alg, fmt)``; rows written before the bound keep the
+spacings verdicts (``batch-invariant``, ``varies within / beyond k spacings``, k =
+``tolerance_spacings``). Kernels that compute each output element from its own row and column only
+(the CPU INT8 kernels: an exact int32 accumulator and an elementwise epilogue; the FP8 emulations:
+one fixed summation order per element) must come out bit-invariant — measured, not assumed.
 
 **Attention kernels** (``attention_kernels`` beside or instead of ``kernels``; table
 ``batch_invariance_attention``). The probe is one batch element: q, k, v of ``[1, heads, seq_len,
 head_dim]`` (standard normal in float64, rounded once to ``attention_dtype``), its causal attention
-computed alone (B = 1) and first / middle / last among B elements (B the ``m`` axis), the others
+computed alone (B = 1) and first / middle / last / random among B elements (B the ``m`` axis), the others
 random elements; each cell compares the probe's output (spacings of the dtype) and logsumexp (fp32
-spacings) with the reference, and is bit-identical when both are. Same verdicts as above. These
+spacings) with the reference, and is bit-identical when both are. The spacings verdicts above (no bound). These
 units carry their own parameters (``attention``, ``heads``, ...): GEMM units keep theirs, and ids.
 
 **Model level** (``level = "model"``; table ``batch_invariance_model``). The CPU W8A8 engine
