@@ -62,7 +62,7 @@ from .attention_bounds import (
     _Units,
     _values,
 )
-from .formats import FORMATS, get_format
+from .formats import FORMATS, FloatFormat, get_format
 from .rounding import FormatLike, is_representable
 
 __all__ = [
@@ -71,11 +71,84 @@ __all__ = [
     "GradResult",
     "EXP_ULPS",
     "SCALE_ROUNDINGS",
+    "STANDARDS",
+    "COMPUTE_DTYPES",
 ]
 
 _F32 = FORMATS["fp32"]
+#: The compute format ``dtype="fp64"`` (not a storage format of the project, so not in FORMATS).
+_F64 = FloatFormat("fp64", 64, 11, 52, -1022, 1023, True, "exponent all ones, mantissa != 0")
+#: The compute formats the ``dtype`` option takes (fp16 is refused: its range lets logits, row sums
+#: and unnormalised sums overflow, which these bounds do not charge).
+COMPUTE_DTYPES = ("fp32", "bf16", "fp64")
+#: The ``standard`` option: which reading of the definition's order of summation the bounds hold for
+#: (docs/numerics.md, "Attention: the options").
+STANDARDS = ("any-order", "sequential")
 _SLACK = 1.0 + 2.0**-20  # the bound's own float64 evaluation, rounded up generously
 _KINDS = ("nan", "inf", "zero")
+
+
+@dataclass(frozen=True)
+class _Options:
+    """The options every bound method takes (module docstring)."""
+
+    compute: FloatFormat
+    standard: str
+    flush: bool
+
+
+def _options(dtype: Any, standard: str, flush_to_zero: bool) -> _Options:
+    """Check and resolve ``dtype``, ``standard`` and ``flush_to_zero``; ValueError names what is allowed."""
+    name = str(dtype).removeprefix("torch.").strip().lower() if isinstance(dtype, str) or \
+        type(dtype).__module__ == "torch" else None
+    if name in ("fp64", "float64", "double"):
+        compute = _F64
+    else:
+        try:
+            compute = get_format(dtype)
+        except ValueError as exc:
+            raise ValueError(f"dtype {dtype!r}: allowed compute formats {', '.join(COMPUTE_DTYPES)}") from exc
+        if compute.name not in COMPUTE_DTYPES:
+            raise ValueError(f"dtype {compute.name}: allowed compute formats {', '.join(COMPUTE_DTYPES)} (fp16 "
+                             "compute is not bounded: its range lets intermediate sums overflow)")
+    if standard not in STANDARDS:
+        raise ValueError(f"standard must be one of {', '.join(STANDARDS)}, got {standard!r}")
+    if not isinstance(flush_to_zero, bool):
+        raise ValueError(f"flush_to_zero must be True or False, got {flush_to_zero!r}")
+    return _Options(compute, standard, flush_to_zero)
+
+
+def _eta(f: FloatFormat, flush: bool) -> float:
+    """The absolute error of one rounding to ``f`` in its subnormal range: half the smallest
+    subnormal with gradual underflow, the smallest normal when subnormal results are flushed."""
+    return f.min_normal if flush else f.min_subnormal / 2
+
+
+def _input_rounding(p: _Problem, c: FloatFormat, flush: bool) -> tuple[float, float]:
+    """``(u_in, eta_in)``: the relative and absolute error of converting an input (q, k, v, the
+    float mask) to the compute format ``c``: ``(0, 0)`` when every value is one of ``c``'s (with
+    ``flush``, none a subnormal of ``c``), else ``c``'s unit roundoff and :func:`_eta`."""
+    if c.mantissa_bits >= p.fmt.mantissa_bits and c.emin <= p.fmt.emin - p.fmt.mantissa_bits:
+        return 0.0, 0.0  # every value of the inputs' format is a normal value of c
+    xs = [x[np.isfinite(x)] for x in (p.q, p.k, p.v, p.bias)]
+    exact = all(bool(np.all(is_representable(x, c))) for x in xs)
+    sub = flush and any(bool(np.any((x != 0) & (np.abs(x) < c.min_normal))) for x in xs)
+    if exact and not sub:
+        return 0.0, 0.0
+    return (0.0 if exact else c.unit_roundoff), _eta(c, flush)
+
+
+def _prepare(p: _Problem, dtype: Any, standard: str, flush_to_zero: bool) -> _Options:
+    """The options, checked; a row that touches an input beyond the compute format's range (it
+    becomes infinite there) is marked as touching an infinite input."""
+    opt = _options(dtype, standard, flush_to_zero)
+    big = opt.compute.max_finite
+    if big < p.fmt.max_finite:
+        q_big = (np.abs(np.where(np.isfinite(p.q), p.q, 0.0)) > big).any(axis=-1)
+        kv_big = np.asarray((np.abs(np.where(np.isfinite(p.k), p.k, 0.0)) > big).any(axis=-1) | (
+            np.abs(np.where(np.isfinite(p.v), p.v, 0.0)) > big).any(axis=-1))
+        p.nonfinite_row = p.nonfinite_row | q_big | (p.allowed & kv_big[..., None, :]).any(axis=-1)
+    return opt
 
 
 # ---------------------------------------------------------------------------------------------
@@ -149,7 +222,7 @@ class AttentionAlgorithm:
         self.accumulate = None if accumulate is None else get_format(accumulate)
         self.bias = None if bias is None else get_format(bias)
         self.reciprocal = bool(reciprocal)
-        self.compute = _F32
+        self.compute = _F32  # the default compute format; the methods' ``dtype`` option changes it
 
     def __repr__(self) -> str:
         parts = []
@@ -167,29 +240,35 @@ class AttentionAlgorithm:
             parts.append("reciprocal=True")
         return f"AttentionAlgorithm({', '.join(parts)})"
 
-    def _units(self, p: _Problem) -> _Units:
-        c = self.compute
+    def _units(self, p: _Problem, opt: _Options | None = None) -> _Units:
+        opt = opt or _Options(_F32, "any-order", False)
+        c = opt.compute
         a = self.accumulate or c
         w, b = self.weights, self.bias
         uw = w.unit_roundoff if w is not None and w.unit_roundoff > c.unit_roundoff else 0.0
         # rounding mask values that are already values of the bias format changes nothing
         ub = b.unit_roundoff if b is not None and not np.all(is_representable(p.bias, b)) else 0.0
+        u_in, eta_in = _input_rounding(p, c, opt.flush)
+        fl = opt.flush
         return _Units(
-            c.unit_roundoff, a.unit_roundoff, uw, ub, c.min_subnormal / 2, a.min_subnormal / 2,
-            (w.min_subnormal / 2 if w is not None else 0.0), c.eps, self.online_softmax,
+            c.unit_roundoff, a.unit_roundoff, uw, ub, _eta(c, fl), _eta(a, fl),
+            (_eta(w, fl) if w is not None else 0.0), c.eps, self.online_softmax,
             self.block_size, self.exp2, 2 if self.reciprocal else 1,
+            u_in, eta_in, opt.standard == "sequential" and not self.online_softmax,
         )  # fmt: skip
 
     # -- forward ----------------------------------------------------------------------------
-    def _forward_bounds(self, p: _Problem, ulps: float) -> tuple[np.ndarray, np.ndarray]:
+    def _forward_bounds(self, p: _Problem, ulps: float, opt: _Options) -> tuple[np.ndarray, np.ndarray]:
         with np.errstate(invalid="ignore", over="ignore", divide="ignore"):  # 0 * inf: no bound
             c64 = _forward(p, _FLOAT64_UNITS)  # the centre's own float64 error
-            fw = _forward(p, self._units(p), o_err=c64.out_c)  # step 7b needs |p.o - o|
+            fw = _forward(p, self._units(p, opt), o_err=c64.out_c)  # step 7b needs |p.o - o|
         f = p.fmt
         tol_c = (fw.out_c + c64.out_c) * _SLACK
         with np.errstate(invalid="ignore", over="ignore"):
-            out = (tol_c + f.unit_roundoff * (np.abs(p.o) + tol_c) + f.min_subnormal / 2) * _SLACK
+            out = (tol_c + f.unit_roundoff * (np.abs(p.o) + tol_c) + _eta(f, opt.flush)) * _SLACK
             lse = (fw.lse + c64.lse) * _SLACK
+            if opt.compute is not _F32:  # computed in another format, returned in fp32: one more rounding
+                lse = (lse + _F32.unit_roundoff * (np.abs(p.lse) + lse) + _eta(_F32, opt.flush)) * _SLACK
             if ulps:
                 out = out + ulps * _ulp(np.abs(p.o) + out, f)
                 lse = lse + ulps * _ulp(np.abs(p.lse) + lse, f)
@@ -200,7 +279,8 @@ class AttentionAlgorithm:
 
     def tolerance(self, q: Any, k: Any, v: Any, attn_mask: Any = None, is_causal: bool = False,
                   scale: float | None = None, enable_gqa: bool = False, *,
-                  ulps: float = 0) -> AttentionResult:  # fmt: skip
+                  ulps: float = 0, dtype: Any = "fp32", standard: str = "any-order",
+                  flush_to_zero: bool = False) -> AttentionResult:  # fmt: skip
         """Elementwise bound on ``|computed - exact|`` for the output and the logsumexp.
 
         ``ulps`` widens both by that many spacings of the inputs' format (for the logsumexp too,
@@ -209,19 +289,22 @@ class AttentionAlgorithm:
         the output of a fully masked row (NaN is covered there too, see ``covers``).
         """
         p = _problem(q, k, v, attn_mask, is_causal, scale, enable_gqa)
-        out, lse = self._forward_bounds(p, ulps)
+        opt = _prepare(p, dtype, standard, flush_to_zero)
+        out, lse = self._forward_bounds(p, ulps, opt)
         return AttentionResult(out, lse)
 
     def finite_range(self, q: Any, k: Any, v: Any, attn_mask: Any = None, is_causal: bool = False,
                      scale: float | None = None, enable_gqa: bool = False, *,
-                     ulps: float = 0) -> AttentionResult:  # fmt: skip
+                     ulps: float = 0, dtype: Any = "fp32", standard: str = "any-order",
+                  flush_to_zero: bool = False) -> AttentionResult:  # fmt: skip
         """``(low, high)`` for the output and the logsumexp; empty (low > high) where no finite
         value is possible (a row touching NaN or inf inputs; a fully masked row's logsumexp)."""
         p = _problem(q, k, v, attn_mask, is_causal, scale, enable_gqa)
-        return AttentionResult(*self._ranges(p, ulps))
+        opt = _prepare(p, dtype, standard, flush_to_zero)
+        return AttentionResult(*self._ranges(p, ulps, opt))
 
-    def _ranges(self, p: _Problem, ulps: float) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
-        out, lse = self._forward_bounds(p, ulps)
+    def _ranges(self, p: _Problem, ulps: float, opt: _Options) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+        out, lse = self._forward_bounds(p, ulps, opt)
         f = p.fmt
         bad = p.nonfinite_row
         with np.errstate(invalid="ignore"):
@@ -238,12 +321,14 @@ class AttentionAlgorithm:
 
     def may_be(self, kind: str, q: Any, k: Any, v: Any, attn_mask: Any = None,
                is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False, *,
-               ulps: float = 0) -> AttentionResult:  # fmt: skip
+               ulps: float = 0, dtype: Any = "fp32", standard: str = "any-order",
+                  flush_to_zero: bool = False) -> AttentionResult:  # fmt: skip
         """Elementwise: can the output / logsumexp be ``"nan"``, ``"inf"`` (either sign) or ``"zero"``?"""
         if kind not in _KINDS:
             raise ValueError(f"kind must be one of {', '.join(_KINDS)}, got {kind!r}")
         p = _problem(q, k, v, attn_mask, is_causal, scale, enable_gqa)
-        (o_lo, o_hi), (l_lo, l_hi) = self._ranges(p, ulps)
+        opt = _prepare(p, dtype, standard, flush_to_zero)
+        (o_lo, o_hi), (l_lo, l_hi) = self._ranges(p, ulps, opt)
         bad, empty = p.nonfinite_row, p.empty
         if kind == "zero":
             return AttentionResult((o_lo <= 0) & (o_hi >= 0), (l_lo <= 0) & (l_hi >= 0))
@@ -254,13 +339,15 @@ class AttentionAlgorithm:
 
     def covers(self, out: Any, q: Any, k: Any, v: Any, attn_mask: Any = None,
                is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False, *,
-               logsumexp: Any = None, ulps: float = 0) -> AttentionResult:  # fmt: skip
+               logsumexp: Any = None, ulps: float = 0, dtype: Any = "fp32", standard: str = "any-order",
+                  flush_to_zero: bool = False) -> AttentionResult:  # fmt: skip
         """Elementwise: is ``out`` (and ``logsumexp``, if given) within the bounds?
 
         A fully masked row's output is covered as NaN or 0, its logsumexp as NaN or -inf.
         """
         p = _problem(q, k, v, attn_mask, is_causal, scale, enable_gqa)
-        (o_lo, o_hi), (l_lo, l_hi) = self._ranges(p, ulps)
+        opt = _prepare(p, dtype, standard, flush_to_zero)
+        (o_lo, o_hi), (l_lo, l_hi) = self._ranges(p, ulps, opt)
         o = _float64(out)
         bad, empty = p.nonfinite_row[..., None], p.empty[..., None]
         with np.errstate(invalid="ignore"):
@@ -275,8 +362,8 @@ class AttentionAlgorithm:
         return AttentionResult(np.asarray(ok), lse_ok)
 
     # -- backward ---------------------------------------------------------------------------
-    def _backward(self, p: _Problem, grad: Any, out: Any, logsumexp: Any,
-                  ulps: float) -> tuple[GradResult, GradResult, GradResult]:  # fmt: skip
+    def _backward(self, p: _Problem, grad: Any, out: Any, logsumexp: Any, ulps: float,
+                  opt: _Options) -> tuple[GradResult, GradResult, GradResult]:  # fmt: skip
         """``(centres, tolerances, no finite value)`` of dq, dk, dv.  An infinite tolerance
         alone means no useful bound (any finite value); the third part marks the elements that
         touch a NaN or infinite input and cannot be finite."""
@@ -286,15 +373,21 @@ class AttentionAlgorithm:
         fused = out is not None or logsumexp is not None
         if fused and (out is None or logsumexp is None):
             raise ValueError("a fused backward needs both out and logsumexp (or neither)")
+        un = self._units(p, opt)
+        if un.u_in or un.eta_in or not np.all(is_representable(g64[np.isfinite(g64)], opt.compute)):
+            raise ValueError(
+                f"backward bounds for inputs (or grad) that change on conversion to the compute format "
+                f"{opt.compute.name}{' (subnormals flushed)' if opt.flush else ''} are not derived: pass inputs "
+                "of that format (without subnormals when flush_to_zero=True), or a wider dtype")
         with np.errstate(invalid="ignore", over="ignore", divide="ignore"):  # 0 * inf: no bound
-            cen, err = _grads(p, g64, self._units(p), out, logsumexp)
+            cen, err = _grads(p, g64, un, out, logsumexp)
             _, err64 = _grads(p, g64, _FLOAT64_UNITS, None, None)
         f = p.fmt
         tols = []
         for c, e, e64 in zip(cen, err, err64, strict=True):
             t = (e + e64) * _SLACK
             with np.errstate(invalid="ignore", over="ignore"):
-                t = (t + f.unit_roundoff * (np.abs(c) + t) + f.min_subnormal / 2) * _SLACK
+                t = (t + f.unit_roundoff * (np.abs(c) + t) + _eta(f, opt.flush)) * _SLACK
                 if ulps:
                     t = t + ulps * _ulp(np.abs(c) + t, f)
             tols.append(np.asarray(t))
@@ -310,7 +403,8 @@ class AttentionAlgorithm:
     def backward_tolerance(self, q: Any, k: Any, v: Any, grad: Any, out: Any = None,
                            logsumexp: Any = None, attn_mask: Any = None, is_causal: bool = False,
                            scale: float | None = None, enable_gqa: bool = False, *,
-                           ulps: float = 0) -> GradResult:  # fmt: skip
+                           ulps: float = 0, dtype: Any = "fp32", standard: str = "any-order",
+                  flush_to_zero: bool = False) -> GradResult:  # fmt: skip
         """Elementwise bounds on ``|dq|``, ``|dk|``, ``|dv|`` errors for the output gradient ``grad``.
 
         With ``out`` and ``logsumexp`` (the forward's, as computed): a fused backward that recomputes
@@ -318,19 +412,22 @@ class AttentionAlgorithm:
         from the exact values.  Without them: a backward that recomputes the softmax.
         """
         p = _problem(q, k, v, attn_mask, is_causal, scale, enable_gqa)
-        return self._backward(p, grad, out, logsumexp, ulps)[1]
+        opt = _prepare(p, dtype, standard, flush_to_zero)
+        return self._backward(p, grad, out, logsumexp, ulps, opt)[1]
 
     def backward_finite_range(self, q: Any, k: Any, v: Any, grad: Any, out: Any = None,
                               logsumexp: Any = None, attn_mask: Any = None,
                               is_causal: bool = False, scale: float | None = None,
-                              enable_gqa: bool = False, *, ulps: float = 0) -> GradResult:  # fmt: skip
+                              enable_gqa: bool = False, *, ulps: float = 0, dtype: Any = "fp32", standard: str = "any-order",
+                  flush_to_zero: bool = False) -> GradResult:  # fmt: skip
         """``(low, high)`` for each gradient; empty where no finite value is possible."""
         p = _problem(q, k, v, attn_mask, is_causal, scale, enable_gqa)
-        return self._grad_ranges(p, grad, out, logsumexp, ulps)
+        opt = _prepare(p, dtype, standard, flush_to_zero)
+        return self._grad_ranges(p, grad, out, logsumexp, ulps, opt)
 
-    def _grad_ranges(self, p: _Problem, grad: Any, out: Any, logsumexp: Any,
-                     ulps: float) -> GradResult:  # fmt: skip
-        cen, tol, bad = self._backward(p, grad, out, logsumexp, ulps)
+    def _grad_ranges(self, p: _Problem, grad: Any, out: Any, logsumexp: Any, ulps: float,
+                     opt: _Options) -> GradResult:  # fmt: skip
+        cen, tol, bad = self._backward(p, grad, out, logsumexp, ulps, opt)
         m = p.fmt.max_finite
         parts = []
         for c, t, b in zip((cen.dq, cen.dk, cen.dv), (tol.dq, tol.dk, tol.dv), (bad.dq, bad.dk, bad.dv),
@@ -344,12 +441,14 @@ class AttentionAlgorithm:
     def backward_may_be(self, kind: str, q: Any, k: Any, v: Any, grad: Any, out: Any = None,
                         logsumexp: Any = None, attn_mask: Any = None, is_causal: bool = False,
                         scale: float | None = None, enable_gqa: bool = False, *,
-                        ulps: float = 0) -> GradResult:  # fmt: skip
+                        ulps: float = 0, dtype: Any = "fp32", standard: str = "any-order",
+                  flush_to_zero: bool = False) -> GradResult:  # fmt: skip
         """Elementwise: can each gradient be ``"nan"``, ``"inf"`` or ``"zero"``?"""
         if kind not in _KINDS:
             raise ValueError(f"kind must be one of {', '.join(_KINDS)}, got {kind!r}")
         p = _problem(q, k, v, attn_mask, is_causal, scale, enable_gqa)
-        ranges = self._grad_ranges(p, grad, out, logsumexp, ulps)
+        opt = _prepare(p, dtype, standard, flush_to_zero)
+        ranges = self._grad_ranges(p, grad, out, logsumexp, ulps, opt)
         parts = []
         for lo, hi in (ranges.dq, ranges.dk, ranges.dv):
             if kind == "zero":
@@ -363,11 +462,13 @@ class AttentionAlgorithm:
     def backward_covers(self, grads: Any, q: Any, k: Any, v: Any, grad: Any, out: Any = None,
                         logsumexp: Any = None, attn_mask: Any = None, is_causal: bool = False,
                         scale: float | None = None, enable_gqa: bool = False, *,
-                        ulps: float = 0) -> GradResult:  # fmt: skip
+                        ulps: float = 0, dtype: Any = "fp32", standard: str = "any-order",
+                  flush_to_zero: bool = False) -> GradResult:  # fmt: skip
         """Elementwise: are ``grads = (dq, dk, dv)`` within the bounds?  A fully masked row's dq
         may be NaN or 0 (its keys' dk and dv get nothing from it)."""
         p = _problem(q, k, v, attn_mask, is_causal, scale, enable_gqa)
-        ranges = self._grad_ranges(p, grad, out, logsumexp, ulps)
+        opt = _prepare(p, dtype, standard, flush_to_zero)
+        ranges = self._grad_ranges(p, grad, out, logsumexp, ulps, opt)
         dq, dk, dv = (grads["dq"], grads["dk"], grads["dv"]) if isinstance(grads, dict | GradResult) else grads
         res = []
         for x, (lo, hi) in zip((dq, dk, dv), (ranges.dq, ranges.dk, ranges.dv), strict=True):

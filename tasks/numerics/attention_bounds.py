@@ -184,6 +184,10 @@ class _Units:
     block: int | None
     exp2: bool
     ndiv: int  # roundings of the normalisation: 1 (divide) or 2 (reciprocal, then multiply)
+    # The options of the methods (docs/numerics.md, "Attention: the options"):
+    u_in: float = 0.0  # relative error of converting an input (q, k, v, mask) to the compute format
+    eta_in: float = 0.0  # its absolute error (underflow; min_normal when subnormals are flushed)
+    sequential: bool = False  # the definition's written order: every sum left to right
 
 
 _FLOAT64_UNITS = _Units(_U64, _U64, 0.0, 0.0, _ETA64, _ETA64, 0.0, 2 * _U64, False, None, False, 2)
@@ -218,7 +222,11 @@ def _forward(p: _Problem, un: _Units, o_err: np.ndarray | None = None) -> _Forwa
     absm = np.abs(p.bias)
     # E products and sums (the matmul operation's k + 1), the scale, the mask's addition
     n_logit = e_dim + 1 + _scale_roundings(p.scale) + (1 if p.has_bias else 0)
-    delta = _g(n_logit, uac) * p.a + ((1 + un.ub) * (1 + un.uc) - 1) * absm
+    if un.u_in or un.eta_in or un.sequential:
+        delta = _logit_options(p, un, uac, n_logit - e_dim - 1) + (
+            (1 + un.ub) * (1 + un.u_in) * (1 + un.uc) - 1) * absm + (un.eta_in if p.has_bias else 0.0)
+    else:
+        delta = _g(n_logit, uac) * p.a + ((1 + un.ub) * (1 + un.uc) - 1) * absm
     delta = delta + (3 * e_dim + 8) * eta_ac
     delta = np.where(p.allowed, delta, 0.0)
     dmax = delta.max(axis=-1, initial=0.0)[..., None]
@@ -261,23 +269,35 @@ def _forward(p: _Problem, un: _Units, o_err: np.ndarray | None = None) -> _Forwa
     eta_z = (2 * (1 + r) + 1) * un.eta_c
     eta_w = eta_z + un.eta_w
     n = np.maximum(p.count, 1)[..., None]
-    gz = _g(n, un.ua)
+    gz_row = _g(n, un.ua)
+    if un.sequential and not r:
+        # the written order: key j passes through its own rounding and one addition per later key
+        later = np.flip(np.cumsum(np.flip(p.allowed, -1), axis=-1), -1) - p.allowed
+        gz, gpv = _g(later + 1, un.ua), _g(later + 2, un.ua)
+    else:
+        gz, gpv = gz_row, _g(n + 1, un.ua)
     rz = (1 + rho) * (1 + gz) - 1
-    zeta_eta = n[..., 0] * (eta_z * (1 + gz[..., 0]) + un.eta_a)
+    zeta_eta = n[..., 0] * (eta_z * (1 + gz_row[..., 0]) + un.eta_a)
     zeta = (p.p * rz).sum(axis=-1) + zeta_eta
     zeta = np.where(zeta < 1, zeta, np.inf)
-    gpv = _g(n + 1, un.ua)
     xk = np.maximum((1 + rho_w) * (1 + gpv) * (1 + un.uc) ** un.ndiv - 1,
                     1 - (1 - rho_w) * (1 - gpv) * (1 - un.uc) ** un.ndiv)  # fmt: skip
     absv = np.abs(np.where(np.isfinite(p.v), p.v, 0.0))
+    # the kernel's v: converted to the compute format (|v'| <= (1 + u_in)|v| + eta_in); P (v' - v)
+    # moves the exact output by at most pev
+    pev = un.u_in * np.einsum("...ls,...sj->...lj", p.p, absv) + un.eta_in if (un.u_in or un.eta_in) else 0.0
+    absv = absv * (1 + un.u_in) + un.eta_in
     first = np.einsum("...ls,...sj->...lj", p.p * xk, absv)
-    eta_n = eta_w * (1 + gpv) * np.einsum("...ls,...sj->...lj", p.allowed * 1.0, absv)
+    if gpv.shape[-1] == 1:
+        eta_n = eta_w * (1 + gpv) * np.einsum("...ls,...sj->...lj", p.allowed * 1.0, absv)
+    else:
+        eta_n = eta_w * np.einsum("...ls,...sj->...lj", p.allowed * (1 + gpv), absv)
     eta_n = eta_n + 3 * n * un.eta_a
     zc = zeta[..., None]
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         # 7a: every factor of a weight charged against |v_k|, the row sum's against |o|
-        out_c = (first + zc * np.abs(p.o) + eta_n) / (1 - zc) + 2 * un.eta_c
-        if o_err is not None:
+        out_c = (first + zc * (np.abs(p.o) + pev) + eta_n) / (1 - zc) + 2 * un.eta_c + pev
+        if o_err is not None and not (un.u_in or un.eta_in):
             out_c = np.minimum(out_c, _output_cancelled(p, un, o_err, rho_c, r, gz, gpv, zeta, zeta_eta, eta_n))
         lerr = -np.log1p(-zeta)
         logz = np.log(p.z)
@@ -315,10 +335,36 @@ def _output_cancelled(p: _Problem, un: _Units, o_err: np.ndarray, rho_c: np.ndar
         spread[..., sl, :] = np.matmul(w_c[..., sl, None, :], dev)[..., 0, :]
     cancel = spread + w_c.sum(axis=-1)[..., None] * o_err
     w_1 = p.p * (1 + rho_c)
-    own = a_pv * np.matmul(w_1, np.abs(v)) + b_z * w_1.sum(axis=-1)[..., None] * o_up
+    if a_pv.shape[-1] == 1:
+        own = a_pv * np.matmul(w_1, np.abs(v)) + b_z * w_1.sum(axis=-1)[..., None] * o_up
+    else:  # the written order: each key's own factors
+        own = np.matmul(w_1 * a_pv, np.abs(v)) + (w_1 * b_z).sum(axis=-1)[..., None] * o_up
     zc = zeta[..., None]
     num = cancel + own + eta_n * (1 + zc) + zeta_eta[..., None] * o_up
     return np.asarray(num / (1 - zc) + 2 * un.eta_c)
+
+
+def _logit_options(p: _Problem, un: _Units, uac: float, extra: int) -> np.ndarray:
+    """|logit error| from the products and sums (and the scale's and the mask's roundings, ``extra``)
+    with the options: inputs converted to the compute format (``|x'| <= (1 + u_in)|x| + eta_in``,
+    charged as ``scale * sum_e (|q'_e||k'_e| - |q_e||k_e|)``, which bounds ``|q'k' - qk|``), and
+    under the written order product e passing through ``E - e + 1 + extra`` roundings instead of
+    every one through ``E + 1 + extra``."""
+    e_dim = p.q.shape[-1]
+    q = np.abs(np.where(np.isfinite(p.q), p.q, 0.0))
+    k = np.abs(np.where(np.isfinite(p.k), p.k, 0.0))
+    up = 1 + (e_dim + 4) * 2.0**-52  # the float64 evaluation of the sums, rounded up
+    n_e = np.arange(e_dim, 0, -1) + 1 + extra if un.sequential else np.full(e_dim, e_dim + 1 + extra)
+    g_e = _g(n_e, uac)
+    qh, kh = q * (1 + un.u_in) + un.eta_in, k * (1 + un.u_in) + un.eta_in
+    sc = abs(p.scale)
+    rounding = sc * np.einsum("...le,...se,e->...ls", qh, kh, g_e) * up
+    if not (un.u_in or un.eta_in):
+        return np.asarray(rounding)
+    conv = (2 * un.u_in + un.u_in**2) * p.a + sc * up * (
+        un.eta_in * (1 + un.u_in) * (q.sum(axis=-1)[..., :, None] + k.sum(axis=-1)[..., None, :])
+        + e_dim * un.eta_in**2)  # fmt: skip
+    return np.asarray(rounding + conv)
 
 
 def _scale_roundings(scale: float) -> int:
