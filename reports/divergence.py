@@ -91,9 +91,10 @@ def _survival(times: list[int], censored: list[int]) -> dict[str, Any]:
     return {"method": method, "sequences": n, "events": len(times), "curve": curve, "quantiles": quantiles}
 
 
-def first_divergence(cat: Catalog, sweep: str) -> list[dict[str, Any]]:
+def first_divergence(cat: Catalog, sweep: str, *, margins: bool = True) -> list[dict[str, Any]]:
     """Per arm pair: sequences compared, diverged, the survival curve and quantiles, the diverged ones'
-    positions, and the margins at the first divergence vs at the identical-prefix positions."""
+    positions, and (``margins``) the margins at the first divergence vs at the identical-prefix positions
+    (one row per generated position read: the certificate leaves it out)."""
     import numpy as np
     from scipy.stats import mannwhitneyu
 
@@ -101,8 +102,8 @@ def first_divergence(cat: Catalog, sweep: str) -> list[dict[str, Any]]:
     for r in cat.named("first_divergence", sweep=sweep):
         by_pair[_pair_key(r)].append(r)
     prefix: dict[tuple[str, str, str], dict[str, list[float]]] = defaultdict(lambda: {"a": [], "b": []})
-    tab = cat.named_arrow("divergence_prefix_margins", sweep=sweep)
-    if tab.num_rows:
+    tab = cat.named_arrow("divergence_prefix_margins", sweep=sweep) if margins else None
+    if tab is not None and tab.num_rows:
         import pyarrow.compute as pc
 
         keys = tab.select(["sweep", "arm_a", "arm_b"]).group_by(["sweep", "arm_a", "arm_b"]).aggregate([]).to_pylist()
@@ -121,8 +122,8 @@ def first_divergence(cat: Catalog, sweep: str) -> list[dict[str, Any]]:
             q = np.quantile(np.asarray(times, dtype=float), [0.25, 0.5, 0.75])
             diverged = {"min": min(times), "q25": float(q[0]), "median": float(q[1]), "q75": float(q[2]),
                         "max": max(times), "method": "numpy.quantile (linear), diverged sequences only"}
-        margins: dict[str, Any] = {}
-        for side in ("a", "b"):
+        by_side: dict[str, Any] = {}
+        for side in ("a", "b") if margins else ():
             at = [float(r[f"margin_{side}"]) for r in div if r[f"margin_{side}"] is not None]
             pre = [float(m) for m in prefix[key][side] if m is not None]
             entry: dict[str, Any] = {"arm": key[1] if side == "a" else key[2], "at_divergence": len(at),
@@ -135,11 +136,11 @@ def first_divergence(cat: Catalog, sweep: str) -> list[dict[str, Any]]:
                 # P(a margin at the first divergence < a margin at an identical-prefix position), ties count half
                 entry["p_lower"] = 1.0 - float(u) / (len(at) * len(pre))
                 entry["prefix_share_at_or_below_median"] = float(np.mean(np.asarray(pre) <= entry["median_at_divergence"]))
-            margins[side] = entry
+            by_side[side] = entry
         out.append({"sweep": key[0], "arm_a": key[1], "arm_b": key[2], "sequences": len(rows),
                     "last_position": max(int(r["positions"]) for r in rows) - 1,
                     "diverged": len(times), "identical": len(censored), "survival": surv, "diverged_positions": diverged,
-                    "margins": margins, "unit": "restart-0 sequence pairs (one per prompt)"})
+                    "margins": by_side, "unit": "restart-0 sequence pairs (one per prompt)"})
     return out
 
 
@@ -304,9 +305,10 @@ def flip_buckets(cat: Catalog, sweep: str) -> list[dict[str, Any]]:
 
 
 def divergence(cat: Catalog, sweep: str, *, gate_metric: str = "kl", threshold: float = 0.015, resamples: int = 2000,
-               seed: int = 0) -> dict[str, Any]:
-    """The whole report for one sweep (JSON of ``report divergence``)."""
-    return {"sweep": sweep, "first_divergence": first_divergence(cat, sweep),
+               seed: int = 0, margins: bool = True) -> dict[str, Any]:
+    """The whole report for one sweep (JSON of ``report divergence``); ``margins=False`` leaves out the
+    margins at the first divergence (what a certificate does not show)."""
+    return {"sweep": sweep, "first_divergence": first_divergence(cat, sweep, margins=margins),
             "total_agreement": total_agreement(cat, sweep),
             "distribution": distribution(cat, sweep, gate_metric=gate_metric, threshold=threshold, resamples=resamples,
                                          seed=seed),
