@@ -143,8 +143,8 @@ def test_a_kind_that_writes_an_undeclared_table_fails_its_unit(tmp_path: Path) -
 # -- the registry ---------------------------------------------------------------------------------
 
 def test_registry_lists_every_kind_once_and_answers_unknown_names() -> None:
-    assert kind_names() == ["attention_replay", "batch_invariance", "bounds", "exact_match", "fuzz", "generate", "kdepth", "precision", "quantize", "replay", "teacher_forced"]
-    assert experiment_kinds() == ["attention_replay", "batch_invariance", "bounds", "exact_match", "fuzz", "generate", "kdepth", "precision", "quantize", "replay"]
+    assert kind_names() == ["attention_replay", "batch_invariance", "bounds", "exact_match", "fuzz", "generate", "kdepth", "localize", "precision", "quantize", "replay", "teacher_forced"]
+    assert experiment_kinds() == ["attention_replay", "batch_invariance", "bounds", "exact_match", "fuzz", "generate", "kdepth", "localize", "precision", "quantize", "replay"]
     with pytest.raises(KindError, match="did you mean 'kdepth'"):
         get_kind("kdepht")
     with pytest.raises(KindError, match="already registered"):
