@@ -49,7 +49,7 @@ def expand(exp: BatchInvarianceExperiment) -> list[tuple[dict[str, Any], Resourc
     # Their own parameters: the GEMM units keep theirs, and so their ids.
     for name, seed in itertools.product(exp.attention_kernels, exp.seed_values()):
         params = {"level": "kernel", "attention": attention_payload(name), "dtype": exp.attention_dtype,
-                  "m": axis_values(exp.m), "positions": list(exp.positions), "heads": exp.heads,
+                  "m": axis_values(exp.m), "positions": exp.attention_positions(), "heads": exp.heads,
                   "seq_len": exp.seq_len, "head_dim": exp.head_dim, "seed": seed,
                   "tolerance_spacings": exp.tolerance_spacings}
         units.append((params, exp.resources.with_gpu(get_attention(name).device == "cuda")))

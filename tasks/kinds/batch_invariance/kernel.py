@@ -77,7 +77,7 @@ def expand(exp: BatchInvarianceExperiment) -> list[tuple[dict[str, Any], Resourc
     for impl, seed, out_dtype in itertools.product(exp.impls(), exp.seed_values(), exp.out_dtypes()):
         kernel = get_kernel(impl.kernel, **impl.params)
         params = {"level": "kernel", "kernel": impl_payload(impl), "dtype": kernel_dtype(kernel, exp.dtype),
-                  "m": axis_values(exp.m), "positions": list(exp.positions), "k": exp.k, "n": exp.n, "seed": seed,
+                  "m": axis_values(exp.m), "positions": exp.gemm_positions(), "k": exp.k, "n": exp.n, "seed": seed,
                   "scale_mode": exp.scale_mode, "out_dtype": out_dtype,
                   "tolerance_spacings": exp.tolerance_spacings, "algorithm": exp.algorithm,
                   "accumulate": exp.accumulate}

@@ -69,8 +69,9 @@ class BatchInvarianceExperiment(Strict):
     # -- kernel level
     kernels: list[str | Implementation] = Field(default_factory=list)
     m: IntAxis = Field(default_factory=lambda: list(DEFAULT_M))
-    positions: list[Position] = Field(default_factory=lambda: list[Position](["first", "middle", "last", "random"]),
-                                      min_length=1)
+    #: Where the probe sits; unset: first, middle, last and random for GEMM kernels, first, middle and
+    #: last for attention kernels (their units keep the ids they had before ``random`` existed).
+    positions: list[Position] | None = Field(default=None, min_length=1)
     k: int = Field(default=256, ge=1, le=MAX_DIM)
     n: int = Field(default=256, ge=1, le=MAX_DIM)
     seeds: IntAxis = 1
@@ -142,11 +143,19 @@ class BatchInvarianceExperiment(Strict):
 
     @field_validator("positions", "reductions", "comparisons", "attention_kernels")
     @classmethod
-    def _distinct(cls, v: list[str]) -> list[str]:
-        return check_distinct(v)
+    def _distinct(cls, v: list[str] | None) -> list[str] | None:
+        return None if v is None else check_distinct(v)
 
     def seed_values(self) -> list[int]:
         return seed_values(self.seeds)
+
+    def gemm_positions(self) -> list[str]:
+        """The probe positions of the GEMM kernels (the default: all four)."""
+        return list(self.positions) if self.positions is not None else list(POSITIONS)
+
+    def attention_positions(self) -> list[str]:
+        """The probe positions of the attention kernels (the default: first, middle, last)."""
+        return list(self.positions) if self.positions is not None else list(POSITIONS[:3])
 
     def out_dtypes(self) -> list[str]:
         """The output dtypes of the GEMM kernels, as a list."""
