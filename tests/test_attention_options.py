@@ -9,6 +9,7 @@ to be covered by each option as well.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -212,3 +213,51 @@ def test_subnormal_inputs_are_flushed_inputs() -> None:
     alg = AttentionAlgorithm()
     assert alg.covers(torch.zeros(1, 3, 4), q, k, v, flush_to_zero=True).all()
     assert not alg.covers(torch.zeros(1, 3, 4), q, k, v).out.any()
+
+
+# -- swapcheck check attention --------------------------------------------------------------------
+
+def _bf16_inside(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, causal: bool,
+                 scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 in and out, every step in between in bf16: a silent precision downgrade."""
+    qb, kb, vb = q.to(torch.bfloat16), k.to(torch.bfloat16), v.to(torch.bfloat16)
+    s = (qb @ kb.transpose(-1, -2)) * torch.tensor(scale, dtype=torch.bfloat16)
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask.to(torch.bfloat16)
+    if causal:
+        s = s.masked_fill(~torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril(), float("-inf"))
+    return (torch.softmax(s, dim=-1) @ vb).to(q.dtype), torch.logsumexp(s.float(), dim=-1)
+
+
+@pytest.fixture
+def bf16_inside() -> Any:
+    from tasks.attention import registry as reg
+
+    kernel = reg.AttentionKernel(name="opts-bf16-inside", device="cpu", compute=_bf16_inside,
+                                 description="fp32 in and out, bf16 inside", logsumexp="alongside")
+    reg.register_attention(kernel)
+    yield kernel
+    reg._unregister("opts-bf16-inside")
+
+
+def test_check_attention_cli_takes_the_options(bf16_inside: Any) -> None:
+    from typer.testing import CliRunner
+
+    from orchestrator.cli.main import app
+
+    runner = CliRunner()
+    base = ["check", "attention", "--kernel", "opts-bf16-inside", "--shape", "1x2x8x12x16", "--inputs", "randn,alibi",
+            "--trials", "1", "--format", "json"]
+    fp32 = runner.invoke(app, base)
+    assert fp32.exit_code == 1 and json.loads(fp32.stdout)["verdict"] == "INCORRECT", fp32.output
+    bf16 = runner.invoke(app, [*base, "--compute-dtype", "bf16"])
+    assert bf16.exit_code == 0, bf16.output
+    obj = json.loads(bf16.stdout)
+    assert obj["passed"] is True and obj["settings"]["compute_dtype"] == "bf16"
+    assert (obj["settings"]["standard"], obj["settings"]["flush_to_zero"]) == ("any-order", False)
+    ftz = runner.invoke(app, [*base[:-2], "--kernel", "sdpa-math", "--flush-to-zero", "--standard", "sequential"])
+    assert ftz.exit_code == 0, ftz.output
+    bad = runner.invoke(app, [*base, "--standard", "ieee"])
+    assert bad.exit_code == 2 and "--standard 'ieee': allowed any-order, sequential" in bad.output
+    bad = runner.invoke(app, [*base, "--compute-dtype", "fp16"])
+    assert bad.exit_code == 2 and "--compute-dtype 'fp16': allowed fp32, bf16, fp64" in bad.output

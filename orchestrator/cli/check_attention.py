@@ -16,6 +16,12 @@ ALGORITHM_HELP = ("The algorithm that describes the kernel: a preset (plain, fla
                   "AttentionAlgorithm, e.g. online_softmax=true,block_size=16,weights=bfloat16 (docs/attention.md).")
 SHAPE_HELP = "Problem BxHxLxSxD (batch, heads, queries, keys, head dim); repeat for several. Default: 1x2x64x64x16, 2x4x33x70x32."
 INPUTS_HELP = "Input kinds, comma-separated or repeated: randn, causal, alibi, padded, large-logits (default all)."
+COMPUTE_HELP = ("The compute format of the kernel, for the bounds: fp32 (default), bf16 or fp64 (inputs wider than "
+                "it are charged their conversion; docs/numerics.md, Attention: the options).")
+STANDARD_HELP = ("Which order of the sums of the definition the bounds hold for: any-order (default) or sequential "
+                 "(every sum in index order; with online_softmax both give the any-order bound).")
+FTZ_HELP = ("The kernel may flush subnormal results (and inputs) to zero: the absolute error of each rounding "
+            "grows to the smallest normal.")
 
 
 def attention(
@@ -27,6 +33,9 @@ def attention(
     inputs: list[str] = typer.Option(None, "--inputs", help=INPUTS_HELP),
     seed: int = typer.Option(0, "--seed", help="Base seed (each trial's q, k, v derive from it)."),
     ulps: float = typer.Option(0.0, "--ulps", help="Widen the output and logsumexp bounds by this many spacings."),
+    compute_dtype: str = typer.Option("fp32", "--compute-dtype", help=COMPUTE_HELP),
+    standard: str = typer.Option("any-order", "--standard", help=STANDARD_HELP),
+    flush_to_zero: bool = typer.Option(False, "--flush-to-zero/--no-flush-to-zero", help=FTZ_HELP),
     fmt: OutFormat = typer.Option(OutFormat.table, "--format", help="table or json (one JSON object)."),
 ) -> None:
     """Attention kernel vs an AttentionAlgorithm: every element of the kernel's output and logsumexp
@@ -35,12 +44,14 @@ def attention(
     EPILOGUE_ROUNDING or WITHIN_ALGORITHM_BOUND, an element outside the bound in INCORRECT.
 
     Example: swapcheck check attention --kernel sdpa-flash-cpu --algorithm flash-cpu --dtype bfloat16
+    (a kernel computing in bf16 on fp32 inputs: --compute-dtype bf16; one that flushes subnormals: --flush-to-zero)
     """
 
     def go() -> list[Any]:
         from tasks.checks.attention import INPUT_KINDS, run_attention_check
 
         kinds = tuple(k.strip() for item in (inputs or []) for k in item.split(",") if k.strip()) or INPUT_KINDS
-        return [run_attention_check(kernel, algorithm, dtype, shape or None, kinds, trials, seed, ulps)]
+        return [run_attention_check(kernel, algorithm, dtype, shape or None, kinds, trials, seed, ulps,
+                                    compute_dtype, standard, flush_to_zero)]
 
     run_checks(go, fmt)

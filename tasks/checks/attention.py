@@ -21,6 +21,11 @@ input kind          what it draws
 The algorithm is given as keyword syntax (``online_softmax=true,block_size=16,weights=bfloat16``:
 ``true``/``false`` are booleans, integers are integers, anything else a format name) or a preset
 (:data:`PRESETS`).
+
+The bound methods' options (docs/numerics.md, "Attention: the options") are passed to every
+``covers`` and ``finite_range`` call: ``compute`` (the kernel's compute format: fp32, bf16 or fp64;
+the methods' ``dtype``, named ``compute`` here because ``dtype`` is the inputs' format), ``standard``
+(``any-order`` or ``sequential``) and ``flush_to_zero``.
 """
 
 from __future__ import annotations
@@ -154,7 +159,7 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
 
 
 def _trial(kernel: Any, alg: Any, label: str, shape: tuple[int, int, int, int, int], kind: str, dtype: Any,
-           trial: int, seed: int, ulps: float) -> TrialResult:
+           trial: int, seed: int, ulps: float, opts: dict[str, Any] | None = None) -> TrialResult:
 
     from tasks.numerics import distance, get_format
     from tasks.seeds import stable_seed
@@ -173,7 +178,8 @@ def _trial(kernel: Any, alg: Any, label: str, shape: tuple[int, int, int, int, i
     seconds = time.perf_counter() - t0
     ref, _ = reference(q, k, v, mask, causal, scale)
     expected = ref.to(fmt.torch_dtype)
-    cover = alg.covers(out, q, k, v, mask, causal, scale, logsumexp=lse, ulps=ulps)
+    opts = opts or {}
+    cover = alg.covers(out, q, k, v, mask, causal, scale, logsumexp=lse, ulps=ulps, **opts)
     ok_out, ok_lse = np.asarray(cover.out), np.asarray(cover.logsumexp)
     dist = np.asarray(distance(out.reshape(-1, v.shape[-1]), expected.reshape(-1, v.shape[-1]), fmt))
     covered = ok_out.reshape(dist.shape)
@@ -189,7 +195,7 @@ def _trial(kernel: Any, alg: Any, label: str, shape: tuple[int, int, int, int, i
     bad = ~covered
     evidence: tuple[Any, ...] = ()
     if differs.any() or bad.any():  # the allowed range of each element, for the evidence
-        low, high = alg.finite_range(q, k, v, mask, causal, scale, ulps=ulps).out
+        low, high = alg.finite_range(q, k, v, mask, causal, scale, ulps=ulps, **opts).out
         evidence = (flat_ref, flat_exp, flat_obs, dist, np.asarray(low).reshape(dist.shape),
                     np.asarray(high).reshape(dist.shape))
     first = element(int(np.flatnonzero(bad)[0] if bad.any() else np.flatnonzero(differs)[0]), v.shape[-1],
@@ -203,10 +209,13 @@ def _trial(kernel: Any, alg: Any, label: str, shape: tuple[int, int, int, int, i
 
 def run_attention_check(kernel_name: str, algorithm: str, dtype: str = "float32", shapes: list[str] | None = None,
                         inputs: tuple[str, ...] = INPUT_KINDS, trials: int = 2, seed: int = 0,
-                        ulps: float = 0) -> CheckResult:
+                        ulps: float = 0, compute: str = "fp32", standard: str = "any-order",
+                        flush_to_zero: bool = False) -> CheckResult:
     """Judge attention kernel ``kernel_name`` against ``algorithm`` (module docstring); ``ulps`` widens
-    the bounds of the output and the logsumexp by that many spacings (``AttentionAlgorithm.covers``)."""
+    the bounds of the output and the logsumexp by that many spacings (``AttentionAlgorithm.covers``);
+    ``compute``, ``standard`` and ``flush_to_zero`` are the bound methods' options."""
     from tasks.attention import AttentionError, get_attention
+    from tasks.numerics.attention import COMPUTE_DTYPES, STANDARDS
 
     try:
         kernel = get_attention(kernel_name)
@@ -224,11 +233,18 @@ def run_attention_check(kernel_name: str, algorithm: str, dtype: str = "float32"
         raise CheckInputError(f"--trials {trials}: at least 1")
     if ulps < 0:
         raise CheckInputError(f"--ulps {ulps}: must be >= 0")
+    if compute not in COMPUTE_DTYPES:
+        raise CheckInputError(f"--compute-dtype {compute!r}: allowed {', '.join(COMPUTE_DTYPES)}")
+    if standard not in STANDARDS:
+        raise CheckInputError(f"--standard {standard!r}: allowed {', '.join(STANDARDS)}")
+    opts = {"dtype": compute, "standard": standard, "flush_to_zero": bool(flush_to_zero)}
     label, alg = parse_algorithm(algorithm, DTYPES[dtype])
     dims = [parse_shape(s) for s in (shapes or list(DEFAULT_ATTENTION_SHAPES))]
     settings = {"algorithm": label, "algorithm_repr": repr(alg), "seed": seed, "inputs": list(inputs), "ulps": ulps,
+                "compute_dtype": compute, "standard": standard, "flush_to_zero": bool(flush_to_zero),
                 "about_kernel": f"kernel: {kernel.description}",
-                "about_algorithm": f"algorithm: {label} = {alg!r}",
+                "about_algorithm": f"algorithm: {label} = {alg!r}; bounds with compute dtype {compute}, "
+                                   f"standard {standard}, flush_to_zero {bool(flush_to_zero)}",
                 "about_logsumexp": f"logsumexp: {kernel.logsumexp}",
                 "about_shape": "shape MxKxN below = queries L x head dim D x keys S; C[row, col] = output "
                                "row (b, h, l) flattened, column d; shapes: " + ", ".join(shapes or DEFAULT_ATTENTION_SHAPES)}
@@ -237,5 +253,5 @@ def run_attention_check(kernel_name: str, algorithm: str, dtype: str = "float32"
     for shape in dims:
         for kind in inputs:
             for t in range(trials):
-                result.results.append(_trial(kernel, alg, label, shape, kind, DTYPES[dtype], t, seed, ulps))
+                result.results.append(_trial(kernel, alg, label, shape, kind, DTYPES[dtype], t, seed, ulps, opts))
     return result
