@@ -9,8 +9,8 @@ Per arm pair of one sweep, never pooled across pairs or sweeps:
   where the two sequences are still identical (``divergence_prefix_margins.sql``);
 - **TARr@N and distinct completions**: per arm over its N cold restarts (``self_reproducibility``,
   ``distinct_completions``) and per arm pair over all 2N runs (``divergence_pair_runs.sql``), with
-  exact Clopper-Pearson intervals (``scipy.stats.binomtest``); TARa@N and accuracy where the
-  sequences record ``correct``;
+  exact Clopper-Pearson intervals (``scipy.stats.binomtest``); accuracy and TARa@N (identical extracted
+  answers) where the sequences record answers (``divergence_answers.sql``);
 - **probs_diff, k3 KL and mismatch KL** from the teacher-forced replay (``divergence_sequences.sql``),
   with percentile-bootstrap intervals resampling reference sequences (``scipy.stats.bootstrap``) and a
   gate ``|mean| + 2 SE < threshold``;
@@ -154,14 +154,10 @@ def _distinct_stats(counts: list[int]) -> dict[str, Any]:
     return {"median": float(np.median(counts)), "max": int(max(counts)), "total": int(sum(counts))}
 
 
-def _sequence_columns(cat: Catalog) -> set[str]:
-    return {str(r["column_name"]) for r in cat.query("DESCRIBE sequences").to_pylist()}
-
-
 def total_agreement(cat: Catalog, sweep: str) -> dict[str, Any]:
     """TARr@N per arm (prompts whose N cold-restart completions are all identical) and per arm pair
     (all 2N), each with its exact interval; distinct completions per prompt (median, max) and in all;
-    accuracy and TARa@N where ``correct`` is recorded, else a line saying there are no answers."""
+    accuracy and TARa@N where answers are recorded, else a line saying there are none."""
     arms = []
     distinct = {r["arm"]: r for r in cat.named("distinct_completions", sweep=sweep)}
     for r in cat.named("self_reproducibility", sweep=sweep):
@@ -183,27 +179,32 @@ def total_agreement(cat: Catalog, sweep: str) -> dict[str, Any]:
                           "incomplete_prompts": sum(1 for r in rows if not r["complete"]),
                           "distinct": {**_distinct_stats([r["distinct_completions"] for r in rows]),
                                        "completions": sum(r["runs"] for r in rows)}})
-    answers: dict[str, Any] = {"recorded": False,
-                               "note": "no answers recorded: the sequences table has no `correct` column, so "
-                                       "TARa@N and accuracy are not measured (a model with answers records them)"}
-    if "correct" in _sequence_columns(cat):
-        answers = _answers(cat, sweep)
-    return {"arms": arms, "pairs": pair_rows, "answers": answers}
+    return {"arms": arms, "pairs": pair_rows, "answers": _answers(cat, sweep, pairs)}
 
 
-def _answers(cat: Catalog, sweep: str) -> dict[str, Any]:
-    """Accuracy per arm (sequences with ``correct`` true / with ``correct`` recorded) and, per arm, the
-    prompts whose N runs are all correct or all identical: a lower bound on TARa@N (one right answer:
-    all-correct runs agree on it; identical sequences give identical answers). The extracted answer is
-    not recorded, so TARa@N itself is not."""
-    rows = cat.named("divergence_answers", sweep=sweep)
-    if not any(r["checked"] for r in rows):
-        return {"recorded": False, "note": "no answers recorded: `correct` is NULL in every sequence of this sweep"}
-    arms = [{"sweep": r["sweep"], "arm": r["arm"], "accuracy": clopper_pearson(r["correct"], r["checked"]),
-             "tara_lower": clopper_pearson(r["agreeing_prompts"], r["prompts"])} for r in rows]
-    return {"recorded": True, "arms": arms,
-            "note": "accuracy: correct / checked sequences (every restart); TARa@N lower bound: prompts whose N "
-                    "runs are all correct or all identical (the extracted answer is not recorded)"}
+def _answers(cat: Catalog, sweep: str, pairs: dict[tuple[str, str, str], list[dict[str, Any]]]) -> dict[str, Any]:
+    """Accuracy per arm (sequences answered right / sequences whose prompt has an expected answer) and
+    TARa@N (prompts whose N extracted answers are identical / prompts answered in every restart), per
+    pair TARa@2N; or a line saying that no answers are recorded (never a made-up number)."""
+    rows = [r for r in cat.named("divergence_answers", sweep=sweep) if r["checked"]]
+    if not rows:
+        return {"recorded": False, "note": "no answers recorded: no sequence of this sweep has an expected answer "
+                                           "(`correct` / `extracted_answer` are NULL), so TARa@N and accuracy are "
+                                           "not measured"}
+    arms = [{"sweep": r["sweep"], "arm": r["arm"], "restarts": r["restarts"],
+             "accuracy": clopper_pearson(r["correct"], r["checked"]),
+             "tara": clopper_pearson(r["agreeing_prompts"], r["prompts"])} for r in rows]
+    pair_rows = []
+    for key, prs in sorted(pairs.items()):
+        answered = [r for r in prs if r["complete"] and r["same_prompt"] and r["answered_runs"] == r["runs"]]
+        if answered:
+            pair_rows.append({"sweep": key[0], "arm_a": key[1], "arm_b": key[2],
+                              "tara": clopper_pearson(sum(1 for r in answered if r["distinct_answers"] == 1),
+                                                      len(answered))})
+    return {"recorded": True, "arms": arms, "pairs": pair_rows,
+            "note": "accuracy: correct / checked sequences (every restart), unit: sequences; TARa@N: prompts whose N "
+                    "extracted answers are identical / prompts answered in every restart, unit: prompts; "
+                    "Clopper-Pearson (exact)"}
 
 
 # --- probs_diff, k3, mismatch KL -----------------------------------------------------------------------------------

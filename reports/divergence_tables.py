@@ -87,8 +87,9 @@ def tarr_lines(rep: dict[str, Any]) -> list[str]:
              "Clopper-Pearson (exact, scipy.stats.binomtest), unit: prompts"]
     if not ans["recorded"]:
         return [*lines, f"TARa@N: {ans['note']}"]
-    lines += [f"{a['arm']}: accuracy {_rate(a['accuracy'])} (sequences); TARa@N >= {_rate(a['tara_lower'])} (prompts)"
+    lines += [f"{a['arm']}: accuracy {_rate(a['accuracy'])}; TARa@{a['restarts']} {_rate(a['tara'])}"
               for a in ans["arms"]]
+    lines += [f"{p['arm_a']} + {p['arm_b']}: TARa over all runs of both {_rate(p['tara'])}" for p in ans["pairs"]]
     return [*lines, ans["note"]]
 
 

@@ -119,7 +119,11 @@ def rep(results: Path) -> dict[str, Any]:
 
 def plain(results: Path, table: str) -> str:
     """``read_parquet`` over the table's files of sweep s1: plain DuckDB, no catalog."""
-    files = sorted(str(f) for f in ResultStore(results).partition(table, "s1").glob("*.parquet"))
+    return plain_sweep(results, table, "s1")
+
+
+def plain_sweep(results: Path, table: str, sweep: str) -> str:
+    files = sorted(str(f) for f in ResultStore(results).partition(table, sweep).glob("*.parquet"))
     return f"read_parquet({files!r}, union_by_name = true)"
 
 
@@ -232,3 +236,56 @@ def test_cli_report_all_and_certificate_show_it(results: Path) -> None:
     assert (d["tarr_2n"]["k"], d["tarr_2n"]["n"]) == (1, 4)
     (tf,) = d["teacher_forced"]
     assert tf["probs_diff_max"] == pytest.approx(0.04) and tf["gate"]["metric"] == "kl"
+
+
+#: Sweep s2, N = 3 restarts: (arm, prompt) -> the extracted answer of restarts 0, 1, 2 (None: no expected
+#: answer) and the expected answer. a: 5/9 correct, TARa@3 2/3 (prompt 2 answers 7, 7, 8); b: 3/9, 3/3;
+#: all 6 runs agree on prompts 0 and 1 only (2/3).
+ANSWERS: dict[tuple[str, int], tuple[list[Any], Any]] = {("a", 0): ([[1, 2]] * 3, [1, 2]), ("a", 1): ([[3]] * 3, [4]), ("a", 2): ([[7], [7], [8]], [7]),
+           ("a", 3): ([None] * 3, None),
+           ("b", 0): ([[1, 2]] * 3, [1, 2]), ("b", 1): ([[3]] * 3, [4]), ("b", 2): ([[5]] * 3, [7]),
+           ("b", 3): ([None] * 3, None)}
+
+
+@pytest.fixture
+def answered(tmp_path: Path) -> Path:
+    root = tmp_path / "results"
+    store = ResultStore(root)
+    for arm in ("a", "b"):
+        for restart in range(3):
+            unit = f"s2-{arm}-{restart}"
+            rows = []
+            for p in range(4):
+                got, want = ANSWERS[arm, p]
+                toks = [*(got[restart] or [9]), 0]
+                rows.append({"unit_id": unit, "experiment": "answers", "arm": arm, "restart": restart,
+                             "prompt_index": p, "prompt_hash": _sha([p]), "sequence_hash": _sha(toks),
+                             "n_tokens": len(toks), "tokens": toks, "extracted_answer": got[restart],
+                             "correct": None if want is None else got[restart] == want})
+            store.write("sequences", "s2", unit, rows)
+    return root
+
+
+def test_accuracy_and_tara_match_plain_duckdb(answered: Path) -> None:
+    with open_catalog(answered) as cat:
+        ans = dv.total_agreement(cat, "s2")["answers"]
+    con = duckdb.connect()
+    s = plain_sweep(answered, "sequences", "s2")
+    acc = dict((a, (k, n)) for a, k, n in con.sql(
+        f"SELECT arm, count(*) FILTER (WHERE correct), count(correct) FROM {s} GROUP BY arm").fetchall())
+    tara = dict((a, (k, n)) for a, k, n in con.sql(f"""
+        SELECT arm, count(*) FILTER (WHERE d = 1), count(*) FROM (
+            SELECT arm, prompt_index, count(DISTINCT extracted_answer) AS d FROM {s}
+            WHERE extracted_answer IS NOT NULL GROUP BY arm, prompt_index) GROUP BY arm""").fetchall())
+    assert ans["recorded"] is True
+    got = {a["arm"]: a for a in ans["arms"]}
+    assert {k: (a["accuracy"]["k"], a["accuracy"]["n"]) for k, a in got.items()} == acc == {"a": (5, 9), "b": (3, 9)}
+    assert {k: (a["tara"]["k"], a["tara"]["n"]) for k, a in got.items()} == tara == {"a": (2, 3), "b": (3, 3)}
+    ci = binomtest(5, 9).proportion_ci(confidence_level=0.95, method="exact")
+    assert got["a"]["accuracy"]["interval"] == [ci.low, ci.high]
+    ((pair_k, pair_n),) = con.sql(f"""
+        SELECT count(*) FILTER (WHERE d = 1), count(*) FROM (
+            SELECT prompt_index, count(DISTINCT extracted_answer) AS d FROM {s}
+            WHERE extracted_answer IS NOT NULL GROUP BY prompt_index)""").fetchall()
+    (pair,) = ans["pairs"]
+    assert (pair["tara"]["k"], pair["tara"]["n"]) == (pair_k, pair_n) == (2, 3)

@@ -1,34 +1,40 @@
--- Answers of an answer-checked model (report divergence; needs the sequences table's `correct`
--- column, written by the generate kind for prompts with an expected answer): per (sweep, arm),
--- checked: sequences whose `correct` is recorded (every restart), correct: those answered right;
--- prompts: prompts with every restart present and `correct` recorded in each; agreeing_prompts: those
--- whose N runs are all correct or all one sequence (both give one answer in all N runs: a lower
--- bound on TARa@N, the extracted answer itself not being recorded).
+-- Answers of an answer-checked model (report divergence): per (sweep, arm), over the sequences whose
+-- prompt has an expected answer (`extracted_answer` and `correct` recorded; NULL for other prompts and
+-- in results written before the columns existed): checked sequences (every restart) and the correct
+-- ones (accuracy = correct / checked); prompts: prompts with an extracted answer in every restart of
+-- the arm; agreeing_prompts: those whose N extracted answers are identical token for token (TARa@N =
+-- agreeing_prompts / prompts); restarts: N.
 -- Parameters: $sweep (NULL for every sweep).
 WITH seqs AS (
-    SELECT sweep, arm, restart, prompt_index, sequence_hash, correct
+    SELECT sweep, arm, restart, prompt_index, extracted_answer, correct
     FROM sequences
-    WHERE $sweep IS NULL OR sweep = $sweep
+    WHERE ($sweep IS NULL OR sweep = $sweep)
 ),
 arm_restarts AS (
     SELECT sweep, arm, count(DISTINCT restart) AS restarts FROM seqs GROUP BY sweep, arm
 ),
 per_prompt AS (
     SELECT s.sweep, s.arm, s.prompt_index,
-           count(DISTINCT s.restart) = any_value(r.restarts) AND count(s.correct) = count(*) AS complete,
-           bool_and(s.correct) OR count(DISTINCT s.sequence_hash) = 1                   AS agreeing
+           count(DISTINCT s.restart) = any_value(r.restarts)
+               AND count(s.extracted_answer) = count(*)                    AS complete,
+           count(DISTINCT s.extracted_answer) = 1                         AS agreeing
     FROM seqs s
     JOIN arm_restarts r USING (sweep, arm)
+    WHERE s.extracted_answer IS NOT NULL OR s.correct IS NOT NULL
     GROUP BY s.sweep, s.arm, s.prompt_index
+),
+counts AS (
+    SELECT sweep, arm, count(correct) AS checked, count(*) FILTER (WHERE correct) AS correct
+    FROM seqs GROUP BY sweep, arm
 )
-SELECT s.sweep, s.arm,
-       count(s.correct)::BIGINT                                          AS checked,
-       count(*) FILTER (WHERE s.correct)::BIGINT                         AS correct,
-       any_value(p.prompts)::BIGINT                                      AS prompts,
-       any_value(p.agreeing_prompts)::BIGINT                             AS agreeing_prompts
-FROM seqs s
-JOIN (SELECT sweep, arm, count(*) FILTER (WHERE complete) AS prompts,
-             count(*) FILTER (WHERE complete AND agreeing) AS agreeing_prompts
-      FROM per_prompt GROUP BY sweep, arm) p USING (sweep, arm)
-GROUP BY s.sweep, s.arm
-ORDER BY s.sweep, s.arm
+SELECT r.sweep, r.arm,
+       any_value(r.restarts)::BIGINT                                                  AS restarts,
+       any_value(c.checked)::BIGINT                                                   AS checked,
+       any_value(c.correct)::BIGINT                                                   AS correct,
+       count(p.prompt_index) FILTER (WHERE p.complete)::BIGINT                        AS prompts,
+       count(p.prompt_index) FILTER (WHERE p.complete AND p.agreeing)::BIGINT         AS agreeing_prompts
+FROM arm_restarts r
+JOIN counts c USING (sweep, arm)
+LEFT JOIN per_prompt p USING (sweep, arm)
+GROUP BY r.sweep, r.arm
+ORDER BY r.sweep, r.arm
