@@ -763,8 +763,15 @@ def divergence_cells(pairs: list[dict[str, Any]]) -> dict[str, str]:
     gate = "; ".join(f"{t['ref_arm']}->{t['arm']} {'PASS' if t['gate']['passed'] else 'FAIL'} "
                      f"({t['gate']['metric']} {_num(abs(t['gate']['mean']))} + 2 x {_num(t['gate']['se'], '.2g')} vs "
                      f"{t['gate']['threshold']:g})" for t in tf if t["gate"]["passed"] is not None) or NOT_RUN
-    return {"first divergence": first, "TARr@2N [95% exact]": tarr, "probs_diff / k3 / KL per position [95%]": dist,
-            "KL gate (|mean| + 2 SE)": gate}
+    cells = {"first divergence": first, "TARr@2N [95% exact]": tarr, "probs_diff / k3 / KL per position [95%]": dist,
+             "KL gate (|mean| + 2 SE)": gate}
+    answers = [(p, d["answers"]) for p, d in divs if d.get("answers")]
+    if answers:
+        cells["accuracy; TARa@N [95% exact]"] = "; ".join(
+            f"{arm} {a['accuracy']['k']}/{a['accuracy']['n']} {_interval(*(a['accuracy']['interval'] or (None, None)))}; "
+            f"TARa {a['tara']['k']}/{a['tara']['n']} {_interval(*(a['tara']['interval'] or (None, None)))}"
+            for _p, d in answers for arm, a in d["arms"].items())
+    return cells
 
 
 def detail_lines(cert: dict[str, Any]) -> list[str]:

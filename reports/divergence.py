@@ -333,7 +333,11 @@ def pair_figures(rep: dict[str, Any], arm_a: str, arm_b: str) -> dict[str, Any]:
                         "k3_mean": p["k3"]["mean_per_position"], "kl_mean": p["kl"]["mean_per_position"],
                         "kl_ci": p["kl"]["per_position"]["interval"], "gate": p["gate"],
                         "flips_p_ref_0.1_0.9": middle.get((p["ref_arm"], p["arm"]))})
-    return {"first_divergence": None if first is None else {
+    ans = rep["total_agreement"]["answers"]
+    answers = None if not ans["recorded"] else {
+        "arms": {a["arm"]: {"accuracy": a["accuracy"], "tara": a["tara"]} for a in ans["arms"] if a["arm"] in pair},
+        "tara_2n": next((p["tara"] for p in ans["pairs"] if {p["arm_a"], p["arm_b"]} == pair), None)}
+    return {"answers": answers, "first_divergence": None if first is None else {
                 "sequences": first["sequences"], "diverged": first["diverged"],
                 "km_median": first["survival"]["quantiles"].get("0.5"),
                 "diverged_median": None if first["diverged_positions"] is None else first["diverged_positions"]["median"]},

@@ -215,6 +215,7 @@ def test_flip_buckets_are_counted_with_exact_intervals(results: Path, rep: dict[
             assert b["interval"] == [ci.low, ci.high]
 
 
+@pytest.mark.slow  # report all renders every report: about 9 s on a loaded 2-core machine
 def test_cli_report_all_and_certificate_show_it(results: Path) -> None:
     out = runner.invoke(app, ["report", "divergence", "--results", str(results), "--sweep", "s1", "--format", "json",
                               "--resamples", "200"])
@@ -263,6 +264,12 @@ def answered(tmp_path: Path) -> Path:
                              "n_tokens": len(toks), "tokens": toks, "extracted_answer": got[restart],
                              "correct": None if want is None else got[restart] == want})
             store.write("sequences", "s2", unit, rows)
+            kernel = "int8-cutlass-order" if arm == "a" else "int8-triton-order"
+            store.write("arm_runs", "s2", unit, [{
+                "unit_id": unit, "experiment": "answers", "arm": arm, "restart": restart, "model": "answer-qwen3",
+                "engine": "cpu-w8a8", "configured_kernel": kernel, "scales": "real", "env_json": "{}", "host": "h",
+                "pid": 10 * restart + (1 if arm == "a" else 2), "observed_kernels": [kernel],
+                "kernel_calls_json": "{}", "evidence_ok": True, "weights_sha256": "w"}])
     return root
 
 
@@ -289,3 +296,8 @@ def test_accuracy_and_tara_match_plain_duckdb(answered: Path) -> None:
             WHERE extracted_answer IS NOT NULL GROUP BY prompt_index)""").fetchall()
     (pair,) = ans["pairs"]
     assert (pair["tara"]["k"], pair["tara"]["n"]) == (pair_k, pair_n) == (2, 3)
+    cert = runner.invoke(app, ["report", "certificate", "--results", str(answered), "--sweep", "s2", "--format", "json"])
+    (c,) = json.loads(cert.output)
+    (arm_pair,) = [p for m in c["scale_modes"] for p in m["end_to_end"].get("arm_pairs", [])]
+    shown = arm_pair["divergence"]["answers"]
+    assert shown["arms"]["a"]["accuracy"]["k"] == 5 and shown["tara_2n"]["k"] == 2
