@@ -82,6 +82,7 @@ def prompt_table(rows: list[dict[str, Any]], root: str | None = None) -> list[di
             "A's top-1 - top-2 margin there": "-" if r["margin_a"] is None else f"{r['margin_a']:.4g}",
             "first differing linear": r["first_diff_linear"] or "-",
             "first differing layer": "-" if r["first_diff_layer"] is None else r["first_diff_layer"],
+            "linears differing": "-" if r["linears_hashed"] is None else f"{r['linears_differing']}/{r['linears_hashed']}",
             "culprit set S": ", ".join(r["culprit"] or []) or "-",
             "S diverges at": "-" if r["culprit_divergence"] is None else r["culprit_divergence"],
             "verified": ", ".join(flags) or "-", "search generations": r["bisection_generations"],
