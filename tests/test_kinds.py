@@ -261,7 +261,8 @@ def test_unit_ids_of_the_demo_sweep_are_pinned() -> None:
     pinned = json.loads((REPO / "tests" / "data" / "demo_unit_ids.json").read_text())
     planned = [u.id for u in make_plan(load_spec(REPO / pinned["spec"])).units]
     assert [i for i in planned if i in set(pinned["unit_ids"])] == pinned["unit_ids"]
-    assert len(planned) - len(pinned["unit_ids"]) == 4  # the batch-invariance experiment: one unit per kernel
+    # the batch-invariance experiment: one unit per kernel and output dtype (4 kernels x bf16, fp32 since issue #26)
+    assert len(planned) - len(pinned["unit_ids"]) == 8
 
 
 # -- rows as Arrow tables (issue #14: per-position rows never pass through one dict per row) -------
