@@ -228,3 +228,17 @@ def test_an_unknown_kernel_exits_2_naming_the_arm(tmp_path: Path) -> None:
         """))
     res = runner.invoke(app, ["sweep", "plan", str(spec)])
     assert res.exit_code == 2 and "arms.b.kernel" in res.output, res.output
+
+
+def test_kernel_evidence_refuses_a_generation_that_ran_another_kernel() -> None:
+    from tasks.models import build_model
+    from tasks.models.localize import Swapper
+
+    model = build_model("tiny-qwen3")
+    sw = Swapper(model, [5, 6, 7], "int8-cutlass-order", "int8-triton-order", [], horizon=2, budget=4)
+    assert len(sw.generate(["layers.3.mlp.up_proj"])) == 2  # the swap it claims: evidence agrees
+    model.set_kernel("int8-triton-order", ["layers.0.self_attn.k_proj"])  # behind the swapper's back
+    model.reset_kernel_calls()
+    model.forward_tokens([[5, 6, 7]])
+    with pytest.raises(RuntimeError, match=r"layers\.0\.self_attn\.k_proj ran .*int8-triton-order"):
+        sw._check_calls(set())

@@ -207,12 +207,11 @@ def localize_prompt(model: Any, prompt: list[int], arm_a: dict[str, Any], arm_b:
     )
 
     ka, kb = _kernel_ref(arm_a), _kernel_ref(arm_b)
-    model.set_kernel(ka)
-    gen_a = model.generate([prompt], max_new_tokens, top_k=2)
-    model.set_kernel(kb)
-    gen_b = model.generate([prompt], max_new_tokens, top_k=2)
-    model.set_kernel(ka)
-    toks_a, toks_b = [int(x) for x in gen_a.tokens[0]], [int(x) for x in gen_b.tokens[0]]
+    base = Swapper(model, prompt, ka, kb, [], horizon=max_new_tokens, budget=2)
+    toks_a = base.generate([])
+    gen_a = base.last
+    toks_b = base.generate(list(model.linears()))
+    gen_b = base.last
     d = first_divergence(toks_a, toks_b)
     row: dict[str, Any] = {"generated": len(toks_a), "first_divergence": d}
     if d is None:

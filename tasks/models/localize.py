@@ -162,6 +162,8 @@ class Swapper:
         self.horizon = horizon
         self.budget = budget
         self.generations = 0
+        #: The last generation's full result (tokens, top-k, margins).
+        self.last: Any = None
 
     def generate(self, swapped: Iterable[str], max_new_tokens: int | None = None) -> list[int]:
         """Tokens of one generation with ``swapped`` on kernel B and every other linear on kernel A."""
@@ -172,11 +174,22 @@ class Swapper:
         self.model.set_kernel(self.a)
         if names:
             self.model.set_kernel(self.b, names)
+        self.model.reset_kernel_calls()
         try:
             out = self.model.generate([self.prompt], max_new_tokens or self.horizon, top_k=2)
+            self._check_calls(set(names))
+            self.last = out
         finally:
             self.model.set_kernel(self.a)
         return [int(x) for x in out.tokens[0]]
+
+    def _check_calls(self, swapped: set[str]) -> None:
+        """Kernel evidence: every linear ran, and only through the kernel it was set to (counted at
+        call time by the engine); a generation that did not test what it claims must not count."""
+        for name, calls in self.model.kernel_calls().items():
+            want = self.b.name if name in swapped else self.a.name
+            if set(calls) != {want}:
+                raise RuntimeError(f"kernel evidence: {name} ran {dict(calls)}, expected only {want!r}")
 
     def divergence(self, swapped: Iterable[str], max_new_tokens: int | None = None) -> int | None:
         """Where a generation with ``swapped`` on B first differs from the all-A reference (or None)."""
