@@ -158,3 +158,27 @@ def test_fuzz_text_and_json_count_the_exact_inputs() -> None:
     obj = result.to_dict()
     assert obj["exact_match_inputs"] == result.counts("exact_inputs") and sum(obj["exact_match_inputs"].values()) == 6
     assert "  exact-match inputs: " in result.text() and result.passed
+
+
+def test_the_fuzz_kind_writes_exact_inputs_and_report_fuzz_shows_inputs_and_layout() -> None:
+    from reports.fuzz import failure_table
+    from storage.store import to_table
+    from tasks.kinds.fuzz import VERSION, run
+
+    assert VERSION == "3"
+    params = {"kernel": "_planted_kernels:correct", "params": {}, "label": "correct", "budget_s": 60.0,
+              "max_trials": 4, "max_failures": 1, "seed": 9, "dtype": "bf16"}  # fmt: skip
+    rows = run(params)["fuzz"]
+    assert [r["exact_inputs"] for r in rows] == [plan_trial(9, i, None).exact_inputs for i in range(4)]
+    table = to_table("fuzz", [{**r, "unit_id": "u", "experiment": "e"} for r in rows])  # declared columns only
+    assert table.column("exact_inputs").to_pylist() == [r["exact_inputs"] for r in rows]
+    base = {"experiment": "e", "kernel": "k", "dtype": "bf16", "trial": 3, "verdict": "INCORRECT", "m": 2, "k": 9000,
+            "n": 1, "shrunk_m": 1, "shrunk_k": 8193, "shrunk_n": 1, "first_row": 0, "first_col": 0,
+            "first_expected": 3.0, "first_observed": 4.0, "error": None, "artifact": "a.safetensors",
+            "recipe": "randn"}  # fmt: skip
+    now = {**base, "failed_check": "exact_match", "layout": "a-transposed", "exact_inputs": "cancelling-runs"}
+    old = {**base, "failed_check": "exact_match", "layout": None, "exact_inputs": None}  # rows of fuzz version 1
+    bounds = {**base, "failed_check": "bounds", "layout": "strided", "exact_inputs": "binary"}
+    out = failure_table([now, old, bounds])
+    assert [(r["inputs"], r["layout"]) for r in out] == [
+        ("cancelling-runs", "a-transposed"), ("binary", "contiguous (not recorded)"), ("randn", "strided")]
