@@ -320,8 +320,8 @@ def model_and_prompt_problems(base: str, model: str, prompts: Prompts) -> list[s
         except ValueError as exc:
             problems.append(f"{base}.model: {exc}")
     elif model != "tiny-qwen3" and not (Path(model) / "config.json").is_file():
-        problems.append(f"{base}.model: {model!r} is neither 'tiny-qwen3', a shipped model "
-                        f"({', '.join(SHIPPED_MODELS)}) nor a directory with a config.json")
+        problems.append(f"{base}.model: {model!r} is neither 'tiny-qwen3' nor a directory with a config.json "
+                        f"nor a shipped model ({', '.join(SHIPPED_MODELS)})")
     if isinstance(prompts, FilePrompts):
         try:
             read_prompt_file(prompts.file)

@@ -250,8 +250,8 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
     root = Path(path)
     if not root.is_dir():
         raise ValueError(
-            f"model {str(path)!r} is neither 'tiny-qwen3', a shipped model ({', '.join(SHIPPED_MODELS)}) "
-            "nor a checkpoint directory (a directory with config.json and *.safetensors)"
+            f"model {str(path)!r} is neither 'tiny-qwen3' nor a checkpoint directory (a directory with "
+            f"config.json and *.safetensors) nor a shipped model ({', '.join(SHIPPED_MODELS)})"
         )
     check_manifest(root)
     cfg_path = root / "config.json"
