@@ -8,7 +8,7 @@ from typing import Any
 
 from reports.divergence import CURVE_AT
 
-__all__ = ["tables"]
+__all__ = ["machine_rows", "tables"]
 
 
 def _g(v: float | None, spec: str = ".4g") -> str:
@@ -161,3 +161,62 @@ def tables(rep: dict[str, Any]) -> list[tuple[str, str, list[dict[str, Any]], li
          ["interval: Clopper-Pearson (exact), unit: teacher-forced positions; [0.1, 0.9) is the range where flips "
           "are reported to concentrate"]),
     ]
+
+
+def _ci_cols(r: dict[str, Any] | None, prefix: str) -> dict[str, Any]:
+    """``prefix_k``, ``_n``, ``_rate``, ``_ci_low``, ``_ci_high`` of a Clopper-Pearson object (None: all None)."""
+    ci = (r or {}).get("interval") or (None, None)
+    return {f"{prefix}_k": (r or {}).get("k"), f"{prefix}_n": (r or {}).get("n"), f"{prefix}_rate": (r or {}).get("rate"),
+            f"{prefix}_ci_low": ci[0], f"{prefix}_ci_high": ci[1]}
+
+
+def _boot_cols(b: dict[str, Any] | None, prefix: str) -> dict[str, Any]:
+    ci = (b or {}).get("interval") or (None, None)
+    return {f"{prefix}_ci_low": ci[0], f"{prefix}_ci_high": ci[1], f"{prefix}_se": (b or {}).get("se")}
+
+
+def machine_rows(rep: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """The rows of each ``--table`` for JSON and CSV: numbers, not formatted text (the same figures)."""
+    sweep = rep["sweep"]
+    first, survival, margins = [], [], []
+    for p in rep["first_divergence"]:
+        key = {"sweep": sweep, "arm_a": p["arm_a"], "arm_b": p["arm_b"]}
+        q, d = p["survival"]["quantiles"], p["diverged_positions"] or {}
+        first.append({**key, "sequences": p["sequences"], "diverged": p["diverged"], "identical": p["identical"],
+                      "last_position": p["last_position"], "km_q25": q.get("0.25"), "km_median": q.get("0.5"),
+                      "km_q75": q.get("0.75"), "diverged_min": d.get("min"), "diverged_median": d.get("median"),
+                      "diverged_max": d.get("max")})
+        survival += [{**key, **c} for c in p["survival"]["curve"]]
+        margins += [{**key, **m} for m in p["margins"].values()]
+    ta = rep["total_agreement"]
+    tarr = [{"sweep": sweep, "arm_a": a["arm"], "arm_b": None, "restarts": a["restarts"], "prompts": a["prompts"],
+             **_ci_cols(a["tarr"], "tarr"), "distinct_median": a["distinct"]["median"],
+             "distinct_max": a["distinct"]["max"], "distinct_total": a["distinct"]["total"],
+             "completions": a["distinct"]["completions"]} for a in ta["arms"]]
+    tarr += [{"sweep": sweep, "arm_a": p["arm_a"], "arm_b": p["arm_b"], "restarts": p["restarts_a"] + p["restarts_b"],
+              "prompts": p["prompts"], **_ci_cols(p["tarr"], "tarr"), "distinct_median": p["distinct"]["median"],
+              "distinct_max": p["distinct"]["max"], "distinct_total": p["distinct"]["total"],
+              "completions": p["distinct"]["completions"]} for p in ta["pairs"]]
+    dist = []
+    for p in rep["distribution"]:
+        row: dict[str, Any] = {"sweep": sweep, "ref_arm": p["ref_arm"], "arm": p["arm"], "sequences": p["sequences"],
+                               "positions": p["positions"], "measured_positions": p["measured_positions"]}
+        has = "kl" in p
+        row.update({"probs_diff_mean": p["probs_diff"]["mean_per_position"] if has else None,
+                    **_boot_cols(p["probs_diff"]["per_position"] if has else None, "probs_diff"),
+                    "probs_diff_max": p["probs_diff"]["max"] if has else None,
+                    "k3_mean": p["k3"]["mean_per_position"] if has else None,
+                    **_boot_cols(p["k3"]["per_position"] if has else None, "k3"),
+                    "kl_mean_per_position": p["kl"]["mean_per_position"] if has else None,
+                    **_boot_cols(p["kl"]["per_position"] if has else None, "kl_per_position"),
+                    "kl_mean_per_sequence": p["kl"]["mean_per_sequence"] if has else None,
+                    **_boot_cols(p["kl"]["per_sequence"] if has else None, "kl_per_sequence"),
+                    "kl_max": p["kl"]["max"] if has else None,
+                    "gate_metric": p["gate"]["metric"] if has else None, "gate_bound": p["gate"]["bound"] if has else None,
+                    "gate_threshold": p["gate"]["threshold"] if has else None,
+                    "gate_passed": p["gate"]["passed"] if has else None})
+        dist.append(row)
+    buckets = [{"sweep": sweep, "ref_arm": p["ref_arm"], "arm": p["arm"], "bucket": b["bucket"], **_ci_cols(b, "flips")}
+               for p in rep["flip_buckets"] for b in [*p["buckets"], p["middle"], p["outside"]]]
+    return {"first": first, "survival": survival, "margins": margins, "tarr": tarr, "distribution": dist,
+            "buckets": buckets}

@@ -225,6 +225,10 @@ def test_cli_report_all_and_certificate_show_it(results: Path) -> None:
     table = runner.invoke(app, ["report", "divergence", "--results", str(results), "--sweep", "s1"])
     assert table.exit_code == 0, "".join(traceback.format_exception(*table.exc_info)) if table.exc_info else table.output
     assert "TARa@N: no answers recorded" in table.output and "[0.1, 0.9)" in table.output
+    csv = runner.invoke(app, ["report", "divergence", "--results", str(results), "--sweep", "s1", "--format", "csv",
+                              "--table", "tarr"])
+    assert csv.exit_code == 0 and csv.output.splitlines()[0].startswith("sweep,arm_a,arm_b,restarts,prompts,tarr_k")
+    assert "s1,b,,2,4,3,4,0.75," in csv.output  # numbers, not formatted text
     bad = runner.invoke(app, ["report", "divergence", "--results", str(results), "--threshold", "-1"])
     assert bad.exit_code == 2 and "--threshold" in bad.output
     md = runner.invoke(app, ["report", "all", "--results", str(results), "--sweep", "s1", "--format", "markdown"])

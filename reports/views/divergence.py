@@ -27,7 +27,7 @@ def _build(cat: Any, sweep: str, opts: dict[str, Any]) -> View:
     blocks = [Block(title, rows, key=key, lines=lines) for key, title, rows, lines in tables]
     if opts["table"] == "all":
         blocks = [b for b in blocks if b.key != "survival"]
-    rows = {key: rows for key, _t, rows, _l in tables}
+    rows = tb.machine_rows(rep)
     empty = not rep["first_divergence"] and not rep["total_agreement"]["arms"] and not rep["distribution"]
     return View(sweep, rows, blocks, json=rep, empty="no generated sequences yet" if empty else None)
 
