@@ -44,12 +44,14 @@ def test_retraining_reproduces_the_shipped_hash(tmp_path: Path) -> None:
     for flag in ("--out", "--demo-prompts"):  # write into tmp_path, not over the shipped files
         if flag in argv:
             argv[argv.index(flag) + 1] = str(tmp_path / flag.strip("-"))
-    res = subprocess.run([sys.executable, str(ROOT / "tools" / "train_answer_model.py"), *argv, "--log-every", "0"],
-                         capture_output=True, text=True, timeout=900, cwd=ROOT)
+    # --no-eval: the same weights without the held-out evaluation (the next test checks the shipped
+    # weights' accuracy against the manifest; evaluating here again would double this test's time)
+    res = subprocess.run([sys.executable, str(ROOT / "tools" / "train_answer_model.py"), *argv, "--log-every", "0",
+                          "--no-eval"], capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert res.returncode == 0, res.stderr[-3000:]
     got = json.loads((tmp_path / "out" / "MANIFEST.json").read_text())
     assert got["model_safetensors_sha256"] == MANIFEST["model_safetensors_sha256"]
-    assert got["held_out"] == MANIFEST["held_out"]
+    assert got["held_out"] == "not evaluated (--no-eval)"
     assert (tmp_path / "demo-prompts").read_text() == (ROOT / "sweeps" / "prompts" / "answer-demo.jsonl").read_text()
 
 
