@@ -219,6 +219,27 @@ def _experiments(sweep: SweepSpec, resolve: Any) -> tuple[dict[str, Any], list[s
     return experiments, problems
 
 
+def _shared_arm_names(experiments: dict[str, Any]) -> list[str]:
+    """An arm name given to arms of two ``generate`` experiments of one sweep. The generation tables
+    (``sequences``, ``generated``, ``teacher_forced``) and every report over them key a run by sweep
+    and arm, so such arms' rows would be pooled as one arm's: refused, naming both."""
+    first: dict[str, str] = {}
+    problems = []
+    for name, exp in experiments.items():
+        if getattr(exp, "kind", None) != "generate":
+            continue
+        for arm in getattr(exp, "arms", None) or {}:
+            if arm in first:
+                problems.append(
+                    f"{_loc(('experiments', name, 'arms', arm))}: the arm name {arm!r} is also an arm of "
+                    f"{_loc(('experiments', first[arm]))}; runs are keyed by sweep and arm, so the two experiments' "
+                    "rows would be pooled as one arm's: give every generate arm a name unique in the sweep "
+                    f"(e.g. {arm + '-' + name!r})")
+            else:
+                first[arm] = name
+    return problems
+
+
 def parse_spec(text: str, path: str = "<string>") -> LoadedSpec:
     """Parse and validate spec text; raise SpecError naming every problem found."""
     from tasks.kinds import get_kind
@@ -237,6 +258,7 @@ def parse_spec(text: str, path: str = "<string>") -> LoadedSpec:
                 problems.extend(get_kind(exp.kind).problems(_loc(("experiments", name)), exp))
             except ValidationError as exc:  # a kind's check building a model (a 1 MB kernel name): still bad input
                 problems.extend(format_errors(exc, ("experiments", name)))
+        problems.extend(_shared_arm_names(experiments))
     if problems:
         raise SpecError(path, hide_environment(problems, text))
     return LoadedSpec(path=path, text=text, sha256=hashlib.sha256(text.encode()).hexdigest(), sweep=sweep,

@@ -153,3 +153,23 @@ def test_user_kernel_from_the_current_directory(tmp_path: Path, monkeypatch) -> 
     monkeypatch.setattr("sys.path", [p for p in __import__("sys").path if p not in ("", str(tmp_path))])
     res = runner.invoke(app, ["sweep", "validate", str(spec)])
     assert res.exit_code == 0, res.output
+
+
+def test_an_arm_name_shared_by_two_generate_experiments_is_refused() -> None:
+    """Runs are keyed by (sweep, arm): two experiments' arms of one name would be pooled silently."""
+    exp = """
+[experiments.{name}]
+kind = "generate"
+prompts = {{ count = 1, length = 4, seed = 0 }}
+max_new_tokens = 2
+
+[experiments.{name}.arms.{arm}]
+kernel = "int8-cutlass-order"
+"""
+    text = 'name = "s"\nquestion = "q"\n' + exp.format(name="a", arm="cutlass") + exp.format(name="b", arm="cutlass")
+    with pytest.raises(SpecError) as err:
+        parse_spec(text)
+    msg = str(err.value)
+    assert "experiments.b.arms.cutlass" in msg and "also an arm of experiments.a" in msg and "pooled" in msg
+    ok = 'name = "s"\nquestion = "q"\n' + exp.format(name="a", arm="cutlass") + exp.format(name="b", arm="cutlass-b")
+    assert set(parse_spec(ok).experiments) == {"a", "b"}
