@@ -77,8 +77,34 @@ def catalog(results: str, sweep: str | None = None) -> Iterator[Catalog]:
     with open_catalog(results) as cat:
         for line in cat.warnings:
             err.print(f"[bold yellow]warning:[/] {escape(line)}", highlight=False, markup=True)
-        check_sweep(cat, sweep if sweep is not None else _sweep_option())
+        wanted = sweep if sweep is not None else _sweep_option()
+        check_sweep(cat, wanted)
+        for line in pooled_arms(cat, wanted):
+            err.print(f"[bold yellow]warning:[/] {escape(line)}", highlight=False, markup=True)
         yield cat
+
+
+def pooled_arms(cat: Catalog, sweep: str | None) -> list[str]:
+    """One line per arm name that two ``generate`` experiments of one sweep share (specs launched
+    before validation refused it): every report keys a run by sweep and arm, so their rows are pooled."""
+    import tomllib
+
+    lines = []
+    for rec in cat.named("spec_records", sweep=sweep):
+        try:
+            spec = tomllib.loads(rec["spec_toml"] or "")
+        except tomllib.TOMLDecodeError:
+            continue
+        owners: dict[str, list[str]] = {}
+        for name, exp in (spec.get("experiments") or {}).items():
+            if isinstance(exp, dict) and exp.get("kind") == "generate" and isinstance(exp.get("arms"), dict):
+                for arm in exp["arms"]:
+                    owners.setdefault(arm, []).append(name)
+        lines += [f"sweep {rec['sweep']}: arm {arm!r} is an arm of experiments {', '.join(names)}: the reports over "
+                  "generations (agreement, flips, divergence, certificate, predictions) pool their runs as one "
+                  "arm's; relaunch under arm names unique in the sweep"
+                  for arm, names in owners.items() if len(names) > 1]
+    return lines
 
 
 def write_json(obj: object) -> None:
