@@ -133,6 +133,7 @@ def test_the_culprit_artifact_replays_byte_for_byte(planted: tuple[dict[str, Any
     (lin,) = meta["linears"]
     prefix = len(meta["prompt"]) + row["first_divergence"]
     assert (lin["m"], lin["n"], lin["k"]) == (prefix, 128, 384) and len(meta["prefix"]) == prefix
+    assert lin["operands_from"] == "all-A"
     # every output of the planted linear is off by 0.5: all differ, the first is [0, 0]
     assert lin["differing"] == prefix * 128 and lin["first_difference"]["row"] == 0
     assert lin["first_difference"]["b"] == pytest.approx(lin["first_difference"]["a"] + 0.5, rel=2**-7, abs=2**-8)

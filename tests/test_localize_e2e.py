@@ -119,3 +119,31 @@ def test_the_artifact_lies_under_the_results_root_and_replays(results: Path) -> 
     planted = [r for r in _rows(results) if r["experiment"] == "planted"]
     for r in planted:
         assert replay_culprit(results / r["artifact"]).reproduced
+
+
+def test_a_linear_that_differs_only_downstream_of_another_gets_the_mixed_pass_operands() -> None:
+    """The e2e demo's prompt 13 (cutlass vs triton, measured: parts at token 80, culprit set
+    {layers.0.self_attn.o_proj, layers.0.mlp.up_proj}): on the all-A operands the two kernels agree on
+    up_proj, so its artifact entry comes from the pass with the culprit set on triton-order, where they
+    differ; o_proj's stays from the all-A pass."""
+    from tasks.kinds.localize import culprit_calls
+    from tasks.models import build_model
+    from tasks.models.culprit import culprit_bytes, outputs_differ
+    from tasks.prompts import prompts_from_payload
+
+    ka, kb = {"kernel": "int8-cutlass-order", "params": {}}, {"kernel": "int8-triton-order", "params": {}}
+    model = build_model("tiny-qwen3", kernel=ka)
+    prompt = prompts_from_payload({"synthetic": {"count": 128, "length": 16, "seed": 0}}, 1024)[13]
+    toks = [int(t) for t in model.generate([prompt], 80, top_k=2).tokens[0]]
+    prefix = prompt + toks[:80]
+    culprit = ["layers.0.self_attn.o_proj", "layers.0.mlp.up_proj"]
+    with model.capture() as cap:
+        model.forward_tokens([prefix])
+    up_all_a = next(c for c in cap.layers if c.name == culprit[1])
+    assert not outputs_differ(up_all_a, ka, kb)
+    calls = culprit_calls(model, cap, culprit, prefix, ka, kb)
+    assert [(c.name, c.operands_from) for c in calls] == [(culprit[0], "all-A"), (culprit[1], "culprit-on-B")]
+    assert all(outputs_differ(c, ka, kb) for c in calls)
+    _, meta = culprit_bytes(calls, {"name": "a", "version": "1", **ka}, {"name": "b", "version": "1", **kb}, {})
+    assert [x["operands_from"] for x in meta["linears"]] == ["all-A", "culprit-on-B"]
+    assert all(x["differing"] > 0 for x in meta["linears"])

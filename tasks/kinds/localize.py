@@ -251,8 +251,35 @@ def localize_prompt(model: Any, prompt: list[int], arm_a: dict[str, Any], arm_b:
         "verified_one_minimal": all(not verify.diverges([x for x in culprit if x != c]) for c in culprit),
         "verification_generations": verify.generations,
     })
+    return row, culprit_calls(model, cap, culprit, prefix, ka, kb), prefix
+
+
+def culprit_calls(model: Any, cap: Any, culprit: list[str], prefix: list[int], ka: dict[str, Any],
+                  kb: dict[str, Any]) -> list[Any]:
+    """The culprit linears' calls for the artifact: from the all-A pass, or -- for a linear on whose
+    all-A operands both kernels agree (it differs only once an upstream member of S changed its
+    input) -- from the same pass with S on kernel B; ``operands_from`` on each call says which."""
+    from tasks.models.culprit import outputs_differ
+
     wanted = set(culprit)
-    return row, [c for c in cap.layers if c.name in wanted], prefix
+    calls = [c for c in cap.layers if c.name in wanted]
+    for c in calls:
+        c.operands_from = "all-A"
+    if all(outputs_differ(c, ka, kb) for c in calls):
+        return calls
+    model.set_kernel(ka)
+    model.set_kernel(kb, culprit)
+    try:
+        with model.capture() as mixed:
+            model.forward_tokens([prefix])
+    finally:
+        model.set_kernel(ka)
+    alt = {c.name: c for c in mixed.layers if c.name in wanted}
+    for i, c in enumerate(calls):
+        if not outputs_differ(c, ka, kb) and outputs_differ(alt[c.name], ka, kb):
+            alt[c.name].operands_from = "culprit-on-B"
+            calls[i] = alt[c.name]
+    return calls
 
 
 #: Row columns a prompt that never diverged leaves null (besides the error).

@@ -26,7 +26,10 @@ step that chose the diverging token.  The safetensors metadata entry ``swapcheck
 linear names) and ``linears``: per linear ``name``, ``m``/``n``/``k``, ``has_bias``, ``sha256_a`` /
 ``sha256_b`` (of the outputs' bytes), ``differing`` (elements whose bits differ) and
 ``first_difference`` (row-major first differing element: ``row``, ``col``, ``a``, ``b`` as floats and
-``bits_a``/``bits_b`` as hex), or null when both kernels agree on that linear's operands.
+``bits_a``/``bits_b`` as hex), or null when both kernels agree on that linear's operands, and
+``operands_from``: ``"all-A"`` (the reference pass above), or ``"culprit-on-B"`` for a linear on whose
+all-A operands both kernels agree -- it differs only once an upstream member of the culprit set has
+changed its input -- whose operands then come from the same pass with the culprit set on kernel B.
 
 :func:`replay_culprit` re-runs both kernels (by the registry names and parameters recorded) and
 says whether both outputs reproduce byte for byte.
@@ -48,7 +51,7 @@ if TYPE_CHECKING:
     from .capture import CapturedLayer
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "CulpritArtifactError", "CulpritReplay", "culprit_bytes", "is_culprit_artifact",
-           "linear_entry", "load_culprit", "replay_culprit"]
+           "linear_entry", "load_culprit", "outputs_differ", "replay_culprit"]
 
 FORMAT = "swapcheck.localize-culprit"
 FORMAT_VERSION = 1
@@ -95,6 +98,12 @@ def _kernel(entry: dict[str, Any]) -> Any:
     return get_kernel(entry["kernel"], **entry["params"])
 
 
+def outputs_differ(layer: CapturedLayer, kernel_a: dict[str, Any], kernel_b: dict[str, Any]) -> bool:
+    """Whether the two kernels' outputs on one captured call differ in any bit."""
+    ops = layer.operands()
+    return _bytes(_kernel(kernel_a)(*ops)) != _bytes(_kernel(kernel_b)(*ops))
+
+
 def linear_entry(layer: CapturedLayer, kernel_a: dict[str, Any], kernel_b: dict[str, Any]
                  ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Both kernels on one captured call: the tensors (keys ``<name>/...``) and the metadata entry."""
@@ -109,7 +118,8 @@ def linear_entry(layer: CapturedLayer, kernel_a: dict[str, Any], kernel_b: dict[
         tensors[f"{n}/bias"] = layer.bias
     meta = {"name": n, "m": layer.m, "n": layer.n, "k": layer.k, "has_bias": layer.bias is not None,
             "out_dtype": str(out_a.dtype).removeprefix("torch."), "sha256_a": _sha(out_a), "sha256_b": _sha(out_b),
-            "differing": differing, "first_difference": first}
+            "differing": differing, "first_difference": first,
+            "operands_from": getattr(layer, "operands_from", "all-A")}
     return tensors, meta
 
 
