@@ -156,7 +156,7 @@ def test_an_unknown_kind_in_a_spec_names_the_field_and_the_choices() -> None:
         parse_spec('question = "q"\nname = "x"\n[experiments.a]\nkind = "kdepht"\n')
     (problem,) = err.value.problems
     assert problem.startswith("experiments.a.kind: unknown experiment kind 'kdepht'; did you mean 'kdepth'?")
-    assert "allowed: attention_replay, batch_invariance, bounds, exact_match, fuzz, generate, kdepth, precision, quantize, replay" in problem
+    assert "allowed: attention_replay, batch_invariance, bounds, exact_match, fuzz, generate, kdepth, localize, precision, quantize, replay" in problem
     with pytest.raises(SpecError, match="unknown experiment kind 'teacher_forced'"):
         parse_spec('question = "q"\nname = "x"\n[experiments.a]\nkind = "teacher_forced"\n')
 
