@@ -99,7 +99,9 @@ def first_divergence(cat: Catalog, sweep: str, *, margins: bool = True) -> list[
     from scipy.stats import mannwhitneyu
 
     by_pair: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
-    for r in cat.named("first_divergence", sweep=sweep):
+    # without the margins, the positions come from the sequences' token lists (one row per sequence,
+    # not per generated position: the same first divergences, tests/test_divergence.py)
+    for r in cat.named("first_divergence" if margins else "divergence_first_from_sequences", sweep=sweep):
         by_pair[_pair_key(r)].append(r)
     prefix: dict[tuple[str, str, str], dict[str, list[float]]] = defaultdict(lambda: {"a": [], "b": []})
     tab = cat.named_arrow("divergence_prefix_margins", sweep=sweep) if margins else None

@@ -305,3 +305,31 @@ def test_accuracy_and_tara_match_plain_duckdb(answered: Path) -> None:
     (arm_pair,) = [p for m in c["scale_modes"] for p in m["end_to_end"].get("arm_pairs", [])]
     shown = arm_pair["divergence"]["answers"]
     assert shown["arms"]["a"]["accuracy"]["k"] == 5 and shown["tara_2n"]["k"] == 2
+
+
+def test_first_divergence_from_the_token_lists_equals_the_per_position_query(results: Path) -> None:
+    """The certificate's first divergences (sequences' token lists) are the report's (generations)."""
+    store = ResultStore(results)
+    # a prompt one arm generated only part of, and one only arm "a" generated
+    for arm, toks in (("a", [7, 8, 9]), ("b", [7, 8])):
+        store.write("generations", "s1", f"s1-short-{arm}", [
+            {"unit_id": f"s1-short-{arm}", "experiment": "e2e", "arm": arm, "restart": 0, "prompt_index": 9,
+             "position": i, "token": t, "margin": 1.0, "topk_ids": [t], "topk_logits": [1.0]} for i, t in enumerate(toks)])
+        store.write("sequences", "s1", f"s1-short-{arm}", [
+            {"unit_id": f"s1-short-{arm}", "experiment": "e2e", "arm": arm, "restart": 0, "prompt_index": 9,
+             "prompt_hash": _sha([9]), "sequence_hash": _sha(toks), "n_tokens": len(toks), "tokens": toks}])
+    store.write("generations", "s1", "s1-only-a", [
+        {"unit_id": "s1-only-a", "experiment": "e2e", "arm": "a", "restart": 0, "prompt_index": 11,
+         "position": 0, "token": 5, "margin": 1.0, "topk_ids": [5], "topk_logits": [1.0]}])
+    store.write("sequences", "s1", "s1-only-a", [
+        {"unit_id": "s1-only-a", "experiment": "e2e", "arm": "a", "restart": 0, "prompt_index": 11,
+         "prompt_hash": _sha([11]), "sequence_hash": _sha([5]), "n_tokens": 1, "tokens": [5]}])
+    keep = ("sweep", "arm_a", "arm_b", "prompt_index", "positions", "first_divergence")
+    with open_catalog(results) as cat:
+        per_position = [{k: r[k] for k in keep} for r in cat.named("first_divergence", sweep="s1")]
+        from_lists = [{k: r[k] for k in keep} for r in cat.named("divergence_first_from_sequences", sweep="s1")]
+    assert from_lists == per_position
+    by_prompt = {r["prompt_index"]: r for r in from_lists}
+    assert by_prompt[9]["first_divergence"] == 2 and by_prompt[9]["positions"] == 3
+    assert by_prompt[11]["first_divergence"] == 0 and by_prompt[0]["first_divergence"] is None
+    assert by_prompt[1]["first_divergence"] == 2
