@@ -116,6 +116,7 @@ def _cert_view(certs: list[dict[str, Any]]) -> dict[str, Any]:
     kd: dict[str, Any] = {}
     cross: dict[str, Any] = {}
     tf: dict[str, Any] = {}
+    div: dict[str, Any] = {"pairs": {}, "teacher_forced": {}}
     for c in certs:
         for sm in c["scale_modes"]:
             k = sm["kdepth"]
@@ -133,7 +134,19 @@ def _cert_view(certs: list[dict[str, Any]]) -> dict[str, Any]:
                 for f in p["flips"]:
                     tf[f"{f['ref_arm']}|{f['arm']}"] = {"positions": f["positions"], "flips": f["flips"],
                                                         "flip_rate_ci": [f["flip_rate_ci_low"], f["flip_rate_ci_high"]]}
-    return {"kdepth": kd, "cross": cross, "teacher_forced": tf}
+                d = p.get("divergence")
+                if d and d["first_divergence"]:
+                    t = d["tarr_2n"] or {"k": 0, "n": 0, "interval": None}
+                    div["pairs"][f"{p['arm_a']}|{p['arm_b']}"] = {**d["first_divergence"],
+                                                                 "tarr_2n": [t["k"], t["n"], t["interval"]]}
+                for t in (d or {}).get("teacher_forced", []):
+                    m = t["flips_p_ref_0.1_0.9"] or {"k": 0, "n": 0, "interval": None}
+                    div["teacher_forced"][f"{t['ref_arm']}|{t['arm']}"] = {
+                        "positions": t["positions"], "probs_diff_mean": t["probs_diff_mean"],
+                        "probs_diff_max": t["probs_diff_max"], "k3_mean": t["k3_mean"], "kl_mean": t["kl_mean"],
+                        **({"kl_ci": t["kl_ci"], "gate_passed": t["gate"]["passed"]} if t["kl_ci"] else {}),
+                        "flips_p_ref_0.1_0.9": [m["k"], m["n"], m["interval"]]}
+    return {"kdepth": kd, "cross": cross, "teacher_forced": tf, "divergence": div}
 
 
 def _matrix_view(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -160,10 +173,14 @@ def check(name: str, cand_path: Path, base_path: Path) -> tuple[int, list[str]]:
     if name in ("certificate", "conformance"):
         b = base["certificate"]
         if name == "certificate":
-            view, want = _cert_view(cand), {k: b[k] for k in ("kdepth", "cross", "teacher_forced")}
+            view, want = _cert_view(cand), {k: b[k] for k in ("kdepth", "cross", "teacher_forced", "divergence")}
             # the certificate shows only the arm pairs whose arms ran two different kernels
             want["cross"] = {k: v for k, v in want["cross"].items() if k in view["cross"]}
             want["teacher_forced"] = {k: v for k, v in want["teacher_forced"].items() if k in view["teacher_forced"]}
+            want["divergence"] = {
+                "pairs": {k: v for k, v in want["divergence"]["pairs"].items() if k in view["cross"]},
+                "teacher_forced": {k: v for k, v in want["divergence"]["teacher_forced"].items()
+                                   if k in view["divergence"]["teacher_forced"] or k in view["teacher_forced"]}}
         else:
             view = _matrix_view(cand)
             want = {"kdepth": {k: {f: v[f] for f in ("elements", "differing", "ppm_ci_low", "ppm_ci_high", "trend")}

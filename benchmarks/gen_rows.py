@@ -47,7 +47,7 @@ from storage.store import FileRecord, ResultStore, utcnow  # noqa: E402
 __all__ = ["ARMS", "DEFAULT_DIR", "SWEEP", "ensure_rows", "generate"]
 
 #: Bump when the generated rows change (a cached tree of another version is rebuilt).
-VERSION = "2"
+VERSION = "3"
 #: Where generated trees are cached (``$SWAPCHECK_BENCH_ROWS_DIR`` overrides it: the smoke test's own tmp).
 DEFAULT_DIR = Path(os.environ.get("SWAPCHECK_BENCH_ROWS_DIR") or "/tmp/swapcheck-bench-rows")
 SWEEP = "bench"
@@ -173,6 +173,12 @@ def _teacher_forced_units(store: ResultStore, rows: int, rng: np.random.Generato
                 "arm": pa.repeat(pa.scalar(arm), n), "prompt_index": prompt, "position": position,
                 "ref_token": ref_token, "ref_argmax": ref_argmax, "ref_margin": margin, "arm_argmax": arm_argmax,
                 "arm_margin": np.abs(margin + rng.normal(0.0, 1e-3, size=n)), "flip": flip}
+        # the per-token probabilities (issue #27): p_ref mostly near 1, the arm's within ~1e-3 of it
+        p_ref = np.clip(rng.beta(4.0, 0.6, size=n), 1e-6, 1.0)
+        p_arm = np.clip(p_ref * np.exp(rng.normal(0.0, 1e-3, size=n)), 1e-6, 1.0)
+        r = p_arm / p_ref
+        data |= {"ref_token_prob_ref": p_ref, "ref_token_prob_arm": p_arm,
+                 "kl_ref_arm": np.abs(rng.normal(0.0, 1e-6, size=n)), "k3_ref_arm": r - 1.0 - np.log(r)}
         _commit(store, unit, "teacher_forced", {"reference": ref, "arm": arm, "rows": rows},
                 [_write(store, "teacher_forced", unit, data)])
         units.append(unit)

@@ -33,7 +33,9 @@ for Wilson where installed; scikit-learn's ``roc_auc_score`` and ``LogisticRegre
 * ``certificate``: per kernel pair and scale mode the K-depth totals with an exact ppm interval, per K
   with the kernels' own distance from the reference, the K-trend (Poisson profile likelihood); per arm
   pair identity with an exact interval, each arm's self-reproducibility, the flips of each
-  teacher-forced pair with an exact interval; the arms' kernels, models and weights; the launches.
+  teacher-forced pair with an exact interval; per arm pair the divergence figures (first divergence
+  from the token lists with its Kaplan-Meier median, TARr over all 2N runs; per teacher-forced pair
+  probs_diff, k3, KL with its bootstrap interval and gate, flips at p_ref in [0.1, 0.9)); the arms' kernels, models and weights; the launches.
   The verdict rules (a few comparisons per section over these aggregates) are not re-implemented.
 * ``all``: agreement, flips (as ``report all`` runs them: 500 resamples), the K-depth table and its
   per-seed series, the certificate figures, distinct completions and the launches, each once.
@@ -494,10 +496,117 @@ def certificate(con: duckdb.DuckDBPyConnection, present: set[str], kd: list[dict
                      "string_agg(DISTINCT model, ',') AS model, list(DISTINCT weights_sha256) AS weights "
                      "FROM arm_runs GROUP BY ALL ORDER BY ALL") if "arm_runs" in present else []
     launches = rows(con, "SELECT * FROM launches") if "launches" in present else []
-    return {"kdepth": sections, "cross": cross,
+    return {"kdepth": sections, "cross": cross, "divergence": divergence(con, present),
             "self": {r["arm"]: {"identical": r["identical"], "total": r["total"]} for r in agree["self_reproducibility"]},
             "teacher_forced": tf, "arms": arms, "launches": len(launches),
             "distinct_completions": agree["distinct_completions"]}
+
+
+# -- the certificate's divergence figures (issue #27) -------------------------------------------------
+
+def _km_median(times: list[int], censored: list[int]) -> int | None:
+    """The smallest event time t with Kaplan-Meier S(t) <= 0.5 (scipy.stats.ecdf, right-censored)."""
+    import numpy as np
+    from scipy.stats import CensoredData, ecdf
+
+    if not times:
+        return None
+    sf = ecdf(CensoredData(uncensored=times, right=censored) if censored else np.asarray(times)).sf
+    at = sorted(set(times))
+    hit = [t for t, v in zip(at, sf.evaluate(np.asarray(at, dtype=float)), strict=True) if v <= 0.5 + 1e-12]
+    return int(hit[0]) if hit else None
+
+
+def _boot(data: tuple[Any, ...], stat: Any, resamples: int = 2000, seed: int = 0, paired: bool = False) -> tuple[list[float], float]:
+    import numpy as np
+    from scipy.stats import bootstrap
+
+    res = bootstrap(data, stat, paired=paired, vectorized=True, n_resamples=resamples, confidence_level=LEVEL,
+                    method="percentile", rng=np.random.default_rng(seed))
+    return [float(res.confidence_interval.low), float(res.confidence_interval.high)], float(res.standard_error)
+
+
+def divergence(con: duckdb.DuckDBPyConnection, present: set[str], threshold: float = 0.015) -> dict[str, Any]:
+    """Per arm pair (arm_a < arm_b): restart-0 sequences compared, diverged, the Kaplan-Meier median of
+    the first divergence (from the token lists; a position one arm lacks differs) and the median over
+    the diverged; TARr over all 2N runs with its exact interval. Per teacher-forced (ref_arm, arm): the
+    mean and max |p_ref - p_arm|, k3 and KL per position (KL with a percentile bootstrap over reference
+    sequences, 2000 resamples, seed 0, and the gate |mean| + 2 SE < 0.015), and the flips at p_ref in
+    [0.1, 0.9) with their exact interval."""
+    import numpy as np
+
+    out: dict[str, Any] = {"pairs": {}, "teacher_forced": {}}
+    if "sequences" not in present:
+        return out
+    first = rows(con, """
+        WITH s AS (SELECT sweep, arm, prompt_index, tokens FROM sequences WHERE restart = 0),
+        a AS (SELECT DISTINCT sweep, arm FROM s), q AS (SELECT DISTINCT sweep, prompt_index FROM s)
+        SELECT pa.sweep, pa.arm AS arm_a, pb.arm AS arm_b, q.prompt_index,
+               coalesce(x.tokens, []) AS ta, coalesce(y.tokens, []) AS tb
+        FROM a pa JOIN a pb ON pa.sweep = pb.sweep AND pa.arm < pb.arm JOIN q ON q.sweep = pa.sweep
+        LEFT JOIN s x ON x.sweep = pa.sweep AND x.arm = pa.arm AND x.prompt_index = q.prompt_index
+        LEFT JOIN s y ON y.sweep = pa.sweep AND y.arm = pb.arm AND y.prompt_index = q.prompt_index
+        WHERE x.arm IS NOT NULL OR y.arm IS NOT NULL""")
+    by_pair: dict[str, dict[str, list[int]]] = {}
+    for r in first:
+        ta, tb = r["ta"], r["tb"]
+        n = max(len(ta), len(tb))
+        if n == 0:
+            continue
+        cell = by_pair.setdefault(f"{r['arm_a']}|{r['arm_b']}", {"times": [], "censored": []})
+        if ta == tb:
+            cell["censored"].append(n - 1)
+        else:
+            cell["times"].append(next((i for i, (u, v) in enumerate(zip(ta, tb, strict=False)) if u != v), min(len(ta), len(tb))))
+    runs = rows(con, """
+        WITH r AS (SELECT sweep, arm, count(DISTINCT restart) AS restarts FROM sequences GROUP BY ALL)
+        SELECT ra.arm AS arm_a, rb.arm AS arm_b, s.prompt_index,
+               count(DISTINCT (s.arm, s.restart)) = any_value(ra.restarts) + any_value(rb.restarts)
+                 AND count(s.sequence_hash) = count(*) AND count(DISTINCT s.prompt_hash) = 1
+                 AND count(DISTINCT s.sequence_hash) = 1 AS agree
+        FROM r ra JOIN r rb ON ra.sweep = rb.sweep AND ra.arm < rb.arm
+        JOIN sequences s ON s.sweep = ra.sweep AND s.arm IN (ra.arm, rb.arm)
+        GROUP BY ra.sweep, ra.arm, rb.arm, s.prompt_index""")
+    tarr: dict[str, list[int]] = {}
+    for r in runs:
+        k = tarr.setdefault(f"{r['arm_a']}|{r['arm_b']}", [0, 0])
+        k[0] += bool(r["agree"])
+        k[1] += 1
+    for key, cell in by_pair.items():
+        times = cell["times"]
+        out["pairs"][key] = {"sequences": len(times) + len(cell["censored"]), "diverged": len(times),
+                             "km_median": _km_median(times, cell["censored"]),
+                             "diverged_median": float(np.quantile(np.asarray(times, dtype=float), 0.5)) if times else None,
+                             "tarr_2n": [*tarr.get(key, [0, 0]), exact(*tarr.get(key, [0, 0]))]}
+    if "teacher_forced" not in present:
+        return out
+    seqs = rows(con, """
+        SELECT ref_arm, arm, ref_restart, prompt_index, count(*) AS measured,
+               sum(abs(ref_token_prob_ref - ref_token_prob_arm)) AS pd, max(abs(ref_token_prob_ref - ref_token_prob_arm)) AS pd_max,
+               sum(k3_ref_arm) AS k3, sum(kl_ref_arm) AS kl
+        FROM teacher_forced
+        WHERE ref_token_prob_ref IS NOT NULL AND ref_token_prob_arm IS NOT NULL AND kl_ref_arm IS NOT NULL
+          AND k3_ref_arm IS NOT NULL
+        GROUP BY ALL ORDER BY ref_arm, arm, ref_restart, prompt_index""")
+    mids = {(r["ref_arm"], r["arm"]): (r["flips"], r["n"]) for r in rows(con, """
+        SELECT ref_arm, arm, count(*) FILTER (WHERE flip)::BIGINT AS flips, count(*)::BIGINT AS n FROM teacher_forced
+        WHERE flip IS NOT NULL AND ref_token_prob_ref >= 0.1 AND ref_token_prob_ref < 0.9 GROUP BY ALL""")}
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in seqs:
+        groups.setdefault((r["ref_arm"], r["arm"]), []).append(r)
+    for (ref, arm), g in groups.items():
+        counts = np.array([r["measured"] for r in g], dtype=float)
+        kl = np.array([r["kl"] for r in g], dtype=float)
+        entry = {"positions": int(counts.sum()), "probs_diff_mean": float(sum(r["pd"] for r in g) / counts.sum()),
+                 "probs_diff_max": float(max(r["pd_max"] for r in g)),
+                 "k3_mean": float(sum(r["k3"] for r in g) / counts.sum()), "kl_mean": float(kl.sum() / counts.sum())}
+        if len(g) >= 2:
+            ci, se = _boot((kl, counts), lambda s, c, axis=-1: np.sum(s, axis=axis) / np.sum(c, axis=axis), paired=True)
+            entry.update(kl_ci=ci, gate_passed=bool(abs(entry["kl_mean"]) + 2 * se < threshold))
+        f, n = mids.get((ref, arm), (0, 0))
+        entry["flips_p_ref_0.1_0.9"] = [f, n, exact(f, n)]
+        out["teacher_forced"][f"{ref}|{arm}"] = entry
+    return out
 
 
 # -- units --------------------------------------------------------------------------------------------
