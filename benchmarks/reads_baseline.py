@@ -541,23 +541,23 @@ def divergence(con: duckdb.DuckDBPyConnection, present: set[str], threshold: flo
     first = rows(con, """
         WITH s AS (SELECT sweep, arm, prompt_index, tokens FROM sequences WHERE restart = 0),
         a AS (SELECT DISTINCT sweep, arm FROM s), q AS (SELECT DISTINCT sweep, prompt_index FROM s)
-        SELECT pa.sweep, pa.arm AS arm_a, pb.arm AS arm_b, q.prompt_index,
-               coalesce(x.tokens, []) AS ta, coalesce(y.tokens, []) AS tb
-        FROM a pa JOIN a pb ON pa.sweep = pb.sweep AND pa.arm < pb.arm JOIN q ON q.sweep = pa.sweep
-        LEFT JOIN s x ON x.sweep = pa.sweep AND x.arm = pa.arm AND x.prompt_index = q.prompt_index
-        LEFT JOIN s y ON y.sweep = pa.sweep AND y.arm = pb.arm AND y.prompt_index = q.prompt_index
-        WHERE x.arm IS NOT NULL OR y.arm IS NOT NULL""")
+        SELECT arm_a, arm_b, greatest(len(ta), len(tb)) AS n,
+               CASE WHEN ta = tb THEN NULL ELSE coalesce(nullif(list_position(list_transform(
+                   range(least(len(ta), len(tb))), lambda i: ta[i + 1] <> tb[i + 1]), true), 0) - 1,
+                   least(len(ta), len(tb))) END AS t
+        FROM (SELECT pa.arm AS arm_a, pb.arm AS arm_b, coalesce(x.tokens, []) AS ta, coalesce(y.tokens, []) AS tb
+              FROM a pa JOIN a pb ON pa.sweep = pb.sweep AND pa.arm < pb.arm JOIN q ON q.sweep = pa.sweep
+              LEFT JOIN s x ON x.sweep = pa.sweep AND x.arm = pa.arm AND x.prompt_index = q.prompt_index
+              LEFT JOIN s y ON y.sweep = pa.sweep AND y.arm = pb.arm AND y.prompt_index = q.prompt_index
+              WHERE x.arm IS NOT NULL OR y.arm IS NOT NULL)
+        WHERE greatest(len(ta), len(tb)) > 0""")
     by_pair: dict[str, dict[str, list[int]]] = {}
     for r in first:
-        ta, tb = r["ta"], r["tb"]
-        n = max(len(ta), len(tb))
-        if n == 0:
-            continue
         cell = by_pair.setdefault(f"{r['arm_a']}|{r['arm_b']}", {"times": [], "censored": []})
-        if ta == tb:
-            cell["censored"].append(n - 1)
+        if r["t"] is None:
+            cell["censored"].append(r["n"] - 1)
         else:
-            cell["times"].append(next((i for i, (u, v) in enumerate(zip(ta, tb, strict=False)) if u != v), min(len(ta), len(tb))))
+            cell["times"].append(r["t"])
     runs = rows(con, """
         WITH r AS (SELECT sweep, arm, count(DISTINCT restart) AS restarts FROM sequences GROUP BY ALL)
         SELECT ra.arm AS arm_a, rb.arm AS arm_b, s.prompt_index,
