@@ -243,3 +243,29 @@ def test_kernel_evidence_refuses_a_generation_that_ran_another_kernel() -> None:
     model.forward_tokens([[5, 6, 7]])
     with pytest.raises(RuntimeError, match=r"layers\.0\.self_attn\.k_proj ran .*int8-triton-order"):
         sw._check_calls(set())
+
+
+def test_check_replay_dispatches_a_culprit_artifact(planted: tuple[dict[str, Any], Path], tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    from tasks.models.culprit import load_culprit
+
+    row, root = planted
+    path = root / row["artifact"]
+    res = runner.invoke(app, ["check", "replay", str(path)])
+    assert res.exit_code == 0, res.output
+    assert "reproduced: both kernels' outputs again, byte for byte" in res.output and TARGET in res.output
+    js = runner.invoke(app, ["check", "replay", str(path), "--format", "json"])
+    obj = json.loads(js.stdout)
+    assert js.exit_code == 0 and obj["reproduced"] is True and obj["format"] == "swapcheck.localize-culprit"
+    assert [x["name"] for x in obj["linears"]] == [TARGET] and obj["linears"][0]["same_b"] is True
+    meta, tensors = load_culprit(path)
+    tensors[f"{TARGET}/out_a"] = tensors[f"{TARGET}/out_b"].clone()
+    changed = tmp_path / "changed.safetensors"
+    save_file(tensors, str(changed), metadata={"swapcheck": json.dumps(meta)})
+    again = runner.invoke(app, ["check", "replay", str(changed)])
+    assert again.exit_code == 1 and "NOT reproduced byte for byte" in again.output
+    junk = tmp_path / "junk.safetensors"
+    junk.write_bytes(b"not a safetensors file")
+    bad = runner.invoke(app, ["check", "replay", str(junk)])
+    assert bad.exit_code == 2 and "junk.safetensors" in bad.output

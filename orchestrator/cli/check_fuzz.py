@@ -111,22 +111,31 @@ def _run(kernel: str, param: list[str] | None, device: str | None, operands: str
 
 
 def replay(
-    artifact: Path = typer.Argument(..., help="A .safetensors artifact written by `check fuzz` (or a fuzz sweep)."),
+    artifact: Path = typer.Argument(..., help="A .safetensors artifact written by `check fuzz` (or a fuzz sweep), "
+                                    "or a culprit artifact of the localize kind."),
     fmt: OutFormat = typer.Option(OutFormat.table, "--format", help="table or json (one JSON object)."),
     no_user_kernels: NoUserKernelsOpt = False,
 ) -> None:
     """Replay a saved failure: load its operands, scales and recorded output, run the same kernel
     (by the reference and parameters it recorded) and the same check on exactly those operands, in
     the recorded memory layout (contiguous for artifacts that predate layouts), and compare. Exit 0 when the failure reproduces (same verdict, output byte for byte), 1 when it no
-    longer does (e.g. the kernel was fixed), 2 for a file that is not a valid artifact.
+    longer does (e.g. the kernel was fixed), 2 for a file that is not a valid artifact. A culprit
+    artifact of the `localize` kind (docs/localize.md) re-runs both of its kernels on the operands of
+    the culprit linears: exit 0 when both outputs are the recorded bytes.
 
     Example: swapcheck check replay fuzz-failures/fuzz-exact-match-trial3-1x1026x2.safetensors
     """
     from tasks.checks.artifact import replay as run_replay
     from tasks.kernels import user_kernels, user_kernels_enabled
+    from tasks.models.culprit import is_culprit_artifact, replay_culprit
 
     with user_errors(), user_kernels(user_kernels_enabled() and not no_user_kernels):
-        r = run_replay(artifact)
+        culprit = replay_culprit(artifact) if is_culprit_artifact(artifact) else None  # a localize artifact
+        r = run_replay(artifact) if culprit is None else None
+    if culprit is not None:
+        typer.echo(json.dumps(culprit.to_json(), default=str) if fmt is OutFormat.json else culprit.text())
+        raise typer.Exit(0 if culprit.reproduced else 1)
+    assert r is not None
     if fmt is OutFormat.json:
         obj = {"artifact": r.artifact, "kernel": r.kernel, "check": r.check, "shape": r.shape,
                "recorded_verdict": r.recorded_verdict, "verdict": r.verdict, "same_output": r.same_output,
