@@ -64,6 +64,7 @@ def test_table_readers_refuse_html_and_write_json(command: list[str], results: P
     json.loads(res.stdout)
 
 
+@pytest.mark.slow  # default-suite budget (6 min on a clean clone); CI runs the slow set too
 def test_report_all_offers_documents_only(results: Path, tmp_path: Path) -> None:
     assert _invoke("report", "all", "--results", str(results), "--format", "table").exit_code == 2
     for flag in ("-o", "--output", "--out"):
@@ -242,6 +243,7 @@ def _fake_launch(spec: Any, results: Any, address: Any = None, num_cpus: Any = N
     return summary
 
 
+@pytest.mark.slow  # default-suite budget (6 min on a clean clone); CI runs the slow set too
 def test_nightly_paths_progress_and_baseline_created(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import orchestrator.runner
 

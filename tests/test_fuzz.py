@@ -166,7 +166,8 @@ def test_fuzz_catches_each_planted_defect_and_its_artifact_replays_byte_for_byte
     assert json.loads(Path(fail.artifact).with_suffix(".json").read_text())["verdict"] == "INCORRECT"
 
 
-@pytest.mark.parametrize("kernel", ["int8-cutlass-order", "fp8-sequential", "_planted_kernels:correct"])
+@pytest.mark.parametrize("kernel", ["int8-cutlass-order", pytest.param("fp8-sequential", marks=pytest.mark.slow),
+                                    pytest.param("_planted_kernels:correct", marks=pytest.mark.slow)])
 def test_correct_kernels_fuzz_clean(kernel: str) -> None:
     s = load_subject(kernel)
     result = fuzz(s, 4.0, 0)

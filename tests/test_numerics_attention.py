@@ -103,6 +103,7 @@ def test_seed_example() -> None:
 # -- every kernel inside its algorithm's bounds -------------------------------------------------
 
 
+@pytest.mark.slow  # default-suite budget (6 min on a clean clone); CI runs the slow set too
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases(), st.lists(st.sampled_from(sorted(DESCRIBED_BY)), min_size=4, max_size=4, unique=True))
 def test_kernels_inside_their_algorithms(c: Case, names: list[str]) -> None:

@@ -71,7 +71,8 @@ def _check(alg: products.MatmulAlgorithm, a: np.ndarray, b: np.ndarray, inp: str
     assert O.same(_f64(got), want), (alg, a, b, got, want)
 
 
-@pytest.mark.parametrize("order", ["sequential", "pairwise", "blocked"])
+@pytest.mark.parametrize("order", ["sequential", pytest.param("pairwise", marks=pytest.mark.slow),
+                                   pytest.param("blocked", marks=pytest.mark.slow)])
 @given(data=st.data())
 @settings(max_examples=120, deadline=None)
 def test_compiled_matches_torch_and_oracle(order: str, data: st.DataObject) -> None:

@@ -98,6 +98,7 @@ def test_kdepth_over_two_sweeps_equals_each_sweep_alone(results: Path) -> None:
     assert [line.split("sweep ")[1] for line in text.splitlines() if line.startswith("sweep ")] == list(SWEEPS)
 
 
+@pytest.mark.slow  # default-suite budget (6 min on a clean clone); CI runs the slow set too
 def test_report_all_shows_every_sweep_apart_with_the_counts_of_each_alone(results: Path) -> None:
     both = json.loads(_cli("report", "all", "--results", str(results), "--format", "json").stdout)
     assert both["sweeps"] == list(SWEEPS)

@@ -129,6 +129,7 @@ def launched(s3: S3, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Pat
     return uri, spec
 
 
+@pytest.mark.slow  # default-suite budget (6 min on a clean clone); CI runs the slow set too
 def test_launch_resume_reports_and_query_over_s3(s3: S3, launched: tuple[str, Path], tmp_path: Path) -> None:
     uri, spec = launched
     store = open_store(uri)
@@ -162,6 +163,7 @@ def test_launch_resume_reports_and_query_over_s3(s3: S3, launched: tuple[str, Pa
     assert SECRET not in prov.stdout and KEY_ID not in prov.stdout
 
 
+@pytest.mark.slow  # default-suite budget: the local lock tests cover the rule; this is the S3 path
 def test_launch_lock_on_s3_names_the_holder(s3: S3, tmp_path: Path) -> None:
     from storage.lock import LaunchLock
 
@@ -199,7 +201,7 @@ def test_verify_over_s3_names_a_deleted_object_and_the_catalog_warns(s3: S3, tmp
     assert rep.exit_code == 0 and "warning" in rep.output and rel.rsplit("/", 1)[1] in rep.output, rep.output
 
 
-@pytest.mark.slow  # the nightly's local run and launch/reports over S3 run by default
+@pytest.mark.slow  # the nightly over S3; the local nightly runs by default
 def test_nightly_over_s3(s3: S3, tmp_path: Path) -> None:
     suite, baseline = tmp_path / "suite.toml", tmp_path / "baseline.json"
     suite.write_text(tiny_spec_text(name="s3nightly", seeds=1))
@@ -341,6 +343,7 @@ _HOLDER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # default-suite budget: the local lock tests cover the rule; this is the S3 path
 def test_a_sigkilled_holders_lease_on_s3_is_void_at_once_a_live_ones_is_not(s3: S3) -> None:
     from storage.lock import LaunchLock, LockHeld
 
