@@ -76,6 +76,9 @@ def main() -> int:
     import torch  # noqa: F401  (imported before apply_threads, which sets an imported torch's count)
 
     from tasks.numerics import AttentionAlgorithm
+    from tasks.numerics.attention import (
+        _prepare,  # the default options: fp32 compute, any order, no flushing
+    )
     from tasks.numerics.attention_bounds import _problem
     from tasks.numerics.attention_emulate import DESCRIBED_BY, KERNELS
 
@@ -102,7 +105,7 @@ def main() -> int:
             btol = alg.backward_tolerance(q, k, v, g, fwd.out, fwd.logsumexp, **kw)
             # the exact centres the bounds are measured from
             p = _problem(q, k, v, kw.get("attn_mask"), kw.get("is_causal", False), None, False)
-            cen = alg._backward(p, g, fwd.out, fwd.logsumexp, 0)[0]
+            cen = alg._backward(p, g, fwd.out, fwd.logsumexp, 0, _prepare(p, "fp32", "any-order", False))[0]
             got = {"out": (fwd.out, p.o, tol.out), "logsumexp": (fwd.logsumexp, p.lse, tol.logsumexp),
                    "dq": (bwd.dq, cen.dq, btol.dq), "dk": (bwd.dk, cen.dk, btol.dk),
                    "dv": (bwd.dv, cen.dv, btol.dv)}  # fmt: skip

@@ -108,6 +108,9 @@ def hand_table(ref: Any, other: Any, firsts: list[int], lengths: list[int]) -> A
         "arm_argmax": aa,
         "arm_margin": cat(other.margins, np.float64),
         "flip": ra != aa,
+        # the per-token probability columns: NULL where the scores carry no full logits (as here)
+        **{c: pa.nulls(n, pa.float64()) for c in ("ref_token_prob_ref", "ref_token_prob_arm", "kl_ref_arm",
+                                                   "k3_ref_arm")},
     })
 
 
