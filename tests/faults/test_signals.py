@@ -270,13 +270,13 @@ def _schedule(i: int) -> tuple[int, int, float]:
     return signum, rng.randint(1, 12), round(rng.uniform(0.0, 0.8), 2)
 
 
-SCHEDULE = [_schedule(i) for i in range(4)]  # four launches: the slow set's time is budgeted
+SCHEDULE = [_schedule(i) for i in range(3)]  # three launches: the slow set's time is budgeted
 
 
 @pytest.mark.slow
 def test_seeded_signals_stop_cleanly_print_the_ledgers_count_and_a_relaunch_finishes(tmp_path: Path,
                                                                                      fault_outcome: Any) -> None:
-    """Four launches of one sweep, each stopped by SIGINT or SIGTERM at a seeded point (:func:`_schedule`:
+    """Three launches of one sweep, each stopped by SIGINT or SIGTERM at a seeded point (:func:`_schedule`:
     before the first unit commits, or after a seeded number of units, with units in flight): each exits
     130 / 143 with one summary line and no stack dump, prints the count the ledger holds once it has
     exited, and records its launch as interrupted; a last relaunch finishes with nothing lost or
@@ -322,7 +322,7 @@ def test_seeded_signals_stop_cleanly_print_the_ledgers_count_and_a_relaunch_fini
     _, err = final.communicate(timeout=600)
     dupes = read_only_query(results, "SELECT unit_id, impl_a, impl_b, count(*) AS c FROM kdepth GROUP BY ALL HAVING c > 1")
     fault_outcome(lost=total - len(store.done_units("seeded")), duplicated=dupes.num_rows, silent_wrong=len(mismatches),
-                  stage="the relaunch after four seeded SIGINT/SIGTERM", schedule=[(int(s), u, d) for s, u, d in SCHEDULE])
+                  stage="the relaunch after three seeded SIGINT/SIGTERM", schedule=[(int(s), u, d) for s, u, d in SCHEDULE])
     assert not mismatches, mismatches
     assert statuses == ["interrupted"] * len(SCHEDULE), statuses
     assert final.returncode == 0, err[-3000:]
