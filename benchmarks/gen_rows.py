@@ -225,14 +225,11 @@ def data_table(table: str, data: dict[str, Any]) -> pa.Table:
 
 
 def schemas_key() -> str:
-    """A fingerprint of the declared schemas: a cached tree written under others is generated anew,
-    so that the reads measure files as the current writer writes them."""
-    import hashlib
+    """The declared schemas' fingerprint (storage.schemas.fingerprint): a cached tree written under
+    others is generated anew, so that the reads measure files as the current writer writes them."""
+    from storage.schemas import fingerprint
 
-    from storage.schemas import TABLES
-
-    text = "\n".join(f"{t}:{TABLES[t].remove_metadata()}" for t in sorted(TABLES))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return fingerprint()[:16]
 
 
 def generate(root: Path, rows: int, seed: int = 0) -> dict[str, Any]:

@@ -75,6 +75,7 @@ import pyarrow.parquet as pq
 
 from storage.errors import PathEscape, QueryError, StorageError
 from storage.schemas import TABLES, UNITS, UNMANAGED_TABLES
+from storage.schemas import fingerprint as schemas_fingerprint
 from storage.store import ResultStore, local_identity, object_identity, open_store
 from swapcheck_common.env import seconds_from_env
 
@@ -387,8 +388,7 @@ class VerifiedFiles:
 
 
 #: The declared schemas the verified-files cache was checked against (a cache of other schemas is ignored).
-_SCHEMAS_KEY = hashlib.sha256(
-    "\n".join(f"{t}:{TABLES[t].remove_metadata()}" for t in sorted(TABLES)).encode()).hexdigest()[:32]
+_SCHEMAS_KEY = schemas_fingerprint()[:32]
 
 
 _TIMESTAMPS = frozenset(f.name for f in UNITS if pa.types.is_timestamp(f.type))

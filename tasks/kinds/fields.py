@@ -92,6 +92,14 @@ class ArithmeticRange(Strict):
 IntAxis = int | list[int] | GeometricRange | ArithmeticRange
 
 
+def check_arm_names(arms: dict[str, Any]) -> dict[str, Any]:
+    """``arms`` (a spec's ``arms`` table), once every key is a :data:`NAME`; ValueError naming the others."""
+    bad = [a for a in arms if not NAME.match(a)]
+    if bad:
+        raise ValueError(f"arm names {bad}: use letters, digits, '.', '_' or '-'")
+    return arms
+
+
 def axis_values(axis: IntAxis) -> list[int]:
     if isinstance(axis, int):
         return [axis]

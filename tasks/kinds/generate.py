@@ -19,7 +19,6 @@ from pydantic import Field, field_validator, model_validator
 from tasks.kinds.base import Kind, Rows, Unit, UnitContext
 from tasks.kinds.fields import (
     MAX_SEED,
-    NAME,
     FilePrompts,
     Implementation,
     Prompts,
@@ -27,6 +26,7 @@ from tasks.kinds.fields import (
     ScaleMode,
     Strict,
     SyntheticPrompts,
+    check_arm_names,
     check_params_data,
     kernel_problem,
     model_and_prompt_problems,
@@ -91,10 +91,7 @@ class GenerateExperiment(Strict):
     @field_validator("arms")
     @classmethod
     def _arm_names(cls, v: dict[str, Arm]) -> dict[str, Arm]:
-        bad = [a for a in v if not NAME.match(a)]
-        if bad:
-            raise ValueError(f"arm names {bad}: use letters, digits, '.', '_' or '-'")
-        return v
+        return check_arm_names(v)
 
     @model_validator(mode="after")
     def _tf_arms(self) -> GenerateExperiment:

@@ -31,13 +31,13 @@ from pydantic import Field, field_validator, model_validator
 from tasks.kinds.base import Kind, Rows, Unit, UnitContext
 from tasks.kinds.fields import (
     MAX_SEED,
-    NAME,
     Implementation,
     Prompts,
     Resources,
     ScaleMode,
     Strict,
     SyntheticPrompts,
+    check_arm_names,
     check_params_data,
     impl_payload,
     kernel_problem,
@@ -86,10 +86,7 @@ class LocalizeExperiment(Strict):
     @field_validator("arms")
     @classmethod
     def _arm_names(cls, v: dict[str, LocalizeArm]) -> dict[str, LocalizeArm]:
-        bad = [a for a in v if not NAME.match(a)]
-        if bad:
-            raise ValueError(f"arm names {bad}: use letters, digits, '.', '_' or '-'")
-        return v
+        return check_arm_names(v)
 
     @field_validator("prompt_indices")
     @classmethod
