@@ -203,10 +203,61 @@ def _answers(cat: Catalog, sweep: str, pairs: dict[tuple[str, str, str], list[di
             pair_rows.append({"sweep": key[0], "arm_a": key[1], "arm_b": key[2],
                               "tara": clopper_pearson(sum(1 for r in answered if r["distinct_answers"] == 1),
                                                       len(answered))})
-    return {"recorded": True, "arms": arms, "pairs": pair_rows,
+    changes, skipped = _accuracy_changes(cat, sweep)
+    return {"recorded": True, "arms": arms, "pairs": pair_rows, "changes": changes, "changes_skipped": skipped,
             "note": "accuracy: correct / checked sequences (every restart), unit: sequences; TARa@N: prompts whose N "
                     "extracted answers are identical / prompts answered in every restart, unit: prompts; "
                     "Clopper-Pearson (exact)"}
+
+
+CHANGE_METHOD = ("paired on the same prompts, restart 0; change = (b_only - a_only) / n; test: exact McNemar "
+                 "(scipy.stats.binomtest(b_only, a_only + b_only, 0.5), two-sided); bound: |change| <= "
+                 "(a_only + b_only) / n <= the upper end of its 95% Clopper-Pearson (exact) interval; "
+                 "conditional interval: (2 pi - 1) * (a_only + b_only) / n over the 95% Clopper-Pearson interval "
+                 "of pi = b_only / (a_only + b_only), given the discordant count; unit: prompts")
+
+
+def _accuracy_change(n: int, a_only: int, b_only: int) -> dict[str, Any]:
+    """The paired accuracy change ``(b_only - a_only) / n`` of one arm pair with the exact McNemar test,
+    the Clopper-Pearson bound on the discordant rate that bounds ``|change|``, and (discordant prompts
+    present) the change's interval conditional on their count (:data:`CHANGE_METHOD`)."""
+    from scipy.stats import binomtest
+
+    d = a_only + b_only
+    discordant = clopper_pearson(d, n)
+    bound = discordant["interval"][1] if discordant["interval"] else None
+    out: dict[str, Any] = {"n": n, "a_only": a_only, "b_only": b_only, "discordant": discordant,
+                           "change": (b_only - a_only) / n if n else None, "abs_change_bound": bound,
+                           "mcnemar_p": None, "conditional_interval": None, "method": CHANGE_METHOD}
+    if d:
+        test = binomtest(b_only, d, 0.5)
+        ci = test.proportion_ci(confidence_level=LEVEL, method="exact")
+        out["mcnemar_p"] = float(test.pvalue)
+        out["conditional_interval"] = [(2 * float(ci.low) - 1) * d / n, (2 * float(ci.high) - 1) * d / n]
+    else:
+        out["note"] = (f"no prompt changed its correctness; |change| <= {bound:.3g}" if bound is not None
+                       else "no paired prompts")
+    return out
+
+
+def _accuracy_changes(cat: Catalog, sweep: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Per arm pair of one experiment (``divergence_accuracy_change.sql``): the paired counts and
+    :func:`_accuracy_change`; and the arm pairs across two experiments, skipped (they compare two
+    models or two prompt sets, not a kernel swap), each with the reason."""
+    changes, skipped = [], []
+    for r in cat.named("divergence_accuracy_change", sweep=sweep):
+        pair = {"sweep": r["sweep"], "arm_a": r["arm_a"], "arm_b": r["arm_b"]}
+        if not r["same_experiment"]:
+            skipped.append({**pair, "experiment_a": r["experiment_a"], "experiment_b": r["experiment_b"],
+                            "reason": f"arms of two experiments ({r['experiment_a']}, {r['experiment_b']}): they "
+                                      "compare two models or prompt sets, not a kernel swap"})
+            continue
+        n = int(r["n"] or 0)
+        changes.append({**pair, "experiment": r["experiment_a"], "prompts_a": r["prompts_a"],
+                        "prompts_b": r["prompts_b"], "both_right": int(r["both_right"] or 0),
+                        "answers_differ": int(r["answers_differ"] or 0),
+                        **_accuracy_change(n, int(r["a_only"] or 0), int(r["b_only"] or 0))})
+    return changes, skipped
 
 
 # --- probs_diff, k3, mismatch KL -----------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from reports.divergence import CURVE_AT
+from reports.divergence import CHANGE_METHOD, CURVE_AT
 
 __all__ = ["machine_rows", "tables"]
 
@@ -93,6 +93,32 @@ def tarr_lines(rep: dict[str, Any]) -> list[str]:
     return [*lines, ans["note"]]
 
 
+def change_rows(rep: dict[str, Any]) -> list[dict[str, Any]]:
+    """The accuracy change per kernel swap: one row per arm pair of one experiment (restart 0, paired)."""
+    ans = rep["total_agreement"]["answers"]
+    out = []
+    for c in ans.get("changes", []) if ans["recorded"] else []:
+        d = c["discordant"]
+        ci = c["conditional_interval"]
+        out.append({"pair": f"{c['arm_a']} -> {c['arm_b']}", "experiment": c["experiment"], "n": c["n"],
+                    "a_only": c["a_only"], "b_only": c["b_only"], "answers differ": c["answers_differ"],
+                    "change (b_only - a_only)/n": _g(c["change"], "+.4g") if c["change"] else _g(c["change"], "g"),
+                    "McNemar exact p": _g(c["mcnemar_p"], ".3g"),
+                    "|change| <= [95% CP of discordant]": "" if c["abs_change_bound"] is None else
+                    f"{c['abs_change_bound']:.3g} ({d['k']}/{d['n']} discordant)",
+                    "conditional 95%": "" if ci is None else f"[{ci[0]:+.3g}, {ci[1]:+.3g}]"})
+    return out
+
+
+def change_lines(rep: dict[str, Any]) -> list[str]:
+    ans = rep["total_agreement"]["answers"]
+    if not ans["recorded"]:
+        return []
+    lines = [f"{c['arm_a']} -> {c['arm_b']}: {c['note']}" for c in ans.get("changes", []) if c.get("note")]
+    lines += [f"skipped {s['arm_a']} vs {s['arm_b']}: {s['reason']}" for s in ans.get("changes_skipped", [])]
+    return [*lines, CHANGE_METHOD]
+
+
 DIST_COLUMNS = ("probs_diff mean [95%]", "probs_diff max", "k3 KL mean [95%]", "mismatch KL / position [95%]",
                 "mismatch KL / sequence [95%]", "gate")
 
@@ -155,6 +181,9 @@ def tables(rep: dict[str, Any]) -> list[tuple[str, str, list[dict[str, Any]], li
                             "positions of one sequence are not independent: read it as a description, not a test"]),
         ("tarr", "TARr@N and distinct completions over N cold restarts (per arm, and per pair over all 2N)",
          tarr_rows(rep), tarr_lines(rep)),
+        *([("tarr", "accuracy change per kernel swap (arm pairs of one experiment, paired on the same prompts, "
+                    "restart 0)", change_rows(rep), change_lines(rep))]
+          if rep["total_agreement"]["answers"]["recorded"] else []),
         ("distribution", "probs_diff, k3 KL and mismatch KL (teacher-forced, per (ref_arm, arm) pair)",
          distribution_rows(rep), distribution_lines(rep)),
         ("buckets", "flip rate by the reference token's probability under the reference arm", bucket_rows(rep),
