@@ -133,18 +133,41 @@ def float_accuracy(model: Any, pairs: Any) -> int:
     return int((ids[:, PROMPT_LEN:] == seqs[:, PROMPT_LEN:]).all(dim=1).sum())
 
 
-def engine_accuracy(out: Path, pairs: Any, kernel: str) -> int:
-    """Greedy answers of the W8A8 engine (``build_model(out)``): how many are exactly right."""
+def engine_answers(out: Path, pairs: Any, kernel: str) -> list[list[int]]:
+    """Greedy answers (``ANSWER_LEN`` tokens each) of the W8A8 engine (``build_model(out)``)."""
     from tasks.models import build_model
 
     model = build_model(str(out), kernel=kernel)
     seqs = batch_tokens(pairs)
-    right = 0
+    answers: list[list[int]] = []
     for lo in range(0, len(pairs), 1000):
-        chunk = seqs[lo:lo + 1000]
-        gen = model.generate(chunk[:, :PROMPT_LEN].tolist(), ANSWER_LEN)
-        right += sum(t == want for t, want in zip(gen.tokens, chunk[:, PROMPT_LEN:].tolist(), strict=True))
-    return right
+        gen = model.generate(seqs[lo:lo + 1000, :PROMPT_LEN].tolist(), ANSWER_LEN)
+        answers += [list(t) for t in gen.tokens]
+    return answers
+
+
+def engine_accuracy(out: Path, pairs: Any, kernel: str) -> int:
+    """Greedy answers of the W8A8 engine (``build_model(out)``): how many are exactly right."""
+    want = batch_tokens(pairs)[:, PROMPT_LEN:].tolist()
+    return sum(t == w for t, w in zip(engine_answers(out, pairs, kernel), want, strict=True))
+
+
+def swap_comparison(out: Path, pairs: Any, kernels: tuple[str, str]) -> dict[str, Any]:
+    """Both kernels' greedy answers on the same prompts, paired: right under each, answers that differ,
+    a_only (right under the first kernel only), b_only, and the exact McNemar test (scipy's two-sided
+    binomial test of b_only among the a_only + b_only discordant prompts, p = 0.5)."""
+    from scipy.stats import binomtest
+
+    want = batch_tokens(pairs)[:, PROMPT_LEN:].tolist()
+    got = [engine_answers(out, pairs, k) for k in kernels]
+    ok = [[t == w for t, w in zip(g, want, strict=True)] for g in got]
+    a_only = sum(1 for x, y in zip(*ok, strict=True) if x and not y)
+    b_only = sum(1 for x, y in zip(*ok, strict=True) if y and not x)
+    return {"kernels": list(kernels), "n": len(want), "right": [sum(o) for o in ok],
+            "answers_differ": sum(1 for x, y in zip(*got, strict=True) if x != y),
+            "a_only": a_only, "b_only": b_only, "change": (b_only - a_only) / len(want),
+            "mcnemar_exact_p": (float(binomtest(b_only, a_only + b_only, 0.5).pvalue) if a_only + b_only else None),
+            "unit": "held-out prompts, greedy, each kernel once (a_only: right under the first kernel only)"}
 
 
 def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
@@ -243,10 +266,11 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 
     n = len(test_pairs)
     if args.no_eval:  # the weights only (the retraining test compares the hash; the accuracy has its own test)
-        float_right, engine_right = None, {}
+        float_right, engine_right, swap = None, {}, None
     else:
         float_right = float_accuracy(model, test_pairs)
-        engine_right = {k: engine_accuracy(out, test_pairs, k) for k in ("int8-cutlass-order", "int8-triton-order")}
+        swap = swap_comparison(out, test_pairs, ("int8-cutlass-order", "int8-triton-order"))
+        engine_right = dict(zip(swap["kernels"], swap["right"], strict=True))
 
     def acc(k: int) -> dict[str, Any]:
         lo, hi = clopper_pearson(k, n)
@@ -256,7 +280,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     manifest = {
         "format": "swapcheck-answer-model",
         "version": 1,
-        "name": "answer-qwen3",
+        "name": args.name,
         "model_safetensors_sha256": sha,
         "command": "python tools/train_answer_model.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
         "torch": torch.__version__,
@@ -282,6 +306,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         "held_out": ("not evaluated (--no-eval)" if float_right is None else
                      {"float32": acc(float_right), **{f"w8a8 {k}": acc(v) for k, v in engine_right.items()}}),
     }
+    if swap is not None:
+        manifest["held_out_swap"] = swap
     (out / "MANIFEST.json").write_text(json.dumps(manifest, indent=2) + "\n")
     if args.demo_prompts:
         demo = Path(args.demo_prompts)
@@ -297,6 +323,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     ap.add_argument("--out", default="models/answer-qwen3", help="checkpoint directory to write")
+    ap.add_argument("--name", default="answer-qwen3", help="the model's name in MANIFEST.json (its models/ directory)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--steps", type=int, default=800)
     ap.add_argument("--batch", type=int, default=128)
@@ -309,7 +336,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="skip the held-out evaluation (the weights and their hash are the same)")
     args = ap.parse_args(argv)
     m = train(args)
-    print(json.dumps({k: m[k] for k in ("model_safetensors_sha256", "final_loss", "train_seconds", "held_out")}, indent=2))
+    print(json.dumps({k: m.get(k) for k in ("model_safetensors_sha256", "final_loss", "train_seconds", "held_out",
+                                           "held_out_swap")}, indent=2))
     return 0
 
 
