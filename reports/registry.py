@@ -27,8 +27,8 @@ if TYPE_CHECKING:
     from reports.figures import Figure
     from storage.catalog import Catalog
 
-__all__ = ["Block", "Option", "Report", "ReportError", "Section", "View", "lazy", "merge_json", "report_registry",
-           "reports", "sql_rows"]
+__all__ = ["Block", "Option", "Report", "ReportError", "Section", "View", "builtin_report", "lazy", "merge_json",
+           "report_registry", "reports", "sql_rows"]
 
 
 class ReportError(RegistryError):
@@ -183,6 +183,22 @@ def report_registry() -> Registry[Report]:
             reg.register(ep.name, ep.value)
         _REPORTS = reg
     return _REPORTS
+
+
+def builtin_report(name: str) -> Report | None:
+    """The built-in report ``name`` (its ``reports.views`` module) loaded alone, with no other view
+    imported and no plugin discovered (a CLI process that runs one report); None if no such module."""
+    import importlib
+    import importlib.util
+
+    module = name.replace("-", "_")
+    if not name or module.startswith("_") or module.replace("_", "-") != name:
+        return None
+    if importlib.util.find_spec(f"reports.views.{module}") is None:
+        return None
+    entry = getattr(importlib.import_module(f"reports.views.{module}"), "REPORT", None)
+    _valid(name, entry)
+    return entry
 
 
 def reports() -> list[Report]:

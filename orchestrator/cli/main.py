@@ -8,8 +8,11 @@ from typing import Any
 
 import typer
 
-from orchestrator.cli import check, common, db, kernels, nightly, numerics, query, report, sweep
+from orchestrator.cli import common, selection
 from orchestrator.errors import Terminated, exit_code_for
+
+if __name__ == "__main__":  # run as a program: build only the command it names (orchestrator/cli/selection.py)
+    selection.WANTED = selection.wanted(sys.argv[1:])
 
 
 class _App(typer.Typer):
@@ -106,14 +109,21 @@ def _main(
         sys.path.insert(0, os.getcwd())
 
 
-app.add_typer(sweep.app, name="sweep")
-app.add_typer(kernels.app, name="kernels")
-app.add_typer(report.app, name="report")
-app.add_typer(check.app, name="check")
-app.add_typer(numerics.app, name="numerics")
-app.command("query")(query.query)
-app.command("db")(db.db)
-app.command("nightly")(nightly.nightly)
+def _register(want: selection.Wanted | None) -> None:
+    """Every command (``want`` None), or the one a program's command line names; in ``--help``'s order."""
+    import importlib
+
+    for name in selection.COMMANDS[:-1]:  # `version` is defined below
+        if want is not None and want.command != name:
+            continue
+        module = importlib.import_module(f"orchestrator.cli.{name}")
+        if name in ("query", "db", "nightly"):
+            app.command(name)(getattr(module, name))
+        else:
+            app.add_typer(module.app, name=name)
+
+
+_register(selection.WANTED)
 
 
 @app.command("version")

@@ -16,6 +16,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
+from orchestrator.cli import selection
 from orchestrator.cli.common import (
     DEFAULT_RESULTS,
     DocFormat,
@@ -29,7 +30,7 @@ from orchestrator.cli.common import (
     user_errors,
 )
 from orchestrator.cli.reading import OutputOpt, catalog, output_to, write_json
-from reports.registry import Report, View, merge_json, reports
+from reports.registry import Report, View, builtin_report, merge_json, reports
 
 app = typer.Typer(help="Reports over the results (tables, JSON for machines); one command per registered report.",
                   no_args_is_help=True)
@@ -177,6 +178,17 @@ def all_(
 
 
 def _register() -> None:
+    """Every report's command and ``report all``; or, in a process that runs one named built-in report
+    (:mod:`orchestrator.cli.selection`), that one command alone."""
+    want = selection.WANTED
+    if want is not None and want.command == "report" and want.report is not None:
+        if want.report == "all":
+            app.command("all")(all_)
+            return
+        one = builtin_report(want.report)
+        if one is not None:
+            app.command(one.name)(_command(one))
+            return
     for report in reports():
         app.command(report.name)(_command(report))
         if report.name == "quantize":  # `report all` sits where `report --help` has always listed it
