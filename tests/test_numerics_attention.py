@@ -108,7 +108,7 @@ def test_seed_example() -> None:
 @given(cases(), st.lists(st.sampled_from(sorted(DESCRIBED_BY)), min_size=4, max_size=4, unique=True))
 def test_kernels_inside_their_algorithms(c: Case, names: list[str]) -> None:
     """100 inputs x 4 kernels, forward and both backwards: 400 kernel cases per run (the fast sibling
-    of test_kernels_inside_their_algorithms_many, 3600 cases in the slow set)."""
+    of test_kernels_inside_their_algorithms_many, 1800 cases in the slow set)."""
     for name in names:
         _check_kernel(name, c)
 
@@ -117,7 +117,7 @@ def test_kernels_inside_their_algorithms(c: Case, names: list[str]) -> None:
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])  # CI budget
 @given(cases(max_l=8, max_s=24))
 def test_kernels_inside_their_algorithms_many(c: Case) -> None:
-    """300 inputs x all 12 kernels (3600 kernel cases), longer rows (several online blocks)."""
+    """150 inputs x all 12 kernels (1800 kernel cases), longer rows (several online blocks)."""
     for name in DESCRIBED_BY:
         _check_kernel(name, c)
 

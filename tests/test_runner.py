@@ -3,11 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -15,8 +10,7 @@ from typer.testing import CliRunner
 
 from orchestrator.cli.main import app
 from storage.catalog import read_only_query
-from storage.store import ResultStore
-from tests.conftest import REPO, kill_spec_text, tiny_spec_text
+from tests.conftest import tiny_spec_text
 
 runner = CliRunner()
 TIMING = {"seconds_a", "seconds_b"}
@@ -103,50 +97,3 @@ def test_worker_crash_is_retried_by_ray(ray_local, tmp_path: Path) -> None:
     units = read_only_query(results, "SELECT status, attempts FROM units").to_pylist()
     assert len(units) == 6 and all(u["status"] == "ok" for u in units)
     assert max(u["attempts"] for u in units) == 2
-
-
-
-
-def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "orchestrator.cli.main", *args]
-
-
-@pytest.mark.slow
-def test_sigkill_of_the_driver_then_relaunch(tmp_path: Path) -> None:
-    spec = tmp_path / "kill.toml"
-    spec.write_text(kill_spec_text("killme", seeds=2, question="Does a sweep survive its driver being killed?"))
-    total = 8 * 2 * 2  # the seeded three-kill case of tests/faults/test_launch_faults.py runs more units
-    killed, clean = tmp_path / "killed", tmp_path / "clean"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen(_cli("sweep", "launch", str(spec), "--results", str(killed), "--no-progress", "--num-cpus", "2"),
-                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    store = ResultStore(killed)
-    deadline = time.time() + 240
-    while time.time() < deadline and len(store.done_units("killme")) < 8:
-        assert proc.poll() is None, "the sweep ended before it could be killed"
-        time.sleep(0.2)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    done_before = store.done_units("killme")
-    assert 8 <= len(done_before) < total
-    mtimes = {u: (killed / "table=units" / "sweep=killme" / f"{u}.parquet").stat().st_mtime_ns for u in done_before}
-    time.sleep(2)  # let any orphaned worker finish
-
-    out = subprocess.run(_cli("sweep", "launch", str(spec), "--results", str(killed), "--no-progress", "--num-cpus", "2"),
-                         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    # No finished unit was recomputed: their ledger files are untouched.
-    for u, m in mtimes.items():
-        assert (killed / "table=units" / "sweep=killme" / f"{u}.parquet").stat().st_mtime_ns == m
-    assert len(store.done_units("killme")) == total
-
-    ref = subprocess.run(_cli("sweep", "launch", str(spec), "--results", str(clean), "--no-progress", "--num-cpus", "2"),
-                         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert ref.returncode == 0, ref.stderr
-    dupes = read_only_query(killed, "SELECT unit_id, impl_a, impl_b, count(*) AS c FROM kdepth GROUP BY ALL HAVING c > 1")
-    assert dupes.num_rows == 0
-    assert kdepth_rows(killed) == kdepth_rows(clean)
-    rep = [subprocess.run(_cli("report", "kdepth", "--results", str(d), "--format", "json"), cwd=REPO, env=env,
-                          capture_output=True, text=True, check=True).stdout for d in (killed, clean)]
-    assert json.loads(rep[0]) == json.loads(rep[1])
-
