@@ -13,7 +13,8 @@ Per arm pair of one sweep, never pooled across pairs or sweeps:
   answers) where the sequences record answers (``divergence_answers.sql``);
 - **probs_diff, k3 KL and mismatch KL** from the teacher-forced replay (``divergence_sequences.sql``),
   with percentile-bootstrap intervals resampling reference sequences (``scipy.stats.bootstrap``) and a
-  gate ``|mean| + 2 SE < threshold``;
+  gate ``|mean| + 2 SE < threshold`` naming the figure it reads; each figure over its own positions
+  (on vLLM arms: probs_diff and k3, the KL "not measured", :data:`KL_NOT_MEASURED`);
 - **flip rate by the reference token's probability** (``divergence_prob_buckets.sql``), 0.1-0.9 called
   out, each bucket with its Clopper-Pearson interval.
 """
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from storage.catalog import Catalog
 
-__all__ = ["BUCKETS", "GATE_METRICS", "clopper_pearson", "distribution", "divergence", "first_divergence",
+__all__ = ["BUCKETS", "GATE_FIGURES", "GATE_METRICS", "KL_NOT_MEASURED", "clopper_pearson", "distribution", "divergence", "first_divergence",
            "flip_buckets", "total_agreement"]
 
 LEVEL = 0.95
@@ -289,11 +290,26 @@ def _bootstrap(sums: Any, counts: Any, per: str, resamples: int, seed: int) -> d
     return {"interval": [lo, hi], "se": float(res.standard_error), "note": None}
 
 
+#: What a pair whose probabilities are recorded but whose mismatch KL is NULL shows for the KL.
+KL_NOT_MEASURED = ("not measured (vLLM: kernels are chosen once per process, so the reference arm's and the arm's "
+                   "full-vocabulary distributions are never in one process; only the reference token's "
+                   "log-probability travels from the reference arm's process, which gives probs_diff and k3, "
+                   "not the exact KL)")
+#: Short names of the gate's figures, for the gate's own line.
+GATE_FIGURES = {"kl": "mismatch KL per position", "k3": "k3 KL per position", "probs_diff": "probs_diff per position"}
+
+
 def distribution(cat: Catalog, sweep: str, *, gate_metric: str = "kl", threshold: float = 0.015,
                  resamples: int = 2000, seed: int = 0) -> list[dict[str, Any]]:
     """Per teacher-forced (ref_arm, arm) pair: probs_diff (mean, max), k3 KL mean, mismatch KL per
     position and per sequence, each mean with a percentile-bootstrap interval over reference sequences,
-    and the gate ``|mean| + 2 SE < threshold`` on ``gate_metric`` (SE: the bootstrap's)."""
+    and the gate ``|mean| + 2 SE < threshold`` on ``gate_metric`` (SE: the bootstrap's).
+
+    Each figure is over its own positions (``divergence_sequences.sql``): probs_diff and k3 over the
+    positions whose probabilities are recorded (``measured_positions``), the KL over those whose KL is
+    recorded too (``kl_positions``). On the vLLM engine the KL is never recorded: the pair has
+    probs_diff and k3, no ``kl`` figure, ``kl_not_measured`` says why, and a gate on ``kl`` is not
+    evaluated (it says so) rather than read from another figure."""
     import numpy as np
 
     by_pair: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
@@ -302,38 +318,59 @@ def distribution(cat: Catalog, sweep: str, *, gate_metric: str = "kl", threshold
     out = []
     for key, rows in sorted(by_pair.items()):
         meas = [r for r in rows if r["measured"]]
+        kl_meas = [r for r in meas if r["measured_kl"]]
         entry: dict[str, Any] = {"sweep": key[0], "ref_arm": key[1], "arm": key[2], "sequences": len(rows),
                                  "positions": sum(r["positions"] for r in rows),
                                  "measured_positions": sum(r["measured"] for r in meas),
-                                 "measured_sequences": len(meas)}
+                                 "measured_sequences": len(meas),
+                                 "kl_positions": sum(r["measured_kl"] for r in kl_meas), "kl_sequences": len(kl_meas)}
         if entry["measured_positions"] < entry["positions"]:
             entry["note"] = (f"{entry['positions'] - entry['measured_positions']} positions without probabilities "
-                             "(vLLM engine, or teacher_forced units written before the columns existed)")
+                             "(teacher_forced units written before the columns existed, or vLLM units whose "
+                             "reference generate unit recorded no teacher_forced_token_logprob)")
         if not meas:
             out.append(entry)
             continue
-        counts = np.array([r["measured"] for r in meas], dtype=float)
-        col = {c: np.array([r[c] for r in meas], dtype=float) for c in ("sum_abs_prob_diff", "sum_k3", "sum_kl")}
-        n = counts.sum()
         figures: dict[str, Any] = {}
-        for name, c in (("probs_diff", "sum_abs_prob_diff"), ("k3", "sum_k3"), ("kl", "sum_kl")):
-            figures[name] = {"mean_per_position": float(col[c].sum() / n),
-                             "per_position": _bootstrap(col[c], counts, "position", resamples, seed)}
+        counts = np.array([r["measured"] for r in meas], dtype=float)
+        for name, c in (("probs_diff", "sum_abs_prob_diff"), ("k3", "sum_k3")):
+            sums = np.array([r[c] for r in meas], dtype=float)
+            figures[name] = {"mean_per_position": float(sums.sum() / counts.sum()),
+                             "per_position": _bootstrap(sums, counts, "position", resamples, seed),
+                             "positions": entry["measured_positions"], "sequences": len(meas)}
         figures["probs_diff"]["max"] = float(max(r["max_abs_prob_diff"] for r in meas))
-        figures["kl"]["max"] = float(max(r["max_kl"] for r in meas))
-        figures["kl"]["mean_per_sequence"] = float(col["sum_kl"].mean())
-        figures["kl"]["per_sequence"] = _bootstrap(col["sum_kl"], counts, "sequence", resamples, seed)
-        g = figures[gate_metric]
-        mean, se = g["mean_per_position"], g["per_position"]["se"]
-        bound = None if se is None else abs(mean) + 2 * se
+        if kl_meas:
+            kl_counts = np.array([r["measured_kl"] for r in kl_meas], dtype=float)
+            kl = np.array([r["sum_kl"] for r in kl_meas], dtype=float)
+            figures["kl"] = {"mean_per_position": float(kl.sum() / kl_counts.sum()),
+                             "per_position": _bootstrap(kl, kl_counts, "position", resamples, seed),
+                             "max": float(max(r["max_kl"] for r in kl_meas)), "mean_per_sequence": float(kl.mean()),
+                             "per_sequence": _bootstrap(kl, kl_counts, "sequence", resamples, seed),
+                             "positions": entry["kl_positions"], "sequences": len(kl_meas)}
+            if entry["kl_positions"] < entry["measured_positions"]:
+                entry["kl_note"] = (f"mismatch KL over {entry['kl_positions']} positions ({len(kl_meas)} sequences); "
+                                    f"probs_diff and k3 over {entry['measured_positions']} ({len(meas)} sequences)")
+        else:
+            entry["kl_not_measured"] = KL_NOT_MEASURED
         entry.update(figures)
         entry["bootstrap"] = {"method": "percentile bootstrap (scipy.stats.bootstrap), resampling reference "
                                         "sequences (not positions)", "level": LEVEL, "resamples": resamples,
                               "seed": seed, "sequences": len(meas)}
-        entry["gate"] = {"metric": gate_metric, "what": GATE_METRICS[gate_metric][1], "mean": mean, "se": se,
-                         "bound": bound, "threshold": threshold,
-                         "passed": None if bound is None else bool(bound < threshold),
-                         "rule": "|mean| + 2 SE < threshold, SE: bootstrap standard error over reference sequences"}
+        gate: dict[str, Any] = {"metric": gate_metric, "figure": GATE_FIGURES[gate_metric],
+                                "what": GATE_METRICS[gate_metric][1], "threshold": threshold,
+                                "rule": "|mean| + 2 SE < threshold, SE: bootstrap standard error over reference "
+                                        "sequences"}
+        g = figures.get(gate_metric)
+        if g is None:
+            gate.update(mean=None, se=None, bound=None, passed=None, positions=0, sequences=0,
+                        note=f"not evaluated: {GATE_FIGURES[gate_metric]} {KL_NOT_MEASURED}; a gate on k3 or "
+                             "probs_diff (--gate-metric) reads what these positions measure")
+        else:
+            mean, se = g["mean_per_position"], g["per_position"]["se"]
+            bound = None if se is None else abs(mean) + 2 * se
+            gate.update(mean=mean, se=se, bound=bound, passed=None if bound is None else bool(bound < threshold),
+                        positions=g["positions"], sequences=g["sequences"])
+        entry["gate"] = gate
         out.append(entry)
     return out
 
@@ -379,13 +416,15 @@ def pair_figures(rep: dict[str, Any], arm_a: str, arm_b: str) -> dict[str, Any]:
     middle = {(p["ref_arm"], p["arm"]): p["middle"] for p in rep["flip_buckets"]}
     teacher = []
     for p in rep["distribution"]:
-        if {p["ref_arm"], p["arm"]} != pair or "kl" not in p:
+        if {p["ref_arm"], p["arm"]} != pair or "probs_diff" not in p:
             continue
+        kl = p.get("kl")  # None on vLLM: kl_note says why (never another figure in its place)
         teacher.append({"ref_arm": p["ref_arm"], "arm": p["arm"], "positions": p["measured_positions"],
                         "probs_diff_mean": p["probs_diff"]["mean_per_position"], "probs_diff_max": p["probs_diff"]["max"],
-                        "k3_mean": p["k3"]["mean_per_position"], "kl_mean": p["kl"]["mean_per_position"],
-                        "kl_ci": p["kl"]["per_position"]["interval"], "gate": p["gate"],
-                        "flips_p_ref_0.1_0.9": middle.get((p["ref_arm"], p["arm"]))})
+                        "k3_mean": p["k3"]["mean_per_position"], "kl_mean": None if kl is None else kl["mean_per_position"],
+                        "kl_ci": None if kl is None else kl["per_position"]["interval"],
+                        "kl_positions": p["kl_positions"], "kl_note": p.get("kl_not_measured") or p.get("kl_note"),
+                        "gate": p["gate"], "flips_p_ref_0.1_0.9": middle.get((p["ref_arm"], p["arm"]))})
     ans = rep["total_agreement"]["answers"]
     answers = None if not ans["recorded"] else {
         "arms": {a["arm"]: {"accuracy": a["accuracy"], "tara": a["tara"]} for a in ans["arms"] if a["arm"] in pair},

@@ -123,24 +123,33 @@ DIST_COLUMNS = ("probs_diff mean [95%]", "probs_diff max", "k3 KL mean [95%]", "
                 "mismatch KL / sequence [95%]", "gate")
 
 
+def _gate_cell(g: dict[str, Any]) -> str:
+    if g["passed"] is None:
+        return g.get("note") or ""
+    return (f"{'PASS' if g['passed'] else 'FAIL'}: {g['figure']} |{g['mean']:.3g}| + 2 x SE {g['se']:.2g} = "
+            f"{g['bound']:.3g} {'<' if g['passed'] else '>='} {g['threshold']:g} ({g['positions']} positions)")
+
+
 def distribution_rows(rep: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for p in rep["distribution"]:
         row: dict[str, Any] = {"pair": _pair(p), "sequences": p["measured_sequences"],
                                "positions": f"{p['measured_positions']} of {p['positions']}"}
-        if "kl" not in p:
+        if "probs_diff" not in p:
             out.append({**row, **dict.fromkeys(DIST_COLUMNS, ""), "note": p.get("note", "")})
             continue
-        g = p["gate"]
+        kl = p.get("kl")
+        unmeasured = "not measured (vLLM)"  # the reason in full: distribution_lines
         row.update({
             "probs_diff mean [95%]": f"{p['probs_diff']['mean_per_position']:.3g} {_ci(p['probs_diff']['per_position']['interval'])}",
             "probs_diff max": f"{p['probs_diff']['max']:.3g}",
             "k3 KL mean [95%]": f"{p['k3']['mean_per_position']:.3g} {_ci(p['k3']['per_position']['interval'])}",
-            "mismatch KL / position [95%]": f"{p['kl']['mean_per_position']:.3g} {_ci(p['kl']['per_position']['interval'])}",
-            "mismatch KL / sequence [95%]": f"{p['kl']['mean_per_sequence']:.3g} {_ci(p['kl']['per_sequence']['interval'])}",
-            "gate": "" if g["passed"] is None else
-            f"{'PASS' if g['passed'] else 'FAIL'}: {g['metric']} |{g['mean']:.3g}| + 2 x SE {g['se']:.2g} = "
-            f"{g['bound']:.3g} {'<' if g['passed'] else '>='} {g['threshold']:g}", "note": p.get("note", "")})
+            "mismatch KL / position [95%]": unmeasured if kl is None else
+            f"{kl['mean_per_position']:.3g} {_ci(kl['per_position']['interval'])}",
+            "mismatch KL / sequence [95%]": unmeasured if kl is None else
+            f"{kl['mean_per_sequence']:.3g} {_ci(kl['per_sequence']['interval'])}",
+            "gate": _gate_cell(p["gate"]),
+            "note": "; ".join(n for n in (p.get("note"), p.get("kl_note")) if n)})
         out.append(row)
     return out
 
@@ -152,11 +161,13 @@ def distribution_lines(rep: dict[str, Any]) -> list[str]:
     gate = next(p["gate"] for p in rep["distribution"] if "gate" in p)
     return [f"intervals: {boot['level']:.0%} {boot['method']}, {boot['resamples']} resamples, seed {boot['seed']}; "
             "per position: sum over the resampled sequences / their positions; per sequence: mean of each sequence's "
-            "summed KL",
-            f"gate: {gate['rule']}; metric {gate['metric']}: {gate['what']}",
+            "summed KL; each figure over its own positions (probs_diff and k3: positions with both probabilities; "
+            "mismatch KL: those with the KL too)",
+            f"gate: {gate['rule']}; it reads the {gate['figure']} ({gate['metric']}): {gate['what']}",
             "k3 = r - 1 - log r, r = p_arm / p_ref of the reference token (Schulman's k3; it estimates KL(ref || arm) "
             "when the tokens are sampled from the reference: greedy tokens are not, so read k3 beside the exact KL)",
-            *[f"{_pair(p)}: {p['note']}" for p in rep["distribution"] if p.get("note")]]
+            *[f"{_pair(p)}: {p['note']}" for p in rep["distribution"] if p.get("note")],
+            *[f"{_pair(p)}: mismatch KL {p['kl_not_measured']}" for p in rep["distribution"] if p.get("kl_not_measured")]]
 
 
 def bucket_rows(rep: dict[str, Any]) -> list[dict[str, Any]]:
@@ -230,17 +241,18 @@ def machine_rows(rep: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     for p in rep["distribution"]:
         row: dict[str, Any] = {"sweep": sweep, "ref_arm": p["ref_arm"], "arm": p["arm"], "sequences": p["sequences"],
                                "positions": p["positions"], "measured_positions": p["measured_positions"]}
-        has = "kl" in p
+        has, kl = "probs_diff" in p, p.get("kl")
         row.update({"probs_diff_mean": p["probs_diff"]["mean_per_position"] if has else None,
                     **_boot_cols(p["probs_diff"]["per_position"] if has else None, "probs_diff"),
                     "probs_diff_max": p["probs_diff"]["max"] if has else None,
                     "k3_mean": p["k3"]["mean_per_position"] if has else None,
                     **_boot_cols(p["k3"]["per_position"] if has else None, "k3"),
-                    "kl_mean_per_position": p["kl"]["mean_per_position"] if has else None,
-                    **_boot_cols(p["kl"]["per_position"] if has else None, "kl_per_position"),
-                    "kl_mean_per_sequence": p["kl"]["mean_per_sequence"] if has else None,
-                    **_boot_cols(p["kl"]["per_sequence"] if has else None, "kl_per_sequence"),
-                    "kl_max": p["kl"]["max"] if has else None,
+                    "kl_positions": p["kl_positions"],
+                    "kl_mean_per_position": kl["mean_per_position"] if kl else None,
+                    **_boot_cols(kl["per_position"] if kl else None, "kl_per_position"),
+                    "kl_mean_per_sequence": kl["mean_per_sequence"] if kl else None,
+                    **_boot_cols(kl["per_sequence"] if kl else None, "kl_per_sequence"),
+                    "kl_max": kl["max"] if kl else None,
                     "gate_metric": p["gate"]["metric"] if has else None, "gate_bound": p["gate"]["bound"] if has else None,
                     "gate_threshold": p["gate"]["threshold"] if has else None,
                     "gate_passed": p["gate"]["passed"] if has else None})

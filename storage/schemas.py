@@ -108,6 +108,11 @@ GENERATIONS = pa.schema(
         ("margin", pa.float64()),
         ("topk_ids", pa.list_(pa.int64())),
         ("topk_logits", pa.list_(pa.float64())),
+        # vLLM arms, restart 0: the generated token's log-probability (float64, natural log) under the
+        # arm's own teacher-forced pass over its sequence, in its own process: the reference side of
+        # teacher_forced's probability columns on vLLM. NULL on the CPU engine (its teacher_forced unit
+        # computes both sides itself), on other restarts and in older results (docs/schema.md).
+        ("teacher_forced_token_logprob", pa.float64()),
     ]
 )
 

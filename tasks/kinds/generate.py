@@ -5,6 +5,12 @@ cache or kernel choice carries over between restarts. The arm's environment (var
 kernels) is applied before the model is built. Which kernel each layer actually called is counted at
 run time; a unit whose observed kernels differ from the configured one fails with an error instead of
 producing rows, because a run that did not test what it claims must never count.
+
+On the vLLM engine, restart 0 (the restart teacher_forced units read) also scores its own sequences
+teacher-forced in the same process and records each generated token's log-probability there
+(``generations.teacher_forced_token_logprob``, :func:`teacher_forced_logprobs`): the reference side
+of the teacher_forced probability columns, which another arm's process cannot compute (vLLM chooses
+kernels once per process; docs/divergence.md).
 """
 
 from __future__ import annotations
@@ -241,6 +247,7 @@ def run(params: dict[str, Any], context: UnitContext | None = None) -> dict[str,
     from tasks.prompts import answers_from_payload, prompts_from_payload
 
     arm = params["arm"]
+    token_logprobs: list[Any] | None = None  # vLLM restart 0: teacher-forced log-probability per generated token
     if arm["engine"] == "vllm":
         engine = build_vllm_engine(params)
         prompts = vllm_prompts(params)
@@ -251,6 +258,9 @@ def run(params: dict[str, Any], context: UnitContext | None = None) -> dict[str,
         configured = evidence["configured"]
         observed = sorted(evidence["layer_kernels"])
         weights = engine.weights_sha256()
+        if params["restart"] == 0:  # the restart teacher_forced units read: its side of their probabilities
+            token_logprobs, replay = teacher_forced_logprobs(engine, gen.prompts, gen.tokens)
+            evidence = {**engine.require_evidence(), "teacher_forced_replay": replay}  # the scoring pass's kernels too
     else:
         model = build_arm_model(params)
         prompts = prompts_from_payload(params["prompts"], int(model.config.vocab_size))
@@ -274,6 +284,11 @@ def run(params: dict[str, Any], context: UnitContext | None = None) -> dict[str,
          "margin": r["margin"], "topk_ids": r["topk_ids"], "topk_logits": r["topk_logits"]}
         for r in gen.rows()
     ]
+    if token_logprobs is not None:
+        from tasks.models.vllm_rows import TEACHER_FORCED_LOGPROB
+
+        for row in generations:
+            row[TEACHER_FORCED_LOGPROB] = float(token_logprobs[row["prompt_index"]][row["position"]])
     answers = answers_from_payload(params["prompts"]) or [None] * len(gen.prompts)
     sequences = [
         {**ident, "prompt_index": i, "prompt_hash": sequence_hash(p), "sequence_hash": sequence_hash(t),
@@ -289,6 +304,29 @@ def run(params: dict[str, Any], context: UnitContext | None = None) -> dict[str,
         "evidence_ok": bool(evidence["ok"]), "weights_sha256": weights,
     }
     return {"generations": generations, "sequences": sequences, "arm_runs": [run_row]}
+
+
+def teacher_forced_logprobs(engine: Any, prompts: list[list[int]],
+                            generated: list[list[int]]) -> tuple[list[Any], dict[str, Any]]:
+    """A vLLM arm's side of the teacher-forced probability columns (tasks/kinds/teacher_forced.py):
+    its own sequences (prompt + generated tokens) scored teacher-forced in this process, with this
+    arm's kernels, and per prompt the float64 log-probability of each generated token there
+    (``VllmEngine.score_logprobs``, :func:`tasks.models.vllm_rows.generated_logprobs`).
+
+    Also what the replay says of the decoding: generated positions whose teacher-forced argmax is
+    another token than the one decoded (vLLM's decode steps and one prefill pass over the whole
+    sequence are different computations), recorded in the unit's evidence."""
+    from tasks.models.vllm_rows import TEACHER_FORCED_LOGPROB, generated_logprobs
+
+    sequences = [p + g for p, g in zip(prompts, generated, strict=True)]
+    scores, per_sequence = engine.score_logprobs(sequences, top_k=2)
+    out = generated_logprobs(prompts, generated, per_sequence)
+    differ = 0
+    for p, g, am in zip(prompts, generated, scores.argmax, strict=True):
+        first = len(p) - 1
+        differ += sum(1 for a, t in zip(am[first: first + len(g)].tolist(), g, strict=True) if a != t)
+    return out, {"positions": sum(len(g) for g in generated), "argmax_differs_from_decoded": differ,
+                 "column": f"generations.{TEACHER_FORCED_LOGPROB}"}
 
 
 def answer_columns(tokens: list[int], answer: list[int] | None) -> dict[str, Any]:

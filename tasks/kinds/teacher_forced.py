@@ -12,14 +12,23 @@ the CPU engine both are identical bit for bit, which tests/test_generate.py chec
 position ``p`` is predicted after reading the prompt and the first ``p`` generated tokens. A flip is
 a position where the two arms' argmax differ.
 
-On the CPU engine each position also carries what the two arms' full-vocabulary distributions say
-about it (:func:`distribution_columns`, docs/divergence.md): the reference token's probability
-under the reference arm and under the arm (``ref_token_prob_ref``, ``ref_token_prob_arm``), the
-exact KL(ref || arm) over the whole vocabulary (``kl_ref_arm``) and the k3 term of the reference
-token (``k3_ref_arm`` = r - 1 - log r, r = p_arm / p_ref). They come from one more unpadded
-forward pass per arm and sequence (``forward_tokens``), checked to give the scoring pass's logit
-of every reference token bit for bit. The vLLM engine's score returns only the top-k, so there
-these columns are NULL.
+Each position also carries what the two arms' distributions say about it (docs/divergence.md): the
+reference token's probability under the reference arm and under the arm (``ref_token_prob_ref``,
+``ref_token_prob_arm``), the exact KL(ref || arm) over the whole vocabulary (``kl_ref_arm``) and the
+k3 term of the reference token (``k3_ref_arm`` = r - 1 - log r, r = p_arm / p_ref).
+
+* CPU engine (:func:`distribution_columns`): all four, from one more unpadded forward pass per arm
+  and sequence (``forward_tokens``), checked to give the scoring pass's logit of every reference
+  token bit for bit.
+* vLLM engine (:func:`vllm_table`): the arm's side from the full-vocabulary logits its scoring pass
+  captures (``VllmEngine.score_logprobs``), the reference side from the reference arm's own process:
+  its restart-0 generate unit scores its sequences teacher-forced the same way and records each
+  generated token's log-probability in the ``generations`` column :data:`REF_LOGPROB`. So
+  ``ref_token_prob_ref``, ``ref_token_prob_arm`` and ``k3_ref_arm`` are measured (k3 from the two
+  float64 log-probabilities exactly as on the CPU, :func:`k3_from_logprobs`), and ``kl_ref_arm``
+  stays NULL: the exact KL needs both full distributions in one process, and only the reference
+  token's log-probability travels between the two. A reference generate unit written before that
+  column existed (or a position it left NULL) leaves all four NULL, and the unit logs why.
 
 The rows (one per generated position, millions in a real sweep) are built as Arrow columns from
 the engines' score arrays (:func:`scores_table`, :func:`position_table`: numpy slices and one
@@ -55,10 +64,32 @@ def reference_sequences(ctx: UnitContext, unit_id: str) -> dict[int, list[int]]:
     return {r["prompt_index"]: list(r["tokens"]) for r in sorted(rows, key=lambda r: r["prompt_index"])}
 
 
-def reference_decoding(ctx: UnitContext, unit_id: str) -> dict[tuple[int, int], tuple[int, float]]:
-    """(prompt, position) -> (token, margin) of the reference arm's own greedy decoding."""
-    rows = ctx.read_unit("generations", unit_id, ["prompt_index", "position", "token", "margin"])
-    return {(r["prompt_index"], r["position"]): (r["token"], r["margin"]) for r in rows}
+#: The ``generations`` column (float64, natural log) holding, per generated position of a vLLM arm's
+#: restart 0, the log-probability of the generated token under that arm's own teacher-forced pass:
+#: the reference side of :func:`vllm_table` (NULL on the CPU engine, on other restarts and in older
+#: results).
+REF_LOGPROB = "teacher_forced_token_logprob"  # = tasks.models.vllm_rows.TEACHER_FORCED_LOGPROB
+
+#: (prompt, position) -> (token, margin, teacher-forced log-probability or None).
+Decoding = dict[tuple[int, int], tuple[int, float, float | None]]
+
+
+def reference_decoding(ctx: UnitContext, unit_id: str) -> tuple[Decoding, bool]:
+    """The reference arm's own greedy decoding, (prompt, position) -> (token, margin, log-probability
+    of the token under its teacher-forced pass, :data:`REF_LOGPROB`), and whether its ``generations``
+    file has that column at all (False: written before it existed; every log-probability None)."""
+    import pyarrow as pa
+
+    columns = ["prompt_index", "position", "token", "margin"]
+    try:
+        rows = ctx.read_unit("generations", unit_id, [*columns, REF_LOGPROB])
+        present = True
+    except pa.ArrowInvalid as exc:  # pyarrow: "No match for FieldRef.Name(<column>) in ..."
+        if REF_LOGPROB not in str(exc):
+            raise
+        rows, present = ctx.read_unit("generations", unit_id, columns), False
+    decoded = {(r["prompt_index"], r["position"]): (r["token"], r["margin"], r.get(REF_LOGPROB)) for r in rows}
+    return decoded, present
 
 
 def _flat(what: str, per_sequence: Sequence[Any], dtype: Any, starts: Sequence[int], lengths: Sequence[int],
@@ -211,45 +242,113 @@ def _index(tokens: np.ndarray) -> Any:
     return torch.from_numpy(tokens).unsqueeze(1)
 
 
-def with_distribution(table: pa.Table, columns: dict[str, np.ndarray] | None) -> pa.Table:
-    """``table`` with the :data:`DISTRIBUTION` columns appended: ``columns`` (one value per row), or
-    NULL where the engine gave no full-vocabulary logits (``None``)."""
+def with_distribution(table: pa.Table, columns: dict[str, Any] | None) -> pa.Table:
+    """``table`` with the :data:`DISTRIBUTION` columns appended: ``columns`` (one value per row: a
+    numpy array, or an Arrow array that may hold nulls; a column given as None is all NULL), or all
+    NULL where the engine gave no logits (``columns`` None)."""
     import pyarrow as pa
 
     for c in DISTRIBUTION:
-        if columns is None:
+        values = None if columns is None else columns[c]
+        if values is None:
             col = pa.nulls(table.num_rows, pa.float64())
         else:
-            if len(columns[c]) != table.num_rows:
-                raise ValueError(f"{len(columns[c])} values of {c} for {table.num_rows} positions")
-            col = pa.array(columns[c], type=pa.float64())
+            if len(values) != table.num_rows:
+                raise ValueError(f"{len(values)} values of {c} for {table.num_rows} positions")
+            col = values if isinstance(values, pa.Array) else pa.array(values, type=pa.float64())
+            if not col.type.equals(pa.float64()):
+                raise ValueError(f"{c} is {col.type}, not float64")
         table = table.append_column(c, col)
     return table
 
 
-def _aligned(per_sequence: Sequence[Sequence[Any]], firsts: Sequence[int], generated: Sequence[Sequence[int]]) -> list[Any]:
+def k3_from_logprobs(ref_logprobs: Any, arm_logprobs: Any) -> dict[str, np.ndarray]:
+    """``ref_token_prob_ref``, ``ref_token_prob_arm`` and ``k3_ref_arm`` from the reference token's
+    float64 log-probability under each arm, with the operations :func:`distribution_arrays` applies
+    to its gathered log-probabilities (``exp``; ``log r = lp_arm - lp_ref``, ``k3 = expm1(log r) -
+    log r``): the same log-probabilities give the same bits (tests/test_vllm_probs.py)."""
+    import numpy as np
+    import torch
+
+    at_ref = torch.from_numpy(np.ascontiguousarray(ref_logprobs, dtype=np.float64))
+    at_arm = torch.from_numpy(np.ascontiguousarray(arm_logprobs, dtype=np.float64))
+    if at_ref.shape != at_arm.shape or at_ref.ndim != 1:
+        raise ValueError(f"log-probabilities of shapes {tuple(at_ref.shape)} and {tuple(at_arm.shape)}: both must be [positions]")
+    log_r = at_arm - at_ref
+    return {"ref_token_prob_ref": at_ref.exp().numpy(), "ref_token_prob_arm": at_arm.exp().numpy(),
+            "k3_ref_arm": (torch.expm1(log_r) - log_r).numpy()}
+
+
+def vllm_distribution(ref_logprobs: Sequence[float | None], arm_logprobs: Any) -> dict[str, Any]:
+    """The :data:`DISTRIBUTION` columns of a vLLM unit's rows: :func:`k3_from_logprobs` where the
+    reference side was recorded (``ref_logprobs[i]`` not None, nor NaN), NULL in all four columns where
+    it was not; ``kl_ref_arm`` NULL everywhere (the exact KL needs both full distributions in one
+    process: module docstring)."""
+    import numpy as np
+    import pyarrow as pa
+
+    n = len(ref_logprobs)
+    ref = np.array([np.nan if v is None else v for v in ref_logprobs], dtype=np.float64)
+    arm = np.asarray(arm_logprobs, dtype=np.float64)
+    if arm.shape != (n,):
+        raise ValueError(f"{arm.shape} arm log-probabilities for {n} positions")
+    missing = np.isnan(ref)
+    got = k3_from_logprobs(np.where(missing, 0.0, ref), arm)
+    out: dict[str, Any] = {c: pa.array(v, type=pa.float64(), mask=missing) for c, v in got.items()}
+    out["kl_ref_arm"] = None
+    return out
+
+
+def vllm_table(ref_arm: str, arm: str, generated: Sequence[Sequence[int]], decoded: Decoding, scores: ScoreResult,
+               arm_logprobs: Sequence[Any], firsts: Sequence[int]) -> pa.Table:
+    """A vLLM teacher_forced unit's rows: :func:`position_table` of the reference arm's decoding
+    (``decoded``: its token and margin per (prompt, position), :func:`reference_decoding`) against the
+    arm's teacher-forced ``scores``, with :func:`vllm_distribution` of the reference arm's recorded
+    log-probability and the arm's (``arm_logprobs[i]``: per score position of sequence ``i``, the
+    log-probability of the token that follows; ``firsts[i]``: the score position that predicts
+    generated token 0)."""
+    ref_side = [[decoded[(i, p)] for p in range(len(g))] for i, g in enumerate(generated)]
+    for i, (g, r) in enumerate(zip(generated, ref_side, strict=True)):
+        if [t for t, _m, _lp in r] != [int(t) for t in g]:
+            raise RuntimeError(f"prompt {i}: the reference arm's generations rows hold other tokens than its sequence")
+    table = position_table(ref_arm, arm, generated, [[t for t, _m, _lp in r] for r in ref_side],
+                           [[m for _t, m, _lp in r] for r in ref_side], _aligned(scores.argmax, firsts, generated),
+                           _aligned(scores.margins, firsts, generated), firsts=None)
+    ref_lp = [lp for r in ref_side for _t, _m, lp in r]
+    arm_lp = _concat("arm log-probabilities", _aligned(arm_logprobs, firsts, generated), float, len(ref_lp))
+    return with_distribution(table, vllm_distribution(ref_lp, arm_lp))
+
+
+def _aligned(per_sequence: Sequence[Any], firsts: Sequence[int], generated: Sequence[Sequence[int]]) -> list[Any]:
     """Score positions ``first .. first + len(generated)`` of each sequence (the generated positions)."""
     return [per_sequence[i][f: f + len(g)] for i, (f, g) in enumerate(zip(firsts, generated, strict=True))]
 
 
 def _run_vllm(params: dict[str, Any], ctx: UnitContext, generated: dict[int, list[int]]) -> pa.Table:
+    import logging
+
     from tasks.models.arms import build_vllm_engine, vllm_prompts
 
     ref = params["reference"]
     prompts = vllm_prompts(params)
-    decoded = reference_decoding(ctx, ref["unit_id"])
+    decoded, present = reference_decoding(ctx, ref["unit_id"])
     sequences = [prompts[i] + generated[i] for i in range(len(prompts))]
     engine = build_vllm_engine(params)
-    scores = engine.score(sequences, top_k=2)
+    scores, arm_logprobs = engine.score_logprobs(sequences, top_k=2)
     engine.require_evidence()
     gen = [generated[i] for i in range(len(prompts))]
     firsts = [len(p) - 1 for p in prompts]  # the score position that predicts generated token 0
-    ref_side = [[decoded[(i, p)] for p in range(len(g))] for i, g in enumerate(gen)]
     # The reference side is its own greedy decoding (aligned to the generated positions already).
-    return with_distribution(position_table(ref["name"], params["arm"]["name"], gen,
-                                            [[a for a, _m in r] for r in ref_side], [[m for _a, m in r] for r in ref_side],
-                                            _aligned(scores.argmax, firsts, gen), _aligned(scores.margins, firsts, gen)),
-                             None)
+    table = vllm_table(ref["name"], params["arm"]["name"], gen, decoded, scores, arm_logprobs, firsts)
+    nulls = table.column("ref_token_prob_ref").null_count
+    if nulls:
+        why = (f"its generations file has no {REF_LOGPROB} column (written before it existed)" if not present
+               else f"{nulls} of its generated positions have {REF_LOGPROB} NULL")
+        logging.getLogger(__name__).warning(
+            "teacher_forced %s on %s: ref_token_prob_ref, ref_token_prob_arm and k3_ref_arm are NULL at %d of %d "
+            "positions: the reference arm's generate unit %s recorded no teacher-forced log-probability there (%s)",
+            params["arm"]["name"], ref["name"], nulls, table.num_rows, ref["unit_id"], why)
+    return table
 
 
 def run(params: dict[str, Any], context: UnitContext | None = None) -> dict[str, TableRows]:

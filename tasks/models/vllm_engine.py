@@ -43,6 +43,7 @@ from .vllm_rows import (
     score_from_logits,
     score_from_prompt_logprobs,
     split_fused,
+    target_logprobs,
     vllm_layer_name,
 )
 from .vllm_selection import (
@@ -65,6 +66,7 @@ from .vllm_selection import (
 )
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
     from .capture import Capture, CapturedLayer
@@ -365,7 +367,17 @@ class VllmEngine:
         the CPU engine ranks them.  ``values="logprobs"``: one batched call, vLLM's
         ``prompt_logprobs`` mapped by :func:`score_from_prompt_logprobs`.
         """
+        return self._score(sequences, top_k, values, logprobs=False)[0]
 
+    def score_logprobs(self, sequences: Sequence[Sequence[int]], top_k: int = 5) -> tuple[ScoreResult, list[np.ndarray]]:
+        """:meth:`score` with ``values="logits"``, and per sequence the float64 log-probability of
+        each next token from the same captured full-vocabulary logits (:func:`target_logprobs`: one
+        array per sequence, NaN at the last position). What the teacher-forced probability columns
+        of vLLM arms are built from (tasks/kinds/teacher_forced.py)."""
+        return self._score(sequences, top_k, "logits", logprobs=True)
+
+    def _score(self, sequences: Sequence[Sequence[int]], top_k: int, values: str,
+               logprobs: bool) -> tuple[ScoreResult, list[np.ndarray]]:
         self._check_top_k(top_k)
         if values not in ("logits", "logprobs"):
             raise ValueError(f"values must be 'logits' or 'logprobs', got {values!r}")
@@ -373,21 +385,28 @@ class VllmEngine:
         sp = self._vllm.SamplingParams(temperature=0.0, max_tokens=1, logprobs=top_k + 1,
                                        prompt_logprobs=top_k + 1, detokenize=False, seed=self.seed)
         seqs = [r["prompt_token_ids"] for r in reqs]
+        lps: list[np.ndarray] = []
         if values == "logprobs":
             with self._ops:
                 outs = self.llm.generate(reqs, sp, use_tqdm=False)
             res = score_from_prompt_logprobs(seqs, outs, top_k)
         else:
-            all_logits = []
-            for req in reqs:
+            # One sequence at a time, its [L, V] logits reduced to the rows' arrays (and the target
+            # log-probabilities) before the next: never every sequence's full logits at once.
+            res = ScoreResult([list(s) for s in seqs], info={"engine": "vllm", "values": "raw_logits"})
+            for req, seq in zip(reqs, seqs, strict=True):
                 captured: list[torch.Tensor] = []
                 with self._ops, self._logits_hook(captured):
                     out = self.llm.generate([req], sp, use_tqdm=False)[0]
-                n = len(req["prompt_token_ids"])
-                all_logits.append(assemble_logits(captured, n, int(out.outputs[0].token_ids[0]), out.prompt_logprobs))
-            res = score_from_logits(seqs, all_logits, top_k)
+                lg = assemble_logits(captured, len(seq), int(out.outputs[0].token_ids[0]), out.prompt_logprobs)
+                one = score_from_logits([seq], [lg], top_k)
+                res.append(one.argmax[0], one.topk_ids[0], one.topk_logits[0], one.margins[0], one.targets[0],
+                           one.target_logits[0])
+                if logprobs:
+                    lps.append(target_logprobs(lg, seq))
+                del captured, lg
         res.info.update({"kernel": self.forced["family"], "vllm": self.vllm_version})
-        return res
+        return res, lps
 
     @contextmanager
     def _logits_hook(self, sink: list[torch.Tensor]) -> Iterator[None]:

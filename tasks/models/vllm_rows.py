@@ -6,6 +6,9 @@ Pure logic, tested without a GPU (tests/test_vllm_logic.py); :mod:`.vllm_engine`
   :func:`score_from_logits` -- vLLM's logprob structures (reference/vllm-kernels.md §5) mapped to
   :class:`~tasks.models.GenerationResult` / :class:`~tasks.models.ScoreResult` rows: top-k ids
   sorted by value (ties: lower id first), margin top-1 minus top-2 in float64;
+* :func:`token_logprobs`, :func:`target_logprobs`, :func:`generated_logprobs` -- the float64
+  log-probability of given tokens from captured full-vocabulary logits (what the teacher-forced
+  probability columns are built from on vLLM, tasks/kinds/teacher_forced.py, docs/divergence.md);
 * :func:`vllm_layer_name`, :func:`split_fused` -- vLLM's fused ``qkv_proj``/``gate_up_proj`` calls as
   the per-projection layers of the CPU engine (column slices of one W8A8 GEMM are exactly the
   smaller GEMMs: INT8 accumulation and the epilogue are per output element, §2).
@@ -29,12 +32,16 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FUSED",
+    "TEACHER_FORCED_LOGPROB",
     "VllmEngineError",
     "assemble_logits",
+    "generated_logprobs",
     "generation_from_outputs",
     "score_from_logits",
     "score_from_prompt_logprobs",
     "split_fused",
+    "target_logprobs",
+    "token_logprobs",
     "vllm_layer_name",
 ]
 
@@ -270,6 +277,71 @@ def score_from_logits(
         targets = np.array([int(t) for t in seq[1:]] + [-1], dtype=np.int64)
         res.append(am, tk, tl, mg, targets, target_values(lg32, targets))
     return res
+
+
+# ---------------------------------------------------------------------------------------------
+# log-probabilities of given tokens from full-vocabulary logits
+
+#: The ``generations`` column (float64, natural log) a vLLM arm's restart-0 generate unit fills with
+#: each generated token's log-probability under its own teacher-forced pass (tasks/kinds/generate.py);
+#: the reference side of the teacher_forced probability columns on vLLM (tasks/kinds/teacher_forced.py).
+TEACHER_FORCED_LOGPROB = "teacher_forced_token_logprob"
+
+
+def token_logprobs(logits: Any, tokens: Any) -> np.ndarray:
+    """``log softmax(logits[i])[tokens[i]]`` of ``P`` positions in float64 (natural log), on the
+    logits' device, returned as a numpy array ``[P]``.
+
+    ``logits`` ``[P, V]`` (torch or numpy, any float dtype) is widened to float64 before the
+    log-softmax, the very operations of :func:`tasks.kinds.teacher_forced.distribution_arrays`
+    (``torch.log_softmax`` then ``gather``), so on the same logits and device the two give the same
+    bits (tests/test_vllm_probs.py).
+    """
+    import torch
+
+    lg = torch.as_tensor(logits).to(torch.float64)
+    if lg.ndim != 2:
+        raise ValueError(f"logits of shape {tuple(lg.shape)}: must be [positions, vocab]")
+    tok = torch.as_tensor(np.asarray(tokens, dtype=np.int64)).to(lg.device)
+    if tok.shape != (lg.shape[0],):
+        raise ValueError(f"{tuple(tok.shape)} tokens for {lg.shape[0]} positions")
+    if tok.numel() and (int(tok.min()) < 0 or int(tok.max()) >= lg.shape[1]):
+        raise ValueError(f"token ids outside the vocabulary of {lg.shape[1]}")
+    got: np.ndarray = torch.log_softmax(lg, dim=-1).gather(1, tok.unsqueeze(1)).squeeze(1).cpu().numpy()
+    return got
+
+
+def target_logprobs(logits: Any, sequence: Sequence[int]) -> np.ndarray:
+    """Per position ``i`` of one teacher-forced sequence (``[L, V]`` logits, ``L = len(sequence)``),
+    the float64 log-probability of the token that follows, ``sequence[i + 1]`` (:func:`token_logprobs`);
+    NaN at the last position (no token follows), as ``ScoreResult.target_logits``."""
+    n = len(sequence)
+    if int(logits.shape[0]) != n:
+        raise VllmEngineError(f"logits have {int(logits.shape[0])} rows for a {n}-token sequence")
+    out = np.full(n, np.nan, dtype=np.float64)
+    if n > 1:
+        out[:-1] = token_logprobs(logits[:-1], [int(t) for t in sequence[1:]])
+    return out
+
+
+def generated_logprobs(prompts: Sequence[Sequence[int]], generated: Sequence[Sequence[int]],
+                       per_sequence: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Per prompt ``i``, the log-probability of each generated token ``p`` from the teacher-forced
+    :func:`target_logprobs` of the sequence ``prompts[i] + generated[i]``: score position
+    ``len(prompts[i]) - 1 + p`` (the one that predicts generated token ``p``)."""
+    if not len(prompts) == len(generated) == len(per_sequence):
+        raise VllmEngineError(f"{len(per_sequence)} scored sequences for {len(prompts)} prompts and "
+                              f"{len(generated)} generations")
+    out = []
+    for i, (p, g, lp) in enumerate(zip(prompts, generated, per_sequence, strict=True)):
+        if len(lp) != len(p) + len(g):
+            raise VllmEngineError(f"sequence {i}: {len(lp)} scored positions for {len(p)} prompt and {len(g)} "
+                                  "generated tokens")
+        if not p:
+            raise VllmEngineError(f"sequence {i}: an empty prompt predicts no generated token")
+        first = len(p) - 1
+        out.append(np.asarray(lp[first: first + len(g)], dtype=np.float64))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
