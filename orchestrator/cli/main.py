@@ -124,6 +124,7 @@ def _register(want: selection.Wanted | None) -> None:
 
 
 _register(selection.WANTED)
+app.add_typer(__import__("orchestrator.cli.models", fromlist=["app"]).app, name="model")  # swapcheck model
 
 
 @app.command("version")

@@ -41,8 +41,19 @@ def build_vllm_engine(params: dict[str, Any]) -> Any:
         from tasks.attention.vllm import backend_env
 
         env.update(backend_env(arm["attention"]["name"]))
-    return VllmEngine(params["model"], kernel=arm["kernel"], seed=params["model_seed"], env=env,
+    return VllmEngine(vllm_model(params["model"]), kernel=arm["kernel"], seed=params["model_seed"], env=env,
                       max_model_len=longest + params["max_new_tokens"] + 1)
+
+
+def vllm_model(model: str) -> str:
+    """What a vLLM arm loads for the experiment's ``model``: a shipped model's name (``answer-qwen3``)
+    maps to its compressed-tensors W8A8 export in the model cache, written on first use and its files'
+    sha256 checked on every use (``tasks.models.checkpoint.exported_model_dir``; the same int8 weights
+    and scales the CPU engine quantizes on load); any other value is a checkpoint path or hub name,
+    passed as it is."""
+    from tasks.models.checkpoint import SHIPPED_MODELS, exported_model_dir
+
+    return str(exported_model_dir(model)) if model in SHIPPED_MODELS else model
 
 
 def vllm_prompts(params: dict[str, Any], vocab_size: int | None = None) -> list[list[int]]:
