@@ -120,6 +120,10 @@ def test_generate_path_assembles_each_generated_tokens_logprob_from_request_outp
         want = tf.distribution_arrays(lg[f: f + len(g)], lg[f: f + len(g)], g)["ref_token_prob_ref"]
         assert np.array_equal(bits(np.exp(lp)), bits(want)) and len(lp) == 4
     assert math.isnan(per_sequence[0][-1])  # the last position predicts nothing
+    seq0 = prompts[0] + gen.tokens[0]
+    from_prompt_end = target_logprobs(full[0], seq0, start=len(prompts[0]) - 1)  # what the units ask for
+    assert np.isnan(from_prompt_end[: len(prompts[0]) - 1]).all()
+    assert np.array_equal(bits(from_prompt_end[len(prompts[0]) - 1: -1]), bits(per_sequence[0][len(prompts[0]) - 1: -1]))
     with pytest.raises(VllmEngineError, match="scored positions"):
         generated_logprobs(prompts, [g[:-1] for g in gen.tokens], per_sequence)
 

@@ -319,7 +319,7 @@ def teacher_forced_logprobs(engine: Any, prompts: list[list[int]],
     from tasks.models.vllm_rows import TEACHER_FORCED_LOGPROB, generated_logprobs
 
     sequences = [p + g for p, g in zip(prompts, generated, strict=True)]
-    scores, per_sequence = engine.score_logprobs(sequences, top_k=2)
+    scores, per_sequence = engine.score_logprobs(sequences, top_k=2, starts=[len(p) - 1 for p in prompts])
     out = generated_logprobs(prompts, generated, per_sequence)
     differ = 0
     for p, g, am in zip(prompts, generated, scores.argmax, strict=True):

@@ -334,10 +334,10 @@ def _run_vllm(params: dict[str, Any], ctx: UnitContext, generated: dict[int, lis
     decoded, present = reference_decoding(ctx, ref["unit_id"])
     sequences = [prompts[i] + generated[i] for i in range(len(prompts))]
     engine = build_vllm_engine(params)
-    scores, arm_logprobs = engine.score_logprobs(sequences, top_k=2)
+    firsts = [len(p) - 1 for p in prompts]  # the score position that predicts generated token 0
+    scores, arm_logprobs = engine.score_logprobs(sequences, top_k=2, starts=firsts)
     engine.require_evidence()
     gen = [generated[i] for i in range(len(prompts))]
-    firsts = [len(p) - 1 for p in prompts]  # the score position that predicts generated token 0
     # The reference side is its own greedy decoding (aligned to the generated positions already).
     table = vllm_table(ref["name"], params["arm"]["name"], gen, decoded, scores, arm_logprobs, firsts)
     nulls = table.column("ref_token_prob_ref").null_count

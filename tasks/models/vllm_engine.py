@@ -6,7 +6,8 @@ run on every step: no CUDA graphs, no torch.compile, §4), a fixed seed,
 ``logprobs_mode="raw_logits"`` (§5), prefix caching off, and the kernel forced
 (:func:`~tasks.models.vllm_selection.forcing`, §1.1-1.2).  ``generate``/``score`` return
 :class:`~tasks.models.GenerationResult` / :class:`~tasks.models.ScoreResult` with the CPU engine's
-row shapes (:mod:`.vllm_rows`); ``evidence()`` compares the configured kernel with the three
+row shapes (:mod:`.vllm_rows`), ``score_logprobs`` also the float64 log-probability of each next
+token from the same captured logits; ``evidence()`` compares the configured kernel with the three
 sources -- the ``Selected ... for ...`` log line, each layer's ``type(scheme.kernel)`` and run-time
 call counts of the CUTLASS op versus ``triton_scaled_mm`` -- and ``require_evidence()`` raises
 :class:`KernelEvidenceError` on a mismatch; ``capture()`` records operands through the selected
@@ -369,15 +370,19 @@ class VllmEngine:
         """
         return self._score(sequences, top_k, values, logprobs=False)[0]
 
-    def score_logprobs(self, sequences: Sequence[Sequence[int]], top_k: int = 5) -> tuple[ScoreResult, list[np.ndarray]]:
+    def score_logprobs(self, sequences: Sequence[Sequence[int]], top_k: int = 5,
+                       starts: Sequence[int] | None = None) -> tuple[ScoreResult, list[np.ndarray]]:
         """:meth:`score` with ``values="logits"``, and per sequence the float64 log-probability of
         each next token from the same captured full-vocabulary logits (:func:`target_logprobs`: one
-        array per sequence, NaN at the last position). What the teacher-forced probability columns
-        of vLLM arms are built from (tasks/kinds/teacher_forced.py)."""
-        return self._score(sequences, top_k, "logits", logprobs=True)
+        array per sequence, NaN at the last position and before ``starts[i]``, e.g. the prompt's
+        positions). What the teacher-forced probability columns of vLLM arms are built from
+        (tasks/kinds/teacher_forced.py)."""
+        if starts is not None and len(starts) != len(sequences):
+            raise ValueError(f"{len(starts)} starts for {len(sequences)} sequences")
+        return self._score(sequences, top_k, "logits", logprobs=True, starts=starts)
 
-    def _score(self, sequences: Sequence[Sequence[int]], top_k: int, values: str,
-               logprobs: bool) -> tuple[ScoreResult, list[np.ndarray]]:
+    def _score(self, sequences: Sequence[Sequence[int]], top_k: int, values: str, logprobs: bool,
+               starts: Sequence[int] | None = None) -> tuple[ScoreResult, list[np.ndarray]]:
         self._check_top_k(top_k)
         if values not in ("logits", "logprobs"):
             raise ValueError(f"values must be 'logits' or 'logprobs', got {values!r}")
@@ -394,7 +399,7 @@ class VllmEngine:
             # One sequence at a time, its [L, V] logits reduced to the rows' arrays (and the target
             # log-probabilities) before the next: never every sequence's full logits at once.
             res = ScoreResult([list(s) for s in seqs], info={"engine": "vllm", "values": "raw_logits"})
-            for req, seq in zip(reqs, seqs, strict=True):
+            for i, (req, seq) in enumerate(zip(reqs, seqs, strict=True)):
                 captured: list[torch.Tensor] = []
                 with self._ops, self._logits_hook(captured):
                     out = self.llm.generate([req], sp, use_tqdm=False)[0]
@@ -403,7 +408,7 @@ class VllmEngine:
                 res.append(one.argmax[0], one.topk_ids[0], one.topk_logits[0], one.margins[0], one.targets[0],
                            one.target_logits[0])
                 if logprobs:
-                    lps.append(target_logprobs(lg, seq))
+                    lps.append(target_logprobs(lg, seq, 0 if starts is None else starts[i]))
                 del captured, lg
         res.info.update({"kernel": self.forced["family"], "vllm": self.vllm_version})
         return res, lps

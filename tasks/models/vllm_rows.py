@@ -311,16 +311,18 @@ def token_logprobs(logits: Any, tokens: Any) -> np.ndarray:
     return got
 
 
-def target_logprobs(logits: Any, sequence: Sequence[int]) -> np.ndarray:
+def target_logprobs(logits: Any, sequence: Sequence[int], start: int = 0) -> np.ndarray:
     """Per position ``i`` of one teacher-forced sequence (``[L, V]`` logits, ``L = len(sequence)``),
     the float64 log-probability of the token that follows, ``sequence[i + 1]`` (:func:`token_logprobs`);
-    NaN at the last position (no token follows), as ``ScoreResult.target_logits``."""
+    NaN at the last position (no token follows), as ``ScoreResult.target_logits``, and before ``start``
+    (positions not asked for: the float64 log-softmax of a row of a large vocabulary is the cost)."""
     n = len(sequence)
     if int(logits.shape[0]) != n:
         raise VllmEngineError(f"logits have {int(logits.shape[0])} rows for a {n}-token sequence")
     out = np.full(n, np.nan, dtype=np.float64)
-    if n > 1:
-        out[:-1] = token_logprobs(logits[:-1], [int(t) for t in sequence[1:]])
+    lo = max(0, int(start))
+    if n - 1 > lo:
+        out[lo:-1] = token_logprobs(logits[lo:-1], [int(t) for t in sequence[lo + 1:]])
     return out
 
 
