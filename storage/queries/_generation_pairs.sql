@@ -1,28 +1,30 @@
 -- Shared by first_divergence and position_agreement (included where they write
 -- "-- include: _generation_pairs"): the CTEs g, arms, pairs, partial and cmp. cmp holds one row per
--- sweep, arm pair (arm_a < arm_b), prompt and generated position that either arm generated, with
+-- sweep, arm pair (arm_a < arm_b, two arms of one experiment: arms of two experiments run other
+-- models or prompts, so they are never paired), prompt and generated position that either arm generated, with
 -- both arms' restart-0 token and margin there and whether the tokens differ (a position one arm did
 -- not generate differs). Parameters: $sweep (NULL for every sweep).
--- Method: restart-0 positions of the two arms are paired by a self-join on (sweep, prompt_index,
--- position); only keys that some arm of the sweep did not generate go through the pairs x keys grid.
+-- Method: restart-0 positions of the two arms are paired by a self-join on (sweep, experiment,
+-- prompt_index, position); only keys that some arm of the experiment did not generate go through
+-- the pairs x keys grid.
 g AS (
-    SELECT sweep, arm, prompt_index, position, token, margin
+    SELECT sweep, experiment, arm, prompt_index, position, token, margin
     FROM generations
     WHERE restart = 0 AND ($sweep IS NULL OR sweep = $sweep)
 ),
 arms AS (
-    SELECT DISTINCT sweep, arm FROM g
+    SELECT DISTINCT sweep, experiment, arm FROM g
 ),
 pairs AS (
-    SELECT a.sweep, a.arm AS arm_a, b.arm AS arm_b
+    SELECT a.sweep, a.experiment, a.arm AS arm_a, b.arm AS arm_b
     FROM arms a
-    JOIN arms b ON a.sweep = b.sweep AND a.arm < b.arm
+    JOIN arms b ON a.sweep = b.sweep AND a.experiment = b.experiment AND a.arm < b.arm
 ),
 partial AS (
-    SELECT k.sweep, k.prompt_index, k.position
-    FROM (SELECT sweep, prompt_index, position, count(DISTINCT arm) AS n
-          FROM g GROUP BY sweep, prompt_index, position) k
-    JOIN (SELECT sweep, count(*) AS n FROM arms GROUP BY sweep) a USING (sweep)
+    SELECT k.sweep, k.experiment, k.prompt_index, k.position
+    FROM (SELECT sweep, experiment, prompt_index, position, count(DISTINCT arm) AS n
+          FROM g GROUP BY sweep, experiment, prompt_index, position) k
+    JOIN (SELECT sweep, experiment, count(*) AS n FROM arms GROUP BY sweep, experiment) a USING (sweep, experiment)
     WHERE k.n < a.n
 ),
 cmp AS (
@@ -31,16 +33,17 @@ cmp AS (
         x.token AS token_a, y.token AS token_b, x.margin AS margin_a, y.margin AS margin_b,
         x.token IS DISTINCT FROM y.token AS differs
     FROM g x
-    JOIN g y ON x.sweep = y.sweep AND x.prompt_index = y.prompt_index AND x.position = y.position AND x.arm < y.arm
+    JOIN g y ON x.sweep = y.sweep AND x.experiment = y.experiment AND x.prompt_index = y.prompt_index
+        AND x.position = y.position AND x.arm < y.arm
     UNION ALL
     SELECT
         p.sweep, p.arm_a, p.arm_b, q.prompt_index, q.position,
         x.token, y.token, x.margin, y.margin, true
     FROM pairs p
-    JOIN partial q ON q.sweep = p.sweep
-    LEFT JOIN g x ON x.sweep = p.sweep AND x.arm = p.arm_a
+    JOIN partial q ON q.sweep = p.sweep AND q.experiment = p.experiment
+    LEFT JOIN g x ON x.sweep = p.sweep AND x.experiment = p.experiment AND x.arm = p.arm_a
         AND x.prompt_index = q.prompt_index AND x.position = q.position
-    LEFT JOIN g y ON y.sweep = p.sweep AND y.arm = p.arm_b
+    LEFT JOIN g y ON y.sweep = p.sweep AND y.experiment = p.experiment AND y.arm = p.arm_b
         AND y.prompt_index = q.prompt_index AND y.position = q.position
     WHERE (x.arm IS NULL) <> (y.arm IS NULL)
 )

@@ -1,4 +1,5 @@
--- Cross-arm agreement: per sweep and arm pair (arm_a < arm_b by name), the prompts whose restart-0
+-- Cross-arm agreement: per sweep and arm pair (arm_a < arm_b by name; two arms of one experiment:
+-- arms of two experiments run other models or prompts and are never paired), the prompts whose restart-0
 -- generated sequences are bit-identical (same prompt_hash and sequence_hash): identical/total.
 -- total counts every prompt either arm generated; a prompt missing from one arm, or generated from a
 -- different prompt (prompt_mismatch), is not identical. Scales and kernels come from arm_runs;
@@ -6,20 +7,20 @@
 -- attention_a/attention_b: each arm's attention kernel (NULL in results written before arms had one).
 -- Parameters: $sweep (NULL for every sweep).
 WITH s AS (
-    SELECT sweep, arm, prompt_index, prompt_hash, sequence_hash
+    SELECT sweep, experiment, arm, prompt_index, prompt_hash, sequence_hash
     FROM sequences
     WHERE restart = 0 AND ($sweep IS NULL OR sweep = $sweep)
 ),
 arms AS (
-    SELECT DISTINCT sweep, arm FROM s
+    SELECT DISTINCT sweep, experiment, arm FROM s
 ),
 pairs AS (
-    SELECT a.sweep, a.arm AS arm_a, b.arm AS arm_b
+    SELECT a.sweep, a.experiment, a.arm AS arm_a, b.arm AS arm_b
     FROM arms a
-    JOIN arms b ON a.sweep = b.sweep AND a.arm < b.arm
+    JOIN arms b ON a.sweep = b.sweep AND a.experiment = b.experiment AND a.arm < b.arm
 ),
 prompts AS (
-    SELECT DISTINCT sweep, prompt_index FROM s
+    SELECT DISTINCT sweep, experiment, prompt_index FROM s
 ),
 runs AS (
     SELECT
@@ -44,9 +45,11 @@ cmp AS (
             AND x.prompt_hash IS NOT DISTINCT FROM y.prompt_hash              AS identical,
         x.arm IS NULL OR y.arm IS NULL                                        AS missing
     FROM pairs p
-    JOIN prompts q ON q.sweep = p.sweep
-    LEFT JOIN s x ON x.sweep = p.sweep AND x.arm = p.arm_a AND x.prompt_index = q.prompt_index
-    LEFT JOIN s y ON y.sweep = p.sweep AND y.arm = p.arm_b AND y.prompt_index = q.prompt_index
+    JOIN prompts q ON q.sweep = p.sweep AND q.experiment = p.experiment
+    LEFT JOIN s x ON x.sweep = p.sweep AND x.experiment = p.experiment AND x.arm = p.arm_a
+        AND x.prompt_index = q.prompt_index
+    LEFT JOIN s y ON y.sweep = p.sweep AND y.experiment = p.experiment AND y.arm = p.arm_b
+        AND y.prompt_index = q.prompt_index
     WHERE x.arm IS NOT NULL OR y.arm IS NOT NULL
 )
 SELECT
