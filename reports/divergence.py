@@ -363,8 +363,9 @@ def distribution(cat: Catalog, sweep: str, *, gate_metric: str = "kl", threshold
         g = figures.get(gate_metric)
         if g is None:
             gate.update(mean=None, se=None, bound=None, passed=None, positions=0, sequences=0,
-                        note=f"not evaluated: {GATE_FIGURES[gate_metric]} {KL_NOT_MEASURED}; a gate on k3 or "
-                             "probs_diff (--gate-metric) reads what these positions measure")
+                        note=f"not evaluated: the {GATE_FIGURES[gate_metric]} is not measured on vLLM arms (why: the "
+                             "pair's kl_not_measured); --gate-metric k3 or probs_diff gates on what these positions "
+                             "measure")
         else:
             mean, se = g["mean_per_position"], g["per_position"]["se"]
             bound = None if se is None else abs(mean) + 2 * se

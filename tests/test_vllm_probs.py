@@ -322,7 +322,7 @@ def test_report_shows_probs_diff_and_k3_without_kl_and_says_why(tmp_path: Path) 
     rep = {"distribution": list(dist.values())}
     rows = {r["pair"]: r for r in dt.distribution_rows(rep)}
     assert rows["a -> v"]["mismatch KL / position [95%]"] == "not measured (vLLM)"
-    assert rows["a -> v"]["gate"].startswith("not evaluated: mismatch KL per position not measured (vLLM")
+    assert rows["a -> v"]["gate"].startswith("not evaluated: the mismatch KL per position is not measured on vLLM")
     assert rows["a -> c"]["gate"].startswith("PASS: mismatch KL per position") and "(12 positions)" in rows["a -> c"]["gate"]
     assert any(line.startswith("a -> v: mismatch KL not measured (vLLM") for line in dt.distribution_lines(rep))
     teacher = dv.pair_figures({"first_divergence": [], "total_agreement": {"pairs": [], "answers": {"recorded": False}},
