@@ -13,16 +13,22 @@ first-divergence and per-position tables, the flip-risk figures with every inter
 library calls (exact and Wilson intervals, the seeded sequence bootstrap of the AUC, the logistic
 fit), the K-depth table with its near-zero totals, the ledger summary with the units whose files
 are missing or resized, the certificate's K-depth, end-to-end and flip figures with their exact
-intervals and K-trends. After the timing, the last pair's outputs are compared number by number
+intervals and K-trends, every figure of ``report divergence`` (first divergence and its Kaplan-Meier
+curve, margins with the Mann-Whitney share, TARr@N/@2N, answers where recorded, probs_diff / k3 /
+mismatch KL with their bootstrap intervals and the gate, flips per p_ref bucket). After the timing, the last pair's outputs are compared number by number
 (``compare``: counts exactly, floats to a relative 1e-6; the logistic coefficients and the model's
 predictions to 1e-3, as the fits of the same data in another row order; the bootstrap interval to
 0.02): a case whose numbers differ is printed as such, recorded with ``same_numbers: false`` and
-makes the script exit 1 after writing its cases. ``report all`` is checked through its parts (its
-baseline computes them in one process, each once); ``query`` compares the CSV text.
+makes the script exit 1 after writing its cases. ``report divergence``'s JSON is mapped onto the
+baseline's keys (``_divergence_view``: rows keyed by sweep and arm pair, each exact interval as [k, n,
+rate, interval]) and every number compared; a pair only one side has is a difference. ``report all``
+is checked through its parts (its baseline computes them in one process, each once: agreement,
+flips at 500 resamples, K-depth, the divergence figures at the report's defaults as its divergence
+section computes them, the certificate); ``query`` compares the CSV text.
 
-Cases (``--cases``, comma separated; default all nine): ``query`` (a group-by), ``agreement``,
+Cases (``--cases``, comma separated; default all ten): ``query`` (a group-by), ``agreement``,
 ``flips``, ``kdepth``, ``units``, ``noise-floor``, ``certificate``, ``conformance`` (the certificate's
-baseline: the same numbers), ``all``.
+baseline: the same numbers), ``divergence``, ``all``.
 
     .venv/bin/python benchmarks/bench_reads.py                      # 10M rows (default), 3 pairs per case
     .venv/bin/python benchmarks/bench_reads.py --quick              # 1M rows, 2 pairs
@@ -149,6 +155,82 @@ def _cert_view(certs: list[dict[str, Any]]) -> dict[str, Any]:
     return {"kdepth": kd, "cross": cross, "teacher_forced": tf, "divergence": div}
 
 
+def _cp_view(r: dict[str, Any] | None) -> list[Any] | None:
+    """A Clopper-Pearson object of ``report divergence`` as the baseline writes it: [k, n, rate, interval]."""
+    return None if r is None else [r["k"], r["n"], r["rate"], r["interval"]]
+
+
+def _figure_view(f: dict[str, Any], positions: int, sequences: int) -> dict[str, Any]:
+    pp = f["per_position"]
+    return {"mean": f["mean_per_position"], "positions": f.get("positions", positions),
+            "sequences": f.get("sequences", sequences), "interval": pp["interval"], "se": pp["se"]}
+
+
+def _divergence_view(rep: dict[str, Any]) -> dict[str, Any]:
+    """``report divergence``'s JSON keyed as ``reads_baseline.report_divergence`` keys it (``sweep|arm_a|arm_b``,
+    ``sweep|ref_arm|arm``; intervals as [k, n, rate, interval]); the text (methods, notes) left out."""
+    first = {}
+    for p in rep["first_divergence"]:
+        s = p["survival"]
+        d = p["diverged_positions"]
+        first[f"{p['sweep']}|{p['arm_a']}|{p['arm_b']}"] = {
+            "sequences": p["sequences"], "last_position": p["last_position"], "diverged": p["diverged"],
+            "identical": p["identical"],
+            "survival": {"events": s["events"], "curve": [[c["t"], c["survival"], c["low"], c["high"]] for c in s["curve"]],
+                         "quantiles": s["quantiles"]},
+            "diverged_positions": None if d is None else {k: d[k] for k in ("min", "q25", "median", "q75", "max")},
+            "margins": {side: {k: v for k, v in m.items()} for side, m in p["margins"].items()}}
+    ta = rep["total_agreement"]
+    arms = {f"{a['sweep']}|{a['arm']}": {"restarts": a["restarts"], "prompts": a["prompts"], "tarr": _cp_view(a["tarr"]),
+                                          "distinct": a["distinct"]} for a in ta["arms"]}
+    pairs = {f"{p['sweep']}|{p['arm_a']}|{p['arm_b']}": {
+        "restarts_a": p["restarts_a"], "restarts_b": p["restarts_b"], "prompts": p["prompts"], "tarr": _cp_view(p["tarr"]),
+        "incomplete_prompts": p["incomplete_prompts"], "distinct": p["distinct"]} for p in ta["pairs"]}
+    ans = ta["answers"]
+    answers: dict[str, Any] = {"recorded": ans["recorded"]}
+    if ans["recorded"]:
+        changes, skipped = {}, {}
+        for c in ans.get("changes", []):
+            changes[f"{c['sweep']}|{c['arm_a']}|{c['arm_b']}"] = {
+                **{k: c[k] for k in ("experiment", "prompts_a", "prompts_b", "both_right", "answers_differ", "n",
+                                     "a_only", "b_only", "change", "abs_change_bound", "mcnemar_p",
+                                     "conditional_interval")}, "discordant": _cp_view(c["discordant"])}
+        for c in ans.get("changes_skipped", []):
+            skipped[f"{c['sweep']}|{c['arm_a']}|{c['arm_b']}"] = [c["experiment_a"], c["experiment_b"]]
+        answers.update(
+            arms={f"{a['sweep']}|{a['arm']}": {"restarts": a["restarts"], "accuracy": _cp_view(a["accuracy"]),
+                                               "tara": _cp_view(a["tara"])} for a in ans["arms"]},
+            pairs={f"{p['sweep']}|{p['arm_a']}|{p['arm_b']}": _cp_view(p["tara"]) for p in ans["pairs"]},
+            changes=changes, changes_skipped=skipped)
+    dist = {}
+    for p in rep["distribution"]:
+        # before the vLLM split (afa0986) every measured position had its KL: kl_positions = measured_positions
+        kl_pos, kl_seq = p.get("kl_positions", p["measured_positions"]), p.get("kl_sequences", p["measured_sequences"])
+        e: dict[str, Any] = {"sequences": p["sequences"], "positions": p["positions"],
+                             "measured_positions": p["measured_positions"], "measured_sequences": p["measured_sequences"],
+                             "kl_positions": kl_pos, "kl_sequences": kl_seq}
+        if "probs_diff" in p:
+            m, ms = p["measured_positions"], p["measured_sequences"]
+            e["probs_diff"] = {**_figure_view(p["probs_diff"], m, ms), "max": p["probs_diff"]["max"]}
+            e["k3"] = _figure_view(p["k3"], m, ms)
+            if p.get("kl") is not None:
+                kl = p["kl"]
+                e["kl"] = {**_figure_view(kl, kl_pos, kl_seq), "max": kl["max"], "mean_per_sequence": kl["mean_per_sequence"],
+                           "per_sequence_interval": kl["per_sequence"]["interval"], "per_sequence_se": kl["per_sequence"]["se"]}
+            g = p["gate"]
+            figure = e.get(g["metric"])
+            e["gate"] = {"metric": g["metric"], "threshold": g["threshold"], "mean": g["mean"], "se": g["se"],
+                         "bound": g["bound"], "passed": g["passed"],
+                         "positions": g.get("positions", figure["positions"] if figure else 0),
+                         "sequences": g.get("sequences", figure["sequences"] if figure else 0)}
+        dist[f"{p['sweep']}|{p['ref_arm']}|{p['arm']}"] = e
+    buckets = {f"{p['sweep']}|{p['ref_arm']}|{p['arm']}": {
+        **{b["bucket"]: _cp_view(b) for b in p["buckets"]}, p["middle"]["bucket"]: _cp_view(p["middle"]),
+        p["outside"]["bucket"]: _cp_view(p["outside"])} for p in rep["flip_buckets"]}
+    return {"first_divergence": first, "tarr_arms": arms, "tarr_pairs": pairs, "answers": answers,
+            "distribution": dist, "flip_buckets": buckets}
+
+
 def _matrix_view(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """``report conformance``'s matrix rows keyed as the baseline keys its K-depth sections."""
     return {"kdepth": {"|".join([*sorted((r["kernel_a"], r["kernel_b"])), r["scale_mode"]]): {
@@ -188,6 +270,16 @@ def check(name: str, cand_path: Path, base_path: Path) -> tuple[int, list[str]]:
         diffs = compare(view, want, name)
         if name == "certificate" and (not view["kdepth"] or not view["cross"]):
             diffs.append("certificate: nothing to compare (no K-depth or end-to-end section)")
+        return _count(want), diffs
+    if name == "divergence":
+        want = base["divergence"]
+        view = _divergence_view(cand)
+        diffs = compare(view, want, name)
+        # every pair either side has: a pair only the report shows is a difference too
+        for sec in ("first_divergence", "tarr_arms", "tarr_pairs", "distribution", "flip_buckets"):
+            diffs += [f"{name}.{sec}.{k}: in the report, not in the baseline" for k in view[sec] if k not in want[sec]]
+        if not want["first_divergence"] or not want["distribution"]:
+            diffs.append("divergence: nothing to compare (no first divergence or no teacher-forced figures)")
         return _count(want), diffs
     want = base[name]
     return _count(want), compare(cand, want, name)
@@ -257,6 +349,7 @@ CASES = {
     "noise-floor": (["report", "noise-floor", "--format", "json"], ["noise-floor"]),
     "certificate": (["report", "certificate", "--format", "json"], ["certificate"]),
     "conformance": (["report", "conformance", "--format", "json"], ["certificate"]),
+    "divergence": (["report", "divergence", "--format", "json"], ["divergence"]),
     "all": (["report", "all", "--format", "json"], ["all"]),
 }
 

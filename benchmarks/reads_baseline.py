@@ -4,8 +4,9 @@ computing the same numbers as the report each is paired with, and printing them 
     python benchmarks/reads_baseline.py RESULTS_ROOT WHAT[,WHAT...] [SQL]
 
 ``WHAT``: ``agreement``, ``flips``, ``kdepth``, ``units``, ``noise-floor``, ``certificate`` (also the
-baseline of ``report conformance``: the same numbers, another layout), ``all`` (everything ``report
-all`` computes, each fact once) or ``query`` (the SQL of the last argument, printed as CSV).
+baseline of ``report conformance``: the same numbers, another layout), ``divergence``, ``all``
+(everything ``report all`` computes, each fact once) or ``query`` (the SQL of the last argument,
+printed as CSV).
 
 No swapcheck module is imported: the views are ``read_parquet`` over the files found by a glob
 (``table=<t>/sweep=<s>/*.parquet``; no ledger, no catalog, no page checksums, no footer checks), the
@@ -37,8 +38,25 @@ for Wilson where installed; scikit-learn's ``roc_auc_score`` and ``LogisticRegre
   from the token lists with its Kaplan-Meier median, TARr over all 2N runs; per teacher-forced pair
   probs_diff, k3, KL with its bootstrap interval and gate, flips at p_ref in [0.1, 0.9)); the arms' kernels, models and weights; the launches.
   The verdict rules (a few comparisons per section over these aggregates) are not re-implemented.
+* ``divergence``: every number ``report divergence --format json`` prints, at its defaults (2000
+  resamples, seed 0, the gate on the mismatch KL at 0.015), per arm pair of a sweep: the first
+  divergence of the restart-0 generations (the per-position rows, gathered into each sequence's
+  token and margin lists in position order and compared list against list; a position one arm lacks
+  differs), the Kaplan-Meier curve at every event time with its log-log interval and the
+  0.1/0.25/0.5/0.75/0.9 quantiles (``scipy.stats.ecdf`` on ``CensoredData``), the diverged positions'
+  quartiles (``numpy.quantile``), each arm's margin at the divergence beside the identical-prefix
+  margins (medians, ``scipy.stats.mannwhitneyu``'s U / (n_div n_prefix), the prefix share at or below
+  the divergence median); TARr@N per arm and TARr@2N per pair with exact intervals and the distinct
+  completions per prompt; accuracy, TARa@N, TARa@2N and the paired accuracy change with the exact
+  McNemar p and its intervals where the sequences record answers (else ``recorded: false``); per
+  teacher-forced pair probs_diff, k3 and mismatch KL per position (each over its own positions), the
+  KL per sequence, each with its percentile-bootstrap interval and SE over reference sequences
+  (``scipy.stats.bootstrap``, the same rng, seed and resamples, the sequences in the same order),
+  the gate; the flips per p_ref bucket with exact intervals.
 * ``all``: agreement, flips (as ``report all`` runs them: 500 resamples), the K-depth table and its
-  per-seed series, the certificate figures, distinct completions and the launches, each once.
+  per-seed series, the divergence figures (as ``report all``'s divergence section runs them: the
+  defaults above) with the certificate's divergence figures read off them, the certificate figures,
+  distinct completions and the launches, each once.
 """
 
 from __future__ import annotations
@@ -440,7 +458,7 @@ def k_trend(per_k: list[tuple[int, int, int]]) -> dict[str, Any]:
 
 
 def certificate(con: duckdb.DuckDBPyConnection, present: set[str], kd: list[dict[str, Any]] | None = None,
-                agree: dict[str, Any] | None = None) -> dict[str, Any]:
+                agree: dict[str, Any] | None = None, div: dict[str, Any] | None = None) -> dict[str, Any]:
     """The figures of every certificate: per unordered kernel pair and scale mode, K-depth totals, per
     K, against the references, the trend; per arm pair identity and self-reproducibility; per
     teacher-forced pair its flips; the arms and the launches."""
@@ -496,7 +514,8 @@ def certificate(con: duckdb.DuckDBPyConnection, present: set[str], kd: list[dict
                      "string_agg(DISTINCT model, ',') AS model, list(DISTINCT weights_sha256) AS weights "
                      "FROM arm_runs GROUP BY ALL ORDER BY ALL") if "arm_runs" in present else []
     launches = rows(con, "SELECT * FROM launches") if "launches" in present else []
-    return {"kdepth": sections, "cross": cross, "divergence": divergence(con, present),
+    return {"kdepth": sections, "cross": cross,
+            "divergence": divergence(con, present) if div is None else certificate_divergence(div),
             "self": {r["arm"]: {"identical": r["identical"], "total": r["total"]} for r in agree["self_reproducibility"]},
             "teacher_forced": tf, "arms": arms, "launches": len(launches),
             "distinct_completions": agree["distinct_completions"]}
@@ -597,7 +616,7 @@ def divergence(con: duckdb.DuckDBPyConnection, present: set[str], threshold: flo
     for (ref, arm), g in groups.items():
         counts = np.array([r["measured"] for r in g], dtype=float)
         kl = np.array([r["kl"] for r in g], dtype=float)
-        entry = {"positions": int(counts.sum()), "probs_diff_mean": float(sum(r["pd"] for r in g) / counts.sum()),
+        entry: dict[str, Any] = {"positions": int(counts.sum()), "probs_diff_mean": float(sum(r["pd"] for r in g) / counts.sum()),
                  "probs_diff_max": float(max(r["pd_max"] for r in g)),
                  "k3_mean": float(sum(r["k3"] for r in g) / counts.sum()), "kl_mean": float(kl.sum() / counts.sum())}
         if len(g) >= 2:
@@ -605,6 +624,359 @@ def divergence(con: duckdb.DuckDBPyConnection, present: set[str], threshold: flo
             entry.update(kl_ci=ci, gate_passed=bool(abs(entry["kl_mean"]) + 2 * se < threshold))
         f, n = mids.get((ref, arm), (0, 0))
         entry["flips_p_ref_0.1_0.9"] = [f, n, exact(f, n)]
+        out["teacher_forced"][f"{ref}|{arm}"] = entry
+    return out
+
+
+# -- report divergence (issue #27) --------------------------------------------------------------------
+
+# Restart-0 generations as one row per (sweep, arm, prompt): the tokens and margins in position order.
+GEN_LISTS = """
+CREATE TEMP TABLE gen_lists AS
+SELECT sweep, arm, prompt_index, count(*) AS n, min(position) AS lo, max(position) AS hi,
+       list(token ORDER BY position) AS toks, list(margin ORDER BY position) AS margins
+FROM generations WHERE restart = 0 GROUP BY sweep, arm, prompt_index
+"""
+
+# Per arm pair (arm_a < arm_b, one sweep) and prompt either arm generated: n (positions either arm
+# generated), the first position whose tokens differ (a position one arm lacks differs; NULL: identical
+# to the end), both margins there, and the margins of the positions before it (the identical prefix).
+PAIR_PROMPTS = """
+CREATE TEMP TABLE pair_prompts AS
+WITH arms AS (SELECT DISTINCT sweep, arm FROM gen_lists),
+prs AS (SELECT x.sweep, x.arm AS arm_a, y.arm AS arm_b FROM arms x JOIN arms y ON x.sweep = y.sweep AND x.arm < y.arm),
+prompts AS (SELECT DISTINCT sweep, prompt_index FROM gen_lists),
+j AS (
+    SELECT prs.sweep, prs.arm_a, prs.arm_b, q.prompt_index,
+           coalesce(a.toks, []) AS ta, coalesce(b.toks, []) AS tb,
+           coalesce(a.margins, []) AS ma, coalesce(b.margins, []) AS mb
+    FROM prs JOIN prompts q USING (sweep)
+    LEFT JOIN gen_lists a ON a.sweep = prs.sweep AND a.arm = prs.arm_a AND a.prompt_index = q.prompt_index
+    LEFT JOIN gen_lists b ON b.sweep = prs.sweep AND b.arm = prs.arm_b AND b.prompt_index = q.prompt_index
+    WHERE a.arm IS NOT NULL OR b.arm IS NOT NULL),
+d AS (
+    SELECT *, greatest(len(ta), len(tb)) AS n,
+           CASE WHEN ta = tb THEN NULL
+                ELSE coalesce(nullif(list_position(list_transform(range(least(len(ta), len(tb))),
+                                                                  lambda i: ta[i + 1] IS DISTINCT FROM tb[i + 1]), true), 0) - 1,
+                              least(len(ta), len(tb))) END AS fd
+    FROM j)
+SELECT sweep, arm_a, arm_b, prompt_index, n, fd, ma[fd + 1] AS margin_a, mb[fd + 1] AS margin_b,
+       list_slice(ma, 1, coalesce(fd, n)) AS prefix_a, list_slice(mb, 1, coalesce(fd, n)) AS prefix_b
+FROM d
+"""
+
+SELF_RUNS = """
+WITH r AS (SELECT sweep, arm, count(DISTINCT restart) AS restarts FROM sequences GROUP BY ALL),
+p AS (SELECT sweep, arm, prompt_index, count(DISTINCT sequence_hash) AS d, count(sequence_hash) AS hashed,
+             count(*) AS runs, count(DISTINCT restart) AS rs FROM sequences GROUP BY ALL)
+SELECT p.sweep, p.arm, any_value(r.restarts) AS restarts, count(*) AS prompts,
+       count(*) FILTER (WHERE p.d = 1 AND p.hashed = p.runs AND p.rs = r.restarts) AS identical,
+       count(*) FILTER (WHERE p.rs < r.restarts) AS incomplete, list(p.d) AS ds
+FROM p JOIN r USING (sweep, arm) GROUP BY p.sweep, p.arm ORDER BY p.sweep, p.arm
+"""
+
+# Per arm pair and prompt over both arms' runs, then per pair: TARr@2N's count, the distinct
+# completions per prompt, and (answers) the prompts whose 2N extracted answers agree.
+PAIR_RUNS = """
+WITH r AS (SELECT sweep, arm, count(DISTINCT restart) AS restarts FROM sequences GROUP BY ALL),
+per AS (
+    SELECT ra.sweep, ra.arm AS arm_a, rb.arm AS arm_b, any_value(ra.restarts) AS restarts_a,
+           any_value(rb.restarts) AS restarts_b, count(*) AS runs, count(DISTINCT s.sequence_hash) AS d,
+           count(DISTINCT (s.arm, s.restart)) = any_value(ra.restarts) + any_value(rb.restarts)
+               AND count(s.sequence_hash) = count(*) AS complete,
+           count(DISTINCT s.prompt_hash) = 1 AS one_prompt,
+           count(s.extracted_answer) AS answered, count(DISTINCT s.extracted_answer) AS answers
+    FROM r ra JOIN r rb ON ra.sweep = rb.sweep AND ra.arm < rb.arm
+    JOIN sequences s ON s.sweep = ra.sweep AND s.arm IN (ra.arm, rb.arm)
+    GROUP BY ra.sweep, ra.arm, rb.arm, s.prompt_index)
+SELECT sweep, arm_a, arm_b, any_value(restarts_a) AS restarts_a, any_value(restarts_b) AS restarts_b,
+       count(*) AS prompts, count(*) FILTER (WHERE complete AND one_prompt AND d = 1) AS agreeing,
+       count(*) FILTER (WHERE NOT complete) AS incomplete, list(d) AS ds, sum(runs) AS completions,
+       count(*) FILTER (WHERE complete AND one_prompt AND answered = runs) AS answered_prompts,
+       count(*) FILTER (WHERE complete AND one_prompt AND answered = runs AND answers = 1) AS answers_agreeing
+FROM per GROUP BY sweep, arm_a, arm_b ORDER BY sweep, arm_a, arm_b
+"""
+
+# Per arm, over the sequences whose prompt has an expected answer: checked and correct sequences, and
+# the prompts answered in every restart with their answers identical.
+ANSWERS = """
+WITH r AS (SELECT sweep, arm, count(DISTINCT restart) AS restarts, count(correct) AS checked,
+                  count(*) FILTER (WHERE correct) AS correct FROM sequences GROUP BY ALL),
+p AS (SELECT sweep, arm, prompt_index, count(DISTINCT restart) AS rs, count(extracted_answer) = count(*) AS all_answered,
+             count(DISTINCT extracted_answer) = 1 AS one_answer
+      FROM sequences WHERE extracted_answer IS NOT NULL OR correct IS NOT NULL GROUP BY ALL)
+SELECT r.sweep, r.arm, any_value(r.restarts) AS restarts, any_value(r.checked) AS checked, any_value(r.correct) AS correct,
+       count(p.prompt_index) FILTER (WHERE p.rs = r.restarts AND p.all_answered) AS prompts,
+       count(p.prompt_index) FILTER (WHERE p.rs = r.restarts AND p.all_answered AND p.one_answer) AS agreeing
+FROM r LEFT JOIN p USING (sweep, arm) GROUP BY r.sweep, r.arm HAVING any_value(r.checked) > 0 ORDER BY r.sweep, r.arm
+"""
+
+# The accuracy change of each arm pair: restart-0 correctness paired on the same prompt (index and hash).
+CHANGES = """
+WITH s AS (SELECT sweep, experiment, arm, prompt_index, prompt_hash, extracted_answer, correct FROM sequences
+           WHERE restart = 0 AND correct IS NOT NULL),
+a AS (SELECT sweep, experiment, arm, count(*) AS prompts FROM s GROUP BY ALL),
+paired AS (
+    SELECT u.sweep, u.arm AS arm_a, v.arm AS arm_b, count(*) AS n,
+           count(*) FILTER (WHERE u.correct AND NOT v.correct) AS a_only,
+           count(*) FILTER (WHERE v.correct AND NOT u.correct) AS b_only,
+           count(*) FILTER (WHERE u.correct AND v.correct) AS both_right,
+           count(*) FILTER (WHERE u.extracted_answer IS DISTINCT FROM v.extracted_answer) AS answers_differ
+    FROM s u JOIN s v ON u.sweep = v.sweep AND u.prompt_index = v.prompt_index AND u.prompt_hash = v.prompt_hash
+                     AND u.arm < v.arm
+    GROUP BY ALL)
+SELECT x.sweep, x.arm AS arm_a, y.arm AS arm_b, x.experiment AS experiment_a, y.experiment AS experiment_b,
+       x.prompts AS prompts_a, y.prompts AS prompts_b, coalesce(p.n, 0) AS n, coalesce(p.a_only, 0) AS a_only,
+       coalesce(p.b_only, 0) AS b_only, coalesce(p.both_right, 0) AS both_right,
+       coalesce(p.answers_differ, 0) AS answers_differ
+FROM a x JOIN a y ON x.sweep = y.sweep AND x.arm < y.arm
+LEFT JOIN paired p ON p.sweep = x.sweep AND p.arm_a = x.arm AND p.arm_b = y.arm
+ORDER BY x.sweep, x.arm, y.arm
+"""
+
+# Per teacher-forced (ref_arm, arm) pair and reference sequence: rows; the positions with both
+# probabilities and the k3 term recorded (probs) and those with the exact KL too (kl), and their sums.
+TF_SEQUENCES = """
+SELECT sweep, ref_arm, arm, ref_restart, prompt_index, count(*) AS positions,
+       count(*) FILTER (WHERE p) AS probs, count(*) FILTER (WHERE p AND kl_ref_arm IS NOT NULL) AS kls,
+       sum(abs(ref_token_prob_ref - ref_token_prob_arm)) FILTER (WHERE p) AS pd,
+       max(abs(ref_token_prob_ref - ref_token_prob_arm)) FILTER (WHERE p) AS pd_max,
+       sum(k3_ref_arm) FILTER (WHERE p) AS k3,
+       sum(kl_ref_arm) FILTER (WHERE p AND kl_ref_arm IS NOT NULL) AS kl,
+       max(kl_ref_arm) FILTER (WHERE p AND kl_ref_arm IS NOT NULL) AS kl_max
+FROM (SELECT *, ref_token_prob_ref IS NOT NULL AND ref_token_prob_arm IS NOT NULL AND k3_ref_arm IS NOT NULL AS p
+      FROM teacher_forced)
+GROUP BY ALL ORDER BY sweep, ref_arm, arm, ref_restart, prompt_index
+"""
+
+# Flips per bucket of the reference token's probability under the reference arm.
+TF_BUCKETS = """
+SELECT sweep, ref_arm, arm,
+       CASE WHEN ref_token_prob_ref < 0.1 THEN '[0, 0.1)' WHEN ref_token_prob_ref < 0.5 THEN '[0.1, 0.5)'
+            WHEN ref_token_prob_ref < 0.9 THEN '[0.5, 0.9)' ELSE '[0.9, 1]' END AS bucket,
+       count(*) AS n, count(*) FILTER (WHERE flip) AS k
+FROM teacher_forced WHERE ref_token_prob_ref IS NOT NULL AND flip IS NOT NULL GROUP BY ALL
+"""
+BUCKET_NAMES = ("[0, 0.1)", "[0.1, 0.5)", "[0.5, 0.9)", "[0.9, 1]")
+GATE_SUMS = {"kl": "kl", "k3": "k3", "probs_diff": "probs_diff"}
+
+
+def _cp(k: int, n: int) -> list[Any]:
+    """[k, n, k / n, exact interval] (None where n = 0)."""
+    return [k, n, k / n if n else None, exact(k, n)]
+
+
+def _finite(v: float) -> float | None:
+    return float(v) if math.isfinite(v) else None
+
+
+def _survival(times: list[int], censored: list[int]) -> dict[str, Any]:
+    """Kaplan-Meier S(t) at every event time with its pointwise log-log (Greenwood) interval, and the
+    first-divergence quantiles (smallest t with S(t) <= 1 - q)."""
+    import warnings
+
+    from scipy.stats import CensoredData, ecdf
+
+    if not times:
+        return {"events": 0, "curve": [], "quantiles": {}}
+    sf = ecdf(CensoredData(uncensored=times, right=censored) if censored else np.asarray(times)).sf
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        ci = sf.confidence_interval(LEVEL, method="log-log")
+    at = np.asarray(sorted(set(times)), dtype=float)
+    s, lo, hi = sf.evaluate(at), ci.low.evaluate(at), ci.high.evaluate(at)
+    curve: list[list[Any]] = [[int(t), float(a), _finite(b), _finite(c)] for t, a, b, c in zip(at, s, lo, hi, strict=True)]
+    quantiles = {}
+    for q in (0.1, 0.25, 0.5, 0.75, 0.9):
+        hit = [c[0] for c in curve if c[1] <= 1 - q + 1e-12]
+        quantiles[f"{q:g}"] = hit[0] if hit else None
+    return {"events": len(times), "curve": curve, "quantiles": quantiles}
+
+
+def _margins(at: list[float], prefix: np.ndarray, arm: str) -> dict[str, Any]:
+    from scipy.stats import mannwhitneyu
+
+    out: dict[str, Any] = {"arm": arm, "at_divergence": len(at), "prefix_positions": int(prefix.size),
+                           "median_at_divergence": float(np.median(at)) if at else None,
+                           "median_prefix": float(np.median(prefix)) if prefix.size else None, "p_lower": None}
+    if at and prefix.size:
+        u = float(mannwhitneyu(at, prefix, alternative="two-sided").statistic)
+        out["p_lower"] = 1.0 - u / (len(at) * prefix.size)
+        out["prefix_share_at_or_below_median"] = float(np.mean(prefix <= out["median_at_divergence"]))
+    return out
+
+
+def _distinct(ds: list[int]) -> dict[str, Any]:
+    return {"median": float(np.median(ds)), "max": int(max(ds)), "total": int(sum(ds))} if ds else \
+        {"median": None, "max": None, "total": 0}
+
+
+def _change(n: int, a_only: int, b_only: int) -> dict[str, Any]:
+    """The paired accuracy change (b_only - a_only) / n: exact McNemar p (binomtest of b_only among the
+    discordant at 0.5), the discordant rate's exact interval (its upper end bounds |change|), and the
+    change's interval given the discordant count."""
+    from scipy.stats import binomtest
+
+    d = a_only + b_only
+    disc = _cp(d, n)
+    out: dict[str, Any] = {"n": n, "a_only": a_only, "b_only": b_only, "discordant": disc,
+                           "change": (b_only - a_only) / n if n else None,
+                           "abs_change_bound": disc[3][1] if disc[3] else None, "mcnemar_p": None,
+                           "conditional_interval": None}
+    if d:
+        t = binomtest(b_only, d, 0.5)
+        ci = t.proportion_ci(confidence_level=LEVEL, method="exact")
+        out["mcnemar_p"] = float(t.pvalue)
+        out["conditional_interval"] = [(2 * float(ci.low) - 1) * d / n, (2 * float(ci.high) - 1) * d / n]
+    return out
+
+
+def _figure(sums: np.ndarray, counts: np.ndarray, resamples: int, seed: int) -> dict[str, Any]:
+    """A per-position mean (sum over sequences / their positions) with its percentile-bootstrap
+    interval and SE over reference sequences (None below two sequences)."""
+    out: dict[str, Any] = {"mean": float(sums.sum() / counts.sum()), "positions": int(counts.sum()),
+                           "sequences": int(sums.size), "interval": None, "se": None}
+    if sums.size >= 2:
+        out["interval"], out["se"] = _boot((sums, counts), lambda s, c, axis=-1: np.sum(s, axis=axis) / np.sum(c, axis=axis),
+                                           resamples, seed, paired=True)
+    return out
+
+
+def report_divergence(con: duckdb.DuckDBPyConnection, present: set[str], *, resamples: int = 2000, seed: int = 0,
+                      threshold: float = 0.015, gate_metric: str = "kl") -> dict[str, Any]:
+    """Every number of ``report divergence`` (its defaults: 2000 resamples, seed 0, the gate on the
+    mismatch KL at 0.015), keyed ``sweep|arm_a|arm_b`` (``sweep|ref_arm|arm`` for teacher-forced pairs)."""
+    out: dict[str, Any] = {"first_divergence": {}, "tarr_arms": {}, "tarr_pairs": {},
+                           "answers": {"recorded": False}, "distribution": {}, "flip_buckets": {}}
+    if "generations" in present:
+        con.execute(GEN_LISTS)
+        gaps = con.execute("SELECT count(*) FROM gen_lists WHERE lo <> 0 OR hi <> n - 1").fetchone()
+        if gaps and gaps[0]:
+            raise SystemExit("generations: positions not 0..n-1 in some sequence: this baseline reads the token "
+                             "lists by index and computes only what the gen_rows tree feeds")
+        con.execute(PAIR_PROMPTS)
+        by_pair: dict[str, list[tuple[int, int | None, float | None, float | None]]] = {}
+        for sw, a, b, n, fd, ma, mb in con.execute(
+                "SELECT sweep, arm_a, arm_b, n, fd, margin_a, margin_b FROM pair_prompts").fetchall():
+            by_pair.setdefault(f"{sw}|{a}|{b}", []).append((n, fd, ma, mb))
+        for key, prs in sorted(by_pair.items()):
+            sw, a, b = key.split("|")
+            times = [fd for _, fd, _, _ in prs if fd is not None]
+            censored = [n - 1 for n, fd, _, _ in prs if fd is None]
+            diverged = None
+            if times:
+                q = np.quantile(np.asarray(times, dtype=float), [0.25, 0.5, 0.75])
+                diverged = {"min": min(times), "q25": float(q[0]), "median": float(q[1]), "q75": float(q[2]),
+                            "max": max(times)}
+            margins = {}
+            for side, arm, col in (("a", a, 2), ("b", b, 3)):
+                pre = con.execute(f"SELECT m FROM (SELECT unnest(prefix_{side}) AS m FROM pair_prompts WHERE sweep = ? "
+                                  "AND arm_a = ? AND arm_b = ?) WHERE m IS NOT NULL", [sw, a, b]).fetchnumpy()["m"]
+                at = [float(m) for r in prs if r[1] is not None and (m := r[col]) is not None]
+                margins[side] = _margins(at, np.asarray(pre, dtype=float), arm)
+            out["first_divergence"][key] = {
+                "sequences": len(prs), "last_position": max(n for n, _, _, _ in prs) - 1, "diverged": len(times),
+                "identical": len(censored), "survival": _survival(times, censored), "diverged_positions": diverged,
+                "margins": margins}
+    if "sequences" in present:
+        for r in rows(con, SELF_RUNS):
+            out["tarr_arms"][f"{r['sweep']}|{r['arm']}"] = {
+                "restarts": r["restarts"], "prompts": r["prompts"],
+                "tarr": _cp(r["identical"], r["prompts"]) if r["restarts"] >= 2 else None,
+                "distinct": {**_distinct(r["ds"]), "completions": r["restarts"] * r["prompts"],
+                             "incomplete_prompts": r["incomplete"]}}
+        pair_rows = rows(con, PAIR_RUNS)
+        for r in pair_rows:
+            out["tarr_pairs"][f"{r['sweep']}|{r['arm_a']}|{r['arm_b']}"] = {
+                "restarts_a": r["restarts_a"], "restarts_b": r["restarts_b"], "prompts": r["prompts"],
+                "tarr": _cp(r["agreeing"], r["prompts"]), "incomplete_prompts": r["incomplete"],
+                "distinct": {**_distinct(r["ds"]), "completions": int(r["completions"])}}
+        answered = rows(con, ANSWERS)
+        if answered:
+            changes, skipped = {}, {}
+            for r in rows(con, CHANGES):
+                key = f"{r['sweep']}|{r['arm_a']}|{r['arm_b']}"
+                if r["experiment_a"] != r["experiment_b"]:
+                    skipped[key] = [r["experiment_a"], r["experiment_b"]]
+                else:
+                    changes[key] = {"experiment": r["experiment_a"], "prompts_a": r["prompts_a"],
+                                    "prompts_b": r["prompts_b"], "both_right": r["both_right"],
+                                    "answers_differ": r["answers_differ"], **_change(r["n"], r["a_only"], r["b_only"])}
+            out["answers"] = {
+                "recorded": True,
+                "arms": {f"{r['sweep']}|{r['arm']}": {"restarts": r["restarts"], "accuracy": _cp(r["correct"], r["checked"]),
+                                                      "tara": _cp(r["agreeing"], r["prompts"])} for r in answered},
+                "pairs": {f"{r['sweep']}|{r['arm_a']}|{r['arm_b']}": _cp(r["answers_agreeing"], r["answered_prompts"])
+                          for r in pair_rows if r["answered_prompts"]},
+                "changes": changes, "changes_skipped": skipped}
+    if "teacher_forced" not in present:
+        return out
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in rows(con, TF_SEQUENCES):
+        groups.setdefault(f"{r['sweep']}|{r['ref_arm']}|{r['arm']}", []).append(r)
+    for key, g in groups.items():
+        probs = [r for r in g if r["probs"]]
+        kls = [r for r in probs if r["kls"]]
+        entry: dict[str, Any] = {"sequences": len(g), "positions": sum(r["positions"] for r in g),
+                                 "measured_positions": sum(r["probs"] for r in probs), "measured_sequences": len(probs),
+                                 "kl_positions": sum(r["kls"] for r in kls), "kl_sequences": len(kls)}
+        out["distribution"][key] = entry
+        if not probs:
+            continue
+        counts = np.array([r["probs"] for r in probs], dtype=float)
+        entry["probs_diff"] = {**_figure(np.array([r["pd"] for r in probs], dtype=float), counts, resamples, seed),
+                               "max": float(max(r["pd_max"] for r in probs))}
+        entry["k3"] = _figure(np.array([r["k3"] for r in probs], dtype=float), counts, resamples, seed)
+        if kls:
+            kl = np.array([r["kl"] for r in kls], dtype=float)
+            kl_counts = np.array([r["kls"] for r in kls], dtype=float)
+            entry["kl"] = {**_figure(kl, kl_counts, resamples, seed), "max": float(max(r["kl_max"] for r in kls)),
+                           "mean_per_sequence": float(kl.mean()), "per_sequence_interval": None, "per_sequence_se": None}
+            if kl.size >= 2:
+                entry["kl"]["per_sequence_interval"], entry["kl"]["per_sequence_se"] = _boot(
+                    (kl,), lambda s, axis=-1: np.mean(s, axis=axis), resamples, seed)
+        fig = entry.get(GATE_SUMS[gate_metric])
+        bound = None if fig is None or fig["se"] is None else abs(fig["mean"]) + 2 * fig["se"]
+        entry["gate"] = {"metric": gate_metric, "threshold": threshold, "mean": None if fig is None else fig["mean"],
+                         "se": None if fig is None else fig["se"], "bound": bound,
+                         "passed": None if bound is None else bool(bound < threshold),
+                         "positions": 0 if fig is None else fig["positions"],
+                         "sequences": 0 if fig is None else fig["sequences"]}
+    cells: dict[str, dict[str, tuple[int, int]]] = {}
+    for r in rows(con, TF_BUCKETS):
+        cells.setdefault(f"{r['sweep']}|{r['ref_arm']}|{r['arm']}", {})[r["bucket"]] = (int(r["k"]), int(r["n"]))
+    for key, got in sorted(cells.items()):
+        kn = {b: got.get(b, (0, 0)) for b in BUCKET_NAMES}
+        mid = [kn["[0.1, 0.5)"], kn["[0.5, 0.9)"]]
+        rest = [kn["[0, 0.1)"], kn["[0.9, 1]"]]
+        out["flip_buckets"][key] = {**{b: _cp(*v) for b, v in kn.items()},
+                                    "[0.1, 0.9)": _cp(sum(k for k, _ in mid), sum(n for _, n in mid)),
+                                    "[0, 0.1) and [0.9, 1]": _cp(sum(k for k, _ in rest), sum(n for _, n in rest))}
+    return out
+
+
+def certificate_divergence(full: dict[str, Any]) -> dict[str, Any]:
+    """The certificate's divergence figures (:func:`divergence`'s keys) read off :func:`report_divergence`'s
+    (``all``: each figure computed once, as the report computes it)."""
+    out: dict[str, Any] = {"pairs": {}, "teacher_forced": {}}
+    for key, f in full["first_divergence"].items():
+        _, a, b = key.split("|")
+        t = full["tarr_pairs"].get(key)
+        out["pairs"][f"{a}|{b}"] = {"sequences": f["sequences"], "diverged": f["diverged"],
+                                    "km_median": f["survival"]["quantiles"].get("0.5"),
+                                    "diverged_median": f["diverged_positions"]["median"] if f["diverged_positions"] else None,
+                                    "tarr_2n": [t["tarr"][0], t["tarr"][1], t["tarr"][3]] if t else [0, 0, None]}
+    for key, d in full["distribution"].items():
+        _, ref, arm = key.split("|")
+        if "kl" not in d:
+            continue
+        mid = full["flip_buckets"].get(key, {}).get("[0.1, 0.9)", [0, 0, None, None])
+        entry = {"positions": d["measured_positions"], "probs_diff_mean": d["probs_diff"]["mean"],
+                 "probs_diff_max": d["probs_diff"]["max"], "k3_mean": d["k3"]["mean"], "kl_mean": d["kl"]["mean"]}
+        if d["kl"]["interval"] is not None:
+            entry.update(kl_ci=d["kl"]["interval"], gate_passed=d["gate"]["passed"])
+        entry["flips_p_ref_0.1_0.9"] = [mid[0], mid[1], mid[3]]
         out["teacher_forced"][f"{ref}|{arm}"] = entry
     return out
 
@@ -665,12 +1037,15 @@ def main() -> None:
                 raise SystemExit(f"table {t} is present: this baseline computes only what the gen_rows tree feeds")
     if "certificate" in what:
         out["certificate"] = certificate(con, present)
+    if "divergence" in what:
+        out["divergence"] = report_divergence(con, present)
     if "all" in what:
         agree = agreement(con, present, full=False)
         kd = kdepth(con, present)
+        div = report_divergence(con, present)
         out["all"] = {"agreement": agree, "flips": flips(con, present, resamples=500), "kdepth": kd,
                       "kdepth_by_seed": rows(con, KDEPTH_BY_SEED) if "kdepth" in present else [],
-                      "certificate": certificate(con, present, kd, agree)}
+                      "divergence": div, "certificate": certificate(con, present, kd, agree, div)}
     json.dump(out, sys.stdout, default=str, indent=1)
     sys.stdout.write("\n")
 
