@@ -18,14 +18,12 @@ from typer.testing import CliRunner
 from orchestrator.cli.main import app
 from tasks.models import build_model
 from tasks.models.checkpoint import (
-    EXPORT_FORMAT,
     ManifestError,
-    check_export,
     check_manifest,
-    exported_model_dir,
     read_checkpoint,
     shipped_model_dir,
 )
+from tasks.models.export import EXPORT_FORMAT, check_export, exported_model_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))

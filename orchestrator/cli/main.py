@@ -124,7 +124,7 @@ def _register(want: selection.Wanted | None) -> None:
 
 
 _register(selection.WANTED)
-app.add_typer(__import__("orchestrator.cli.models", fromlist=["app"]).app, name="model")  # swapcheck model
+app.add_typer(__import__("orchestrator.cli.models").cli.models.app, name="model") if selection.WANTED is None else None
 
 
 @app.command("version")

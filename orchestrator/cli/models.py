@@ -56,7 +56,8 @@ def export(
     Example: swapcheck model export answer-qwen3 --out checkpoints/answer-qwen3-w8a8
     """
     with user_errors():
-        from tasks.models.checkpoint import SHIPPED_MODELS, export_compressed
+        from tasks.models.checkpoint import SHIPPED_MODELS
+        from tasks.models.export import export_compressed
 
         if name not in SHIPPED_MODELS:
             raise UsageError(f"model {name!r} is not a shipped model; allowed: {', '.join(SHIPPED_MODELS)}")

@@ -48,10 +48,11 @@ def build_vllm_engine(params: dict[str, Any]) -> Any:
 def vllm_model(model: str) -> str:
     """What a vLLM arm loads for the experiment's ``model``: a shipped model's name (``answer-qwen3``)
     maps to its compressed-tensors W8A8 export in the model cache, written on first use and its files'
-    sha256 checked on every use (``tasks.models.checkpoint.exported_model_dir``; the same int8 weights
+    sha256 checked on every use (``tasks.models.export.exported_model_dir``; the same int8 weights
     and scales the CPU engine quantizes on load); any other value is a checkpoint path or hub name,
     passed as it is."""
-    from tasks.models.checkpoint import SHIPPED_MODELS, exported_model_dir
+    from tasks.models.checkpoint import SHIPPED_MODELS
+    from tasks.models.export import exported_model_dir
 
     return str(exported_model_dir(model)) if model in SHIPPED_MODELS else model
 

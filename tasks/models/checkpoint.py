@@ -19,12 +19,8 @@
   ``tools/train_answer_model.py``) live in the repository's ``models/<name>`` and load by name;
   a checkpoint directory with a ``MANIFEST.json`` that records ``model_safetensors_sha256`` is
   loaded only if ``model.safetensors`` has that hash (:func:`check_manifest`).
-* :func:`export_compressed` writes a shipped model as a compressed-tensors W8A8 directory (what a
-  vLLM arm runs; ``swapcheck model export``) with a ``MANIFEST.json`` naming the source model, its
-  sha256 and the written files' sha256; :func:`exported_model_dir` keeps one such export per shipped
-  model and weights hash in a cache directory (``$SWAPCHECK_MODEL_CACHE``, default
-  ``~/.cache/swapcheck/models``), checked on every use: a vLLM arm whose ``model`` is a shipped name
-  runs it (tasks/models/arms.py).
+* A shipped model written as a compressed-tensors directory for vLLM (``swapcheck model export``,
+  the model cache of vLLM arms): :mod:`tasks.models.export`.
 """
 
 from __future__ import annotations
@@ -55,10 +51,6 @@ __all__ = [
     "ManifestError",
     "check_manifest",
     "shipped_model_dir",
-    "export_compressed",
-    "check_export",
-    "exported_model_dir",
-    "EXPORT_FORMAT",
 ]
 
 #: Checkpoints shipped in the repository's ``models/`` directory, loaded by name.
@@ -316,103 +308,3 @@ def save_compressed(model: W8A8Model, path: str | Path) -> Path:
     (root / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True, default=str) + "\n")
     return root
 
-
-#: ``MANIFEST.json``'s ``format`` in a directory written by :func:`export_compressed`.
-EXPORT_FORMAT = "swapcheck-compressed-export"
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def export_compressed(name: str, out: str | Path) -> dict[str, Any]:
-    """Write the shipped model ``name`` as a compressed-tensors W8A8 INT8 directory ``out`` (which must
-    not exist, or be empty): the int8 weights and per-channel scales the CPU engine quantizes on load
-    (real scales), by :func:`save_compressed`, and a ``MANIFEST.json`` with the source model, its
-    sha256 (checked first), and the sha256 of each written file; ``model_safetensors_sha256`` makes
-    :func:`read_checkpoint` check the written weights on every load.  Written into a sibling
-    temporary directory and renamed into place, so ``out`` is complete or absent.  Returns the manifest."""
-    import os
-    import shutil
-    import tempfile
-
-    import transformers
-
-    from .engine import build_model
-
-    src = shipped_model_dir(name)
-    source = check_manifest(src)
-    if source is None:
-        raise ManifestError(f"{src}: the shipped model {name!r} has no MANIFEST.json")
-    root = Path(out)
-    if root.exists() and (not root.is_dir() or any(root.iterdir())):
-        raise ValueError(f"{root}: exists and is not an empty directory; give a new directory")
-    root.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=root.parent))
-    try:
-        save_compressed(build_model(name), tmp)
-        files = {f.name: _sha256(f) for f in sorted(tmp.iterdir())}
-        manifest = {
-            "format": EXPORT_FORMAT, "version": 1, "name": f"{name}-w8a8",
-            "source": {"model": name, "model_safetensors_sha256": source["model_safetensors_sha256"],
-                       "manifest_sha256": _sha256(src / "MANIFEST.json")},
-            "model_safetensors_sha256": files["model.safetensors"], "files": files,
-            "quantization": "compressed-tensors W8A8 INT8: weights int8 per output channel, symmetric, "
-                            "scale fl(absmax / 127) (the CPU engine's real scales); activations dynamic per token",
-            "written_by": "swapcheck model export (tasks.models.checkpoint.export_compressed)",
-            "torch": torch.__version__, "transformers": transformers.__version__,
-        }
-        (tmp / "MANIFEST.json").write_text(json.dumps(manifest, indent=2) + "\n")
-        if root.exists():
-            root.rmdir()  # empty (checked above)
-        os.replace(tmp, root)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return manifest
-
-
-def check_export(root: Path, name: str | None = None) -> dict[str, Any]:
-    """The manifest of the export directory ``root`` after checking every file it lists against its
-    sha256 (and, given ``name``, that it was written from the shipped ``name``'s present weights)."""
-    manifest = check_manifest(root)
-    if manifest is None or manifest.get("format") != EXPORT_FORMAT:
-        raise ManifestError(f"{root}: not a directory written by `swapcheck model export` (no {EXPORT_FORMAT} "
-                            "MANIFEST.json)")
-    for fname, want in manifest["files"].items():
-        f = root / fname
-        if not f.is_file() or _sha256(f) != want:
-            raise ManifestError(f"{f}: missing or its sha256 differs from MANIFEST.json's {want}; remove {root} "
-                                "to export again")
-    if name is not None:
-        want = check_manifest(shipped_model_dir(name))
-        if want is None or manifest["source"]["model_safetensors_sha256"] != want["model_safetensors_sha256"]:
-            raise ManifestError(f"{root}: exported from other weights than the shipped {name!r}; remove it to "
-                                "export again")
-    return manifest
-
-
-def exported_model_dir(name: str, cache: str | Path | None = None) -> Path:
-    """The compressed-tensors export of the shipped model ``name`` in the cache directory (``cache``,
-    else ``$SWAPCHECK_MODEL_CACHE``, else ``~/.cache/swapcheck/models``), as
-    ``<name>@<first 16 hex of its weights' sha256>-w8a8``: written on first use, checked on every use
-    (:func:`check_export`).  Two processes exporting at once both write complete copies and one rename
-    wins (the other's identical export is discarded)."""
-    import os
-    import shutil
-
-    src = check_manifest(shipped_model_dir(name))
-    if src is None:
-        raise ManifestError(f"the shipped model {name!r} has no MANIFEST.json")
-    base = Path(cache or os.environ.get("SWAPCHECK_MODEL_CACHE") or Path.home() / ".cache" / "swapcheck" / "models")
-    root = base / f"{name}@{str(src['model_safetensors_sha256'])[:16]}-w8a8"
-    if not root.exists():
-        staging = base / f".{root.name}.{os.getpid()}"
-        shutil.rmtree(staging, ignore_errors=True)
-        export_compressed(name, staging)
-        try:
-            os.rename(staging, root)
-        except OSError:  # another process put its export there first
-            shutil.rmtree(staging, ignore_errors=True)
-    check_export(root, name)
-    return root
