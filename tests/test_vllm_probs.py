@@ -325,10 +325,18 @@ def test_report_shows_probs_diff_and_k3_without_kl_and_says_why(tmp_path: Path) 
     assert rows["a -> v"]["gate"].startswith("not evaluated: the mismatch KL per position is not measured on vLLM")
     assert rows["a -> c"]["gate"].startswith("PASS: mismatch KL per position") and "(12 positions)" in rows["a -> c"]["gate"]
     assert any(line.startswith("a -> v: mismatch KL not measured (vLLM") for line in dt.distribution_lines(rep))
-    teacher = dv.pair_figures({"first_divergence": [], "total_agreement": {"pairs": [], "answers": {"recorded": False}},
-                               "distribution": list(dist.values()), "flip_buckets": []}, "a", "v")["teacher_forced"]
+    figures = dv.pair_figures({"first_divergence": [], "total_agreement": {"pairs": [], "answers": {"recorded": False}},
+                               "distribution": list(dist.values()), "flip_buckets": []}, "a", "v")
+    teacher = figures["teacher_forced"]
     assert len(teacher) == 1 and teacher[0]["kl_mean"] is None and teacher[0]["kl_note"].startswith("not measured")
     assert teacher[0]["k3_mean"] == pytest.approx(k3_mean)
+    # ... and the certificate's evidence cells render it: probs_diff and k3, no KL number, no gate passed
+    from reports.certificate import divergence_cells
+
+    cells = divergence_cells([{"arm_a": "a", "arm_b": "v", "divergence": figures}])
+    assert cells["probs_diff / k3 / KL per position [95%]"].startswith(f"a->v probs_diff {pd_mean:.3g}")
+    assert "KL not run" in cells["probs_diff / k3 / KL per position [95%]"]
+    assert cells["KL gate (|mean| + 2 SE)"] == "not run"
 
 
 # --- on a GPU ---------------------------------------------------------------------------------------------------------
