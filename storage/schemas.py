@@ -170,9 +170,11 @@ TEACHER_FORCED = pa.schema(
         ("arm_argmax", pa.int64()),
         ("arm_margin", pa.float64()),
         ("flip", pa.bool_()),
-        # From each arm's full-vocabulary logits (CPU engine; NULL on vLLM and in older results):
-        # p of the reference token under each arm, exact KL(ref || arm), k3 = r - 1 - log r with
-        # r = p_arm / p_ref of the reference token (tasks/kinds/teacher_forced.py, docs/divergence.md).
+        # From each arm's full-vocabulary logits (NULL in older results): p of the reference token
+        # under each arm, exact KL(ref || arm), k3 = r - 1 - log r with r = p_arm / p_ref of the
+        # reference token (tasks/kinds/teacher_forced.py, docs/divergence.md). On vLLM each arm's side
+        # comes from its own process (the reference's: generations.teacher_forced_token_logprob) and
+        # the KL is NULL: the two full distributions are never in one process there.
         ("ref_token_prob_ref", pa.float64()),
         ("ref_token_prob_arm", pa.float64()),
         ("kl_ref_arm", pa.float64()),
