@@ -39,10 +39,10 @@ for Wilson where installed; scikit-learn's ``roc_auc_score`` and ``LogisticRegre
   probs_diff, k3, KL with its bootstrap interval and gate, flips at p_ref in [0.1, 0.9)); the arms' kernels, models and weights; the launches.
   The verdict rules (a few comparisons per section over these aggregates) are not re-implemented.
 * ``divergence``: every number ``report divergence --format json`` prints, at its defaults (2000
-  resamples, seed 0, the gate on the mismatch KL at 0.015), per arm pair of a sweep: the first
-  divergence of the restart-0 generations (the per-position rows, gathered into each sequence's
-  token and margin lists in position order and compared list against list; a position one arm lacks
-  differs), the Kaplan-Meier curve at every event time with its log-log interval and the
+  resamples, seed 0, the gate on the mismatch KL at 0.015), per arm pair (two arms of one experiment
+  of a sweep): the first divergence of the restart-0 generations (the per-position rows, gathered
+  into each sequence's token and margin lists in position order and compared list against list; a
+  position one arm lacks differs), the Kaplan-Meier curve at every event time with its log-log interval and the
   0.1/0.25/0.5/0.75/0.9 quantiles (``scipy.stats.ecdf`` on ``CensoredData``), the diverged positions'
   quartiles (``numpy.quantile``), each arm's margin at the divergence beside the identical-prefix
   margins (medians, ``scipy.stats.mannwhitneyu``'s U / (n_div n_prefix), the prefix share at or below
@@ -633,26 +633,30 @@ def divergence(con: duckdb.DuckDBPyConnection, present: set[str], threshold: flo
 # Restart-0 generations as one row per (sweep, arm, prompt): the tokens and margins in position order.
 GEN_LISTS = """
 CREATE TEMP TABLE gen_lists AS
-SELECT sweep, arm, prompt_index, count(*) AS n, min(position) AS lo, max(position) AS hi,
+SELECT sweep, experiment, arm, prompt_index, count(*) AS n, min(position) AS lo, max(position) AS hi,
        list(token ORDER BY position) AS toks, list(margin ORDER BY position) AS margins
-FROM generations WHERE restart = 0 GROUP BY sweep, arm, prompt_index
+FROM generations WHERE restart = 0 GROUP BY sweep, experiment, arm, prompt_index
 """
 
-# Per arm pair (arm_a < arm_b, one sweep) and prompt either arm generated: n (positions either arm
+# Per arm pair (arm_a < arm_b, two arms of one experiment of a sweep: arms of two experiments run other
+# models or prompts and are never paired) and prompt either arm generated: n (positions either arm
 # generated), the first position whose tokens differ (a position one arm lacks differs; NULL: identical
 # to the end), both margins there, and the margins of the positions before it (the identical prefix).
 PAIR_PROMPTS = """
 CREATE TEMP TABLE pair_prompts AS
-WITH arms AS (SELECT DISTINCT sweep, arm FROM gen_lists),
-prs AS (SELECT x.sweep, x.arm AS arm_a, y.arm AS arm_b FROM arms x JOIN arms y ON x.sweep = y.sweep AND x.arm < y.arm),
-prompts AS (SELECT DISTINCT sweep, prompt_index FROM gen_lists),
+WITH arms AS (SELECT DISTINCT sweep, experiment, arm FROM gen_lists),
+prs AS (SELECT x.sweep, x.experiment, x.arm AS arm_a, y.arm AS arm_b FROM arms x
+        JOIN arms y ON x.sweep = y.sweep AND x.experiment = y.experiment AND x.arm < y.arm),
+prompts AS (SELECT DISTINCT sweep, experiment, prompt_index FROM gen_lists),
 j AS (
     SELECT prs.sweep, prs.arm_a, prs.arm_b, q.prompt_index,
            coalesce(a.toks, []) AS ta, coalesce(b.toks, []) AS tb,
            coalesce(a.margins, []) AS ma, coalesce(b.margins, []) AS mb
-    FROM prs JOIN prompts q USING (sweep)
-    LEFT JOIN gen_lists a ON a.sweep = prs.sweep AND a.arm = prs.arm_a AND a.prompt_index = q.prompt_index
-    LEFT JOIN gen_lists b ON b.sweep = prs.sweep AND b.arm = prs.arm_b AND b.prompt_index = q.prompt_index
+    FROM prs JOIN prompts q USING (sweep, experiment)
+    LEFT JOIN gen_lists a ON a.sweep = prs.sweep AND a.experiment = prs.experiment AND a.arm = prs.arm_a
+                         AND a.prompt_index = q.prompt_index
+    LEFT JOIN gen_lists b ON b.sweep = prs.sweep AND b.experiment = prs.experiment AND b.arm = prs.arm_b
+                         AND b.prompt_index = q.prompt_index
     WHERE a.arm IS NOT NULL OR b.arm IS NOT NULL),
 d AS (
     SELECT *, greatest(len(ta), len(tb)) AS n,
@@ -676,10 +680,10 @@ SELECT p.sweep, p.arm, any_value(r.restarts) AS restarts, count(*) AS prompts,
 FROM p JOIN r USING (sweep, arm) GROUP BY p.sweep, p.arm ORDER BY p.sweep, p.arm
 """
 
-# Per arm pair and prompt over both arms' runs, then per pair: TARr@2N's count, the distinct
-# completions per prompt, and (answers) the prompts whose 2N extracted answers agree.
+# Per arm pair (of one experiment) and prompt over both arms' runs, then per pair: TARr@2N's count, the
+# distinct completions per prompt, and (answers) the prompts whose 2N extracted answers agree.
 PAIR_RUNS = """
-WITH r AS (SELECT sweep, arm, count(DISTINCT restart) AS restarts FROM sequences GROUP BY ALL),
+WITH r AS (SELECT sweep, experiment, arm, count(DISTINCT restart) AS restarts FROM sequences GROUP BY ALL),
 per AS (
     SELECT ra.sweep, ra.arm AS arm_a, rb.arm AS arm_b, any_value(ra.restarts) AS restarts_a,
            any_value(rb.restarts) AS restarts_b, count(*) AS runs, count(DISTINCT s.sequence_hash) AS d,
@@ -687,8 +691,8 @@ per AS (
                AND count(s.sequence_hash) = count(*) AS complete,
            count(DISTINCT s.prompt_hash) = 1 AS one_prompt,
            count(s.extracted_answer) AS answered, count(DISTINCT s.extracted_answer) AS answers
-    FROM r ra JOIN r rb ON ra.sweep = rb.sweep AND ra.arm < rb.arm
-    JOIN sequences s ON s.sweep = ra.sweep AND s.arm IN (ra.arm, rb.arm)
+    FROM r ra JOIN r rb ON ra.sweep = rb.sweep AND ra.experiment = rb.experiment AND ra.arm < rb.arm
+    JOIN sequences s ON s.sweep = ra.sweep AND s.experiment = ra.experiment AND s.arm IN (ra.arm, rb.arm)
     GROUP BY ra.sweep, ra.arm, rb.arm, s.prompt_index)
 SELECT sweep, arm_a, arm_b, any_value(restarts_a) AS restarts_a, any_value(restarts_b) AS restarts_b,
        count(*) AS prompts, count(*) FILTER (WHERE complete AND one_prompt AND d = 1) AS agreeing,
