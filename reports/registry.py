@@ -19,7 +19,7 @@ import pkgutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from swapcheck_common.registry import Registry, RegistryError
 
@@ -159,7 +159,7 @@ def lazy(ref: str) -> Callable[..., Any]:
     return call
 
 
-def _valid(name: str, entry: Report) -> None:
+def _valid(name: str, entry: object) -> None:
     if not isinstance(entry, Report) or entry.name != name:
         raise ReportError(f"{name!r} names {entry!r}, not the Report {name!r}")
 
@@ -197,8 +197,8 @@ def builtin_report(name: str) -> Report | None:
     if importlib.util.find_spec(f"reports.views.{module}") is None:
         return None
     entry = getattr(importlib.import_module(f"reports.views.{module}"), "REPORT", None)
-    _valid(name, entry)
-    return entry
+    _valid(name, entry)  # a module without REPORT is refused as the registry refuses it
+    return cast(Report, entry)
 
 
 def reports() -> list[Report]:
