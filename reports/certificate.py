@@ -432,7 +432,7 @@ def _sweep_certificates(cat: Catalog, sweep: str) -> list[dict[str, Any]]:
              and quantizer_swap.same_quantizer(c, qarms)]
     self_rows = {r["arm"]: r for r in cat.named("self_reproducibility", sweep=sweep)}
     tf_pairs = {(r["ref_arm"], r["arm"]): r for r in cat.named("teacher_forced_pairs", sweep=sweep)}
-    div = divergence.divergence(cat, sweep, margins=False) if cross else None
+    div = divergence.for_certificate(cat, sweep) if cross else None
     checks_rows = check_verdicts(cat, sweep)
     floor = noise_floor.noise_floor(cat, sweep)
     prov, versions = _provenance(cat, sweep)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections import defaultdict
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -299,8 +300,12 @@ KL_NOT_MEASURED = ("not measured (vLLM: kernels are chosen once per process, so 
 GATE_FIGURES = {"kl": "mismatch KL per position", "k3": "k3 KL per position", "probs_diff": "probs_diff per position"}
 
 
+#: The bootstrap intervals ``distribution`` can compute: each figure's per position, and the KL's per sequence.
+INTERVALS = ("probs_diff", "k3", "kl", "kl_per_sequence")
+
+
 def distribution(cat: Catalog, sweep: str, *, gate_metric: str = "kl", threshold: float = 0.015,
-                 resamples: int = 2000, seed: int = 0) -> list[dict[str, Any]]:
+                 resamples: int = 2000, seed: int = 0, intervals: Collection[str] = INTERVALS) -> list[dict[str, Any]]:
     """Per teacher-forced (ref_arm, arm) pair: probs_diff (mean, max), k3 KL mean, mismatch KL per
     position and per sequence, each mean with a percentile-bootstrap interval over reference sequences,
     and the gate ``|mean| + 2 SE < threshold`` on ``gate_metric`` (SE: the bootstrap's).
@@ -309,8 +314,14 @@ def distribution(cat: Catalog, sweep: str, *, gate_metric: str = "kl", threshold
     positions whose probabilities are recorded (``measured_positions``), the KL over those whose KL is
     recorded too (``kl_positions``). On the vLLM engine the KL is never recorded: the pair has
     probs_diff and k3, no ``kl`` figure, ``kl_not_measured`` says why, and a gate on ``kl`` is not
-    evaluated (it says so) rather than read from another figure."""
+    evaluated (it says so) rather than read from another figure.
+
+    ``intervals``: the bootstrap intervals to compute (:data:`INTERVALS`; the gate's figure's always).
+    A figure left out has no ``per_position`` (``per_sequence``) key at all -- never an empty interval
+    that would read as "too few sequences". The certificate shows only the KL's and the gate's."""
     import numpy as np
+
+    want = set(intervals) | {gate_metric}
 
     by_pair: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in cat.named("divergence_sequences", sweep=sweep):
@@ -336,17 +347,20 @@ def distribution(cat: Catalog, sweep: str, *, gate_metric: str = "kl", threshold
         for name, c in (("probs_diff", "sum_abs_prob_diff"), ("k3", "sum_k3")):
             sums = np.array([r[c] for r in meas], dtype=float)
             figures[name] = {"mean_per_position": float(sums.sum() / counts.sum()),
-                             "per_position": _bootstrap(sums, counts, "position", resamples, seed),
                              "positions": entry["measured_positions"], "sequences": len(meas)}
+            if name in want:
+                figures[name]["per_position"] = _bootstrap(sums, counts, "position", resamples, seed)
         figures["probs_diff"]["max"] = float(max(r["max_abs_prob_diff"] for r in meas))
         if kl_meas:
             kl_counts = np.array([r["measured_kl"] for r in kl_meas], dtype=float)
             kl = np.array([r["sum_kl"] for r in kl_meas], dtype=float)
             figures["kl"] = {"mean_per_position": float(kl.sum() / kl_counts.sum()),
-                             "per_position": _bootstrap(kl, kl_counts, "position", resamples, seed),
                              "max": float(max(r["max_kl"] for r in kl_meas)), "mean_per_sequence": float(kl.mean()),
-                             "per_sequence": _bootstrap(kl, kl_counts, "sequence", resamples, seed),
                              "positions": entry["kl_positions"], "sequences": len(kl_meas)}
+            if "kl" in want:
+                figures["kl"]["per_position"] = _bootstrap(kl, kl_counts, "position", resamples, seed)
+            if "kl_per_sequence" in want:
+                figures["kl"]["per_sequence"] = _bootstrap(kl, kl_counts, "sequence", resamples, seed)
             if entry["kl_positions"] < entry["measured_positions"]:
                 entry["kl_note"] = (f"mismatch KL over {entry['kl_positions']} positions ({len(kl_meas)} sequences); "
                                     f"probs_diff and k3 over {entry['measured_positions']} ({len(meas)} sequences)")
@@ -378,33 +392,47 @@ def distribution(cat: Catalog, sweep: str, *, gate_metric: str = "kl", threshold
 
 # --- flips by p_ref ------------------------------------------------------------------------------------------------
 
-def flip_buckets(cat: Catalog, sweep: str) -> list[dict[str, Any]]:
+def flip_buckets(cat: Catalog, sweep: str, *, every_bucket: bool = True) -> list[dict[str, Any]]:
     """Per teacher-forced pair: flips / positions per bucket of the reference token's probability under
-    the reference arm, each with its Clopper-Pearson interval, plus the 0.1-0.9 range and the rest."""
+    the reference arm, each with its Clopper-Pearson interval, plus the 0.1-0.9 range and the rest
+    (``every_bucket=False``: the 0.1-0.9 range alone, as the certificate shows it)."""
     by_pair: dict[tuple[str, str, str], dict[float, tuple[int, int]]] = defaultdict(dict)
     for r in cat.named("divergence_prob_buckets", sweep=sweep):
         by_pair[_pair_key(r, "ref_arm", "arm")][float(r["bucket_low"])] = (r["flips"], r["positions"])
     out = []
     for key, got in sorted(by_pair.items()):
-        buckets = [dict(clopper_pearson(*got.get(low, (0, 0))), bucket=label) for low, label in BUCKETS.items()]
         mid = [got.get(low, (0, 0)) for low in (0.1, 0.5)]
-        rest = [got.get(low, (0, 0)) for low in (0.0, 0.9)]
-        out.append({"sweep": key[0], "ref_arm": key[1], "arm": key[2], "buckets": buckets,
-                    "middle": dict(clopper_pearson(sum(f for f, _ in mid), sum(n for _, n in mid)), bucket="[0.1, 0.9)"),
-                    "outside": dict(clopper_pearson(sum(f for f, _ in rest), sum(n for _, n in rest)),
-                                    bucket="[0, 0.1) and [0.9, 1]")})
+        row: dict[str, Any] = {"sweep": key[0], "ref_arm": key[1], "arm": key[2],
+               "middle": dict(clopper_pearson(sum(f for f, _ in mid), sum(n for _, n in mid)), bucket="[0.1, 0.9)")}
+        if every_bucket:
+            rest = [got.get(low, (0, 0)) for low in (0.0, 0.9)]
+            row["buckets"] = [dict(clopper_pearson(*got.get(low, (0, 0))), bucket=label) for low, label in BUCKETS.items()]
+            row["outside"] = dict(clopper_pearson(sum(f for f, _ in rest), sum(n for _, n in rest)),
+                                  bucket="[0, 0.1) and [0.9, 1]")
+        out.append(row)
     return out
 
 
 def divergence(cat: Catalog, sweep: str, *, gate_metric: str = "kl", threshold: float = 0.015, resamples: int = 2000,
                seed: int = 0, margins: bool = True) -> dict[str, Any]:
     """The whole report for one sweep (JSON of ``report divergence``); ``margins=False`` leaves out the
-    margins at the first divergence (what a certificate does not show)."""
+    margins at the first divergence."""
     return {"sweep": sweep, "first_divergence": first_divergence(cat, sweep, margins=margins),
             "total_agreement": total_agreement(cat, sweep),
             "distribution": distribution(cat, sweep, gate_metric=gate_metric, threshold=threshold, resamples=resamples,
                                          seed=seed),
             "flip_buckets": flip_buckets(cat, sweep)}
+
+
+def for_certificate(cat: Catalog, sweep: str) -> dict[str, Any]:
+    """What :func:`pair_figures` reads, computed alone: ``divergence``'s object without the margins at
+    the first divergence, the intervals of probs_diff, k3 and the per-sequence KL, and the flip buckets
+    other than 0.1-0.9 -- the same numbers for what it keeps (tests/test_divergence.py), at a quarter of
+    the bootstrap work (issue #25: the certificate computed 56 bootstraps at 10M rows to show 14)."""
+    return {"sweep": sweep, "first_divergence": first_divergence(cat, sweep, margins=False),
+            "total_agreement": total_agreement(cat, sweep),
+            "distribution": distribution(cat, sweep, intervals=("kl",)),
+            "flip_buckets": flip_buckets(cat, sweep, every_bucket=False)}
 
 
 def pair_figures(rep: dict[str, Any], arm_a: str, arm_b: str) -> dict[str, Any]:

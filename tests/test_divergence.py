@@ -333,3 +333,15 @@ def test_first_divergence_from_the_token_lists_equals_the_per_position_query(res
     assert by_prompt[9]["first_divergence"] == 2 and by_prompt[9]["positions"] == 3
     assert by_prompt[11]["first_divergence"] == 0 and by_prompt[0]["first_divergence"] is None
     assert by_prompt[1]["first_divergence"] == 2
+
+
+def test_the_certificates_lighter_computation_gives_the_same_pair_figures(results: Path) -> None:
+    """``for_certificate`` skips the intervals and buckets a certificate does not show (issue #25); what
+    it shows is the same to the last bit as from the whole report."""
+    with open_catalog(results) as cat:
+        light, whole = dv.for_certificate(cat, "s1"), dv.divergence(cat, "s1", margins=False)
+    assert dv.pair_figures(light, "a", "b") == dv.pair_figures(whole, "a", "b")
+    (d,) = [p for p in light["distribution"] if p["arm"] == "b"]
+    assert "per_position" not in d["probs_diff"] and "per_position" not in d["k3"] and "per_sequence" not in d["kl"]
+    assert d["kl"]["per_position"]["interval"] is not None and d["gate"]["se"] is not None
+    assert all(set(b) == {"sweep", "ref_arm", "arm", "middle"} for b in light["flip_buckets"])
