@@ -21,7 +21,7 @@ predictions to 1e-3, as the fits of the same data in another row order; the boot
 0.02): a case whose numbers differ is printed as such, recorded with ``same_numbers: false`` and
 makes the script exit 1 after writing its cases. ``report divergence``'s JSON is mapped onto the
 baseline's keys (``_divergence_view``: rows keyed by sweep and arm pair, each exact interval as [k, n,
-rate, interval]) and every number compared; a pair only one side has is a difference. ``report all``
+rate, interval, level]) and every number compared; a pair only one side has is a difference. ``report all``
 is checked through its parts (its baseline computes them in one process, each once: agreement,
 flips at 500 resamples, K-depth, the divergence figures at the report's defaults as its divergence
 section computes them, the certificate); ``query`` compares the CSV text.
@@ -156,8 +156,8 @@ def _cert_view(certs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _cp_view(r: dict[str, Any] | None) -> list[Any] | None:
-    """A Clopper-Pearson object of ``report divergence`` as the baseline writes it: [k, n, rate, interval]."""
-    return None if r is None else [r["k"], r["n"], r["rate"], r["interval"]]
+    """A Clopper-Pearson object of ``report divergence`` as the baseline writes it: [k, n, rate, interval, level]."""
+    return None if r is None else [r["k"], r["n"], r["rate"], r["interval"], r["level"]]
 
 
 def _figure_view(f: dict[str, Any], positions: int, sequences: int) -> dict[str, Any]:
@@ -168,7 +168,7 @@ def _figure_view(f: dict[str, Any], positions: int, sequences: int) -> dict[str,
 
 def _divergence_view(rep: dict[str, Any]) -> dict[str, Any]:
     """``report divergence``'s JSON keyed as ``reads_baseline.report_divergence`` keys it (``sweep|arm_a|arm_b``,
-    ``sweep|ref_arm|arm``; intervals as [k, n, rate, interval]); the text (methods, notes) left out."""
+    ``sweep|ref_arm|arm``; exact intervals as [k, n, rate, interval, level]); the text (methods, notes) left out."""
     first = {}
     for p in rep["first_divergence"]:
         s = p["survival"]
@@ -176,7 +176,7 @@ def _divergence_view(rep: dict[str, Any]) -> dict[str, Any]:
         first[f"{p['sweep']}|{p['arm_a']}|{p['arm_b']}"] = {
             "sequences": p["sequences"], "last_position": p["last_position"], "diverged": p["diverged"],
             "identical": p["identical"],
-            "survival": {"events": s["events"], "curve": [[c["t"], c["survival"], c["low"], c["high"]] for c in s["curve"]],
+            "survival": {"sequences": s["sequences"], "events": s["events"], "curve": [[c["t"], c["survival"], c["low"], c["high"]] for c in s["curve"]],
                          "quantiles": s["quantiles"]},
             "diverged_positions": None if d is None else {k: d[k] for k in ("min", "q25", "median", "q75", "max")},
             "margins": {side: {k: v for k, v in m.items()} for side, m in p["margins"].items()}}
@@ -217,6 +217,7 @@ def _divergence_view(rep: dict[str, Any]) -> dict[str, Any]:
                 kl = p["kl"]
                 e["kl"] = {**_figure_view(kl, kl_pos, kl_seq), "max": kl["max"], "mean_per_sequence": kl["mean_per_sequence"],
                            "per_sequence_interval": kl["per_sequence"]["interval"], "per_sequence_se": kl["per_sequence"]["se"]}
+            e["bootstrap"] = {k: p["bootstrap"][k] for k in ("level", "resamples", "seed", "sequences")}
             g = p["gate"]
             figure = e.get(g["metric"])
             e["gate"] = {"metric": g["metric"], "threshold": g["threshold"], "mean": g["mean"], "se": g["se"],

@@ -767,8 +767,8 @@ GATE_SUMS = {"kl": "kl", "k3": "k3", "probs_diff": "probs_diff"}
 
 
 def _cp(k: int, n: int) -> list[Any]:
-    """[k, n, k / n, exact interval] (None where n = 0)."""
-    return [k, n, k / n if n else None, exact(k, n)]
+    """[k, n, k / n, exact interval, level] (None where n = 0)."""
+    return [k, n, k / n if n else None, exact(k, n), LEVEL]
 
 
 def _finite(v: float) -> float | None:
@@ -783,7 +783,7 @@ def _survival(times: list[int], censored: list[int]) -> dict[str, Any]:
     from scipy.stats import CensoredData, ecdf
 
     if not times:
-        return {"events": 0, "curve": [], "quantiles": {}}
+        return {"sequences": len(censored), "events": 0, "curve": [], "quantiles": {}}
     sf = ecdf(CensoredData(uncensored=times, right=censored) if censored else np.asarray(times)).sf
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -795,7 +795,7 @@ def _survival(times: list[int], censored: list[int]) -> dict[str, Any]:
     for q in (0.1, 0.25, 0.5, 0.75, 0.9):
         hit = [c[0] for c in curve if c[1] <= 1 - q + 1e-12]
         quantiles[f"{q:g}"] = hit[0] if hit else None
-    return {"events": len(times), "curve": curve, "quantiles": quantiles}
+    return {"sequences": len(times) + len(censored), "events": len(times), "curve": curve, "quantiles": quantiles}
 
 
 def _margins(at: list[float], prefix: np.ndarray, arm: str) -> dict[str, Any]:
@@ -940,6 +940,7 @@ def report_divergence(con: duckdb.DuckDBPyConnection, present: set[str], *, resa
             if kl.size >= 2:
                 entry["kl"]["per_sequence_interval"], entry["kl"]["per_sequence_se"] = _boot(
                     (kl,), lambda s, axis=-1: np.mean(s, axis=axis), resamples, seed)
+        entry["bootstrap"] = {"level": LEVEL, "resamples": resamples, "seed": seed, "sequences": len(probs)}
         fig = entry.get(GATE_SUMS[gate_metric])
         bound = None if fig is None or fig["se"] is None else abs(fig["mean"]) + 2 * fig["se"]
         entry["gate"] = {"metric": gate_metric, "threshold": threshold, "mean": None if fig is None else fig["mean"],
