@@ -746,6 +746,10 @@ def evidence_rows(cert: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+#: The KL cell of a pair whose mismatch KL is not recorded (vLLM arms; reports/divergence.py says why).
+KL_NOT_MEASURED = "KL not measured (vLLM: the two full distributions are never in one process; report divergence)"
+
+
 def divergence_cells(pairs: list[dict[str, Any]]) -> dict[str, str]:
     """The evidence cells of reports/divergence.py: first divergence, TARr@2N, probs_diff / k3 / KL and the gate."""
     divs = [(p, p["divergence"]) for p in pairs if p.get("divergence")]
@@ -758,11 +762,14 @@ def divergence_cells(pairs: list[dict[str, Any]]) -> dict[str, str]:
                      f"{_interval(*(d['tarr_2n']['interval'] or (None, None)))}" for p, d in divs if d["tarr_2n"]) or NOT_RUN
     tf = [t for _p, d in divs for t in d["teacher_forced"]]
     dist = "; ".join(f"{t['ref_arm']}->{t['arm']} probs_diff {_num(t['probs_diff_mean'])} (max {_num(t['probs_diff_max'])}), "
-                     f"k3 {_num(t['k3_mean'])}, KL {_num(t['kl_mean'])} {_interval(*(t['kl_ci'] or (None, None)))}"
+                     f"k3 {_num(t['k3_mean'])}, " + (f"KL {_num(t['kl_mean'])} {_interval(*(t['kl_ci'] or (None, None)))}"
+                                                  if t["kl_mean"] is not None else KL_NOT_MEASURED)
                      for t in tf) or NOT_RUN
-    gate = "; ".join(f"{t['ref_arm']}->{t['arm']} {'PASS' if t['gate']['passed'] else 'FAIL'} "
-                     f"({t['gate']['metric']} {_num(abs(t['gate']['mean']))} + 2 x {_num(t['gate']['se'], '.2g')} vs "
-                     f"{t['gate']['threshold']:g})" for t in tf if t["gate"]["passed"] is not None) or NOT_RUN
+    gate = "; ".join(f"{t['ref_arm']}->{t['arm']} " + (
+        f"{'PASS' if t['gate']['passed'] else 'FAIL'} ({t['gate']['metric']} {_num(abs(t['gate']['mean']))} + 2 x "
+        f"{_num(t['gate']['se'], '.2g')} vs {t['gate']['threshold']:g})" if t["gate"]["passed"] is not None
+        else f"not evaluated ({t['gate']['metric']} {'not measured' if t['kl_mean'] is None else 'without an interval'})")
+        for t in tf) or NOT_RUN
     cells = {"first divergence": first, "TARr@2N [95% exact]": tarr, "probs_diff / k3 / KL per position [95%]": dist,
              "KL gate (|mean| + 2 SE)": gate}
     answers = [(p, d["answers"]) for p, d in divs if d.get("answers")]
@@ -771,6 +778,14 @@ def divergence_cells(pairs: list[dict[str, Any]]) -> dict[str, str]:
             f"{arm} {a['accuracy']['k']}/{a['accuracy']['n']} {_interval(*(a['accuracy']['interval'] or (None, None)))}; "
             f"TARa {a['tara']['k']}/{a['tara']['n']} {_interval(*(a['tara']['interval'] or (None, None)))}"
             for _p, d in answers for arm, a in d["arms"].items())
+        changes = [(p, c) for p, d in answers if (c := d.get("accuracy_change"))]
+        if changes:
+            cells["accuracy change per swap (paired, restart 0)"] = "; ".join(
+                f"{c['arm_a']}->{c['arm_b']} {c['b_only'] - c['a_only']:+d}/{c['n']} "
+                f"({c['a_only']} right only under {c['arm_a']}, {c['b_only']} only under {c['arm_b']}); "
+                + (f"exact McNemar p {_num(c['mcnemar_p'], '.3g')}" if c["mcnemar_p"] is not None
+                   else f"|change| <= {_num(c['abs_change_bound'], '.3g')} (95% Clopper-Pearson on discordant prompts)")
+                for _p, c in changes)
     return cells
 
 

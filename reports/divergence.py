@@ -457,7 +457,8 @@ def pair_figures(rep: dict[str, Any], arm_a: str, arm_b: str) -> dict[str, Any]:
     ans = rep["total_agreement"]["answers"]
     answers = None if not ans["recorded"] else {
         "arms": {a["arm"]: {"accuracy": a["accuracy"], "tara": a["tara"]} for a in ans["arms"] if a["arm"] in pair},
-        "tara_2n": next((p["tara"] for p in ans["pairs"] if {p["arm_a"], p["arm_b"]} == pair), None)}
+        "tara_2n": next((p["tara"] for p in ans["pairs"] if {p["arm_a"], p["arm_b"]} == pair), None),
+        "accuracy_change": next((c for c in ans.get("changes", []) if {c["arm_a"], c["arm_b"]} == pair), None)}
     return {"answers": answers, "first_divergence": None if first is None else {
                 "sequences": first["sequences"], "diverged": first["diverged"],
                 "km_median": first["survival"]["quantiles"].get("0.5"),

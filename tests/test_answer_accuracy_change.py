@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pytest
@@ -108,3 +109,22 @@ def test_report_divergence_shows_the_change_table(answered: Path) -> None:
     assert "a -> d: no prompt changed its correctness; |change| <= 0.265" in out
     assert "skipped a vs c: arms of two experiments (answers, other)" in out
     assert "exact McNemar" in out and "unit: prompts" in out
+
+
+def test_the_certificate_cell_names_the_paired_change_and_its_test() -> None:
+    from reports.certificate import divergence_cells
+    from reports.divergence import _accuracy_change
+
+    acc = {"k": 250, "n": 256, "interval": [0.95, 0.99]}
+    base = {"first_divergence": None, "tarr_2n": None, "teacher_forced": []}
+
+    def cell(change: dict[str, Any]) -> str:
+        div = {**base, "answers": {"arms": {"a": {"accuracy": acc, "tara": acc}}, "tara_2n": None,
+                                   "accuracy_change": {"arm_a": "a", "arm_b": "b", **change}}}
+        return divergence_cells([{"arm_a": "a", "arm_b": "b", "divergence": div}])[
+            "accuracy change per swap (paired, restart 0)"]
+
+    assert cell(_accuracy_change(256, 1, 4)) == ("a->b +3/256 (1 right only under a, 4 only under b); "
+                                                 "exact McNemar p 0.375")
+    assert cell(_accuracy_change(256, 0, 0)).startswith("a->b +0/256 (0 right only under a, 0 only under b); "
+                                                        "|change| <= 0.0143")

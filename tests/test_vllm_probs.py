@@ -335,8 +335,8 @@ def test_report_shows_probs_diff_and_k3_without_kl_and_says_why(tmp_path: Path) 
 
     cells = divergence_cells([{"arm_a": "a", "arm_b": "v", "divergence": figures}])
     assert cells["probs_diff / k3 / KL per position [95%]"].startswith(f"a->v probs_diff {pd_mean:.3g}")
-    assert "KL not run" in cells["probs_diff / k3 / KL per position [95%]"]
-    assert cells["KL gate (|mean| + 2 SE)"] == "not run"
+    assert "KL not measured (vLLM" in cells["probs_diff / k3 / KL per position [95%]"]
+    assert cells["KL gate (|mean| + 2 SE)"] == "a->v not evaluated (kl not measured)"
 
 
 # --- on a GPU ---------------------------------------------------------------------------------------------------------
