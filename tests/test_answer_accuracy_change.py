@@ -116,7 +116,7 @@ def test_the_certificate_cell_names_the_paired_change_and_its_test() -> None:
     from reports.divergence import _accuracy_change
 
     acc = {"k": 250, "n": 256, "interval": [0.95, 0.99]}
-    base = {"first_divergence": None, "tarr_2n": None, "teacher_forced": []}
+    base: dict[str, Any] = {"first_divergence": None, "tarr_2n": None, "teacher_forced": []}
 
     def cell(change: dict[str, Any]) -> str:
         div = {**base, "answers": {"arms": {"a": {"accuracy": acc, "tara": acc}}, "tara_2n": None,
