@@ -4,8 +4,8 @@ number of ``report divergence``'s JSON on small trees whose numbers tests/test_d
 the comparison maps the report onto the baseline's keys and finds a changed number.
 
 Trees: tests/test_divergence.py's sweep ``s1`` (two arms, first divergences, teacher-forced pairs with
-and without the probability columns) plus a prompt one arm generated only in part and one only arm
-``a`` generated; and its answers sweep (N = 3, accuracy, TARa, the accuracy change), with a third arm in
+and without the probability columns) plus a prompt one arm generated only in part, one only arm ``a``
+generated, and a teacher-forced pair with probabilities but no KL (as vLLM records it); and its answers sweep (N = 3, accuracy, TARa, the accuracy change), with a third arm in
 another experiment (its pairs are skipped by the report, with the experiments named).
 """
 
@@ -23,7 +23,7 @@ from reports import divergence as dv
 from storage.catalog import open_catalog
 from storage.store import ResultStore
 from tests.conftest import REPO
-from tests.test_divergence import ANSWERS, _sha, write_fixture
+from tests.test_divergence import ANSWERS, _sha, tf_row, write_fixture
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 
@@ -62,6 +62,10 @@ def test_divergence_baseline_gives_every_number_of_the_report(tmp_path: Path) ->
     _write_generated(store, "s1-short-a", "a", 9, [7, 8, 9])  # b generated two of a's three positions
     _write_generated(store, "s1-short-b", "b", 9, [7, 8])
     _write_generated(store, "s1-only-a", "a", 11, [5])  # a prompt only a generated
+    # a vLLM-like pair: probabilities and k3 recorded, the exact KL not (NULL)
+    store.write("teacher_forced", "s1", "tf-ac", [
+        {"unit_id": "tf-ac", "experiment": "e2e", "ref_arm": "a", "ref_restart": 0, "arm": "c", "prompt_index": p,
+         "position": i, **tf_row(p, i), "kl_ref_arm": None, "flip": False} for p in range(3) for i in range(6)])
     rep, base = _report(root, "s1"), _baseline(root)
     cand, want = tmp_path / "cand.json", tmp_path / "base.json"
     cand.write_text(json.dumps(rep))
@@ -76,6 +80,8 @@ def test_divergence_baseline_gives_every_number_of_the_report(tmp_path: Path) ->
     assert tf["s1|a|a-old"] == {"sequences": 1, "positions": 6, "measured_positions": 0, "measured_sequences": 0,
                                 "kl_positions": 0, "kl_sequences": 0}
     assert tf["s1|a|b"]["gate"]["passed"] is True and tf["s1|a|b"]["kl"]["interval"] is not None
+    assert tf["s1|a|c"]["kl_positions"] == 0 and "kl" not in tf["s1|a|c"] and tf["s1|a|c"]["k3"]["positions"] == 18
+    assert tf["s1|a|c"]["gate"]["passed"] is None  # the gate reads the KL, which this pair lacks
     assert base["answers"] == {"recorded": False}
     # a changed number, a pair the baseline lacks: both reported
     off = copy.deepcopy(base)
