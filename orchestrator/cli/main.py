@@ -116,7 +116,7 @@ def _register(want: selection.Wanted | None) -> None:
     for name in selection.COMMANDS[:-1]:  # `version` is defined below
         if want is not None and want.command != name:
             continue
-        module = importlib.import_module(f"orchestrator.cli.{name}")
+        module = importlib.import_module(f"orchestrator.cli.{selection.MODULES.get(name, name)}")
         if name in ("query", "db", "nightly"):
             app.command(name)(getattr(module, name))
         else:
@@ -124,7 +124,6 @@ def _register(want: selection.Wanted | None) -> None:
 
 
 _register(selection.WANTED)
-app.add_typer(__import__("orchestrator.cli.models").cli.models.app, name="model") if selection.WANTED is None else None
 
 
 @app.command("version")

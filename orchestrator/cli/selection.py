@@ -16,7 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 #: The top-level commands, in the order ``swapcheck --help`` lists them.
-COMMANDS = ("sweep", "kernels", "report", "check", "numerics", "query", "db", "nightly", "version")
+COMMANDS = ("sweep", "kernels", "report", "check", "numerics", "query", "db", "nightly", "model", "version")
+
+#: The module under ``orchestrator.cli`` of a command whose module is named otherwise.
+MODULES = {"model": "models"}
 
 #: Options of the top-level callback that take no value (anything else before the command: build all).
 _FLAGS = ("-q", "--quiet", "-v", "--verbose")
