@@ -93,33 +93,71 @@ def _survival(times: list[int], censored: list[int]) -> dict[str, Any]:
     return {"method": method, "sequences": n, "events": len(times), "curve": curve, "quantiles": quantiles}
 
 
-def first_divergence(cat: Catalog, sweep: str, *, margins: bool = True) -> list[dict[str, Any]]:
-    """Per arm pair: sequences compared, diverged, the survival curve and quantiles, the diverged ones'
-    positions, and (``margins``) the margins at the first divergence vs at the identical-prefix positions
-    (one row per generated position read: the certificate leaves it out)."""
+def _pairs_from_lists(tab: Any) -> dict[tuple[str, str, str], dict[str, Any]]:
+    """Per arm pair, from ``divergence_margins.sql`` (one row per pair, lists): the first divergence and
+    the positions per prompt, and each arm's margins at the first divergences and at the identical prefix
+    (numpy float64, NULLs dropped)."""
     import numpy as np
-    from scipy.stats import mannwhitneyu
+    import pyarrow.compute as pc
+
+    def values(col: str, i: int) -> Any:
+        return pc.drop_null(tab[col][i].values).to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
+
+    out = {}
+    for i, k in enumerate(tab.select(["sweep", "arm_a", "arm_b"]).to_pylist()):
+        out[_pair_key(k)] = {"first": tab["first_divergence"][i].as_py(), "positions": tab["positions"][i].as_py(),
+                             "at": {s: values(f"margin_{s}", i) for s in ("a", "b")},
+                             "prefix": {s: values(f"prefix_{s}", i) for s in ("a", "b")}}
+    return out
+
+
+def _pairs_from_rows(cat: Catalog, sweep: str, margins: bool) -> dict[tuple[str, str, str], dict[str, Any]]:
+    """What :func:`_pairs_from_lists` gives, from one row per prompt (``first_divergence.sql``, margins
+    at the identical prefix from ``divergence_prefix_margins.sql``: per-position joins) or, without the
+    margins, from the sequences' token lists (``divergence_first_from_sequences.sql``)."""
+    import numpy as np
 
     by_pair: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
-    # without the margins, the positions come from the sequences' token lists (one row per sequence,
-    # not per generated position: the same first divergences, tests/test_divergence.py)
     for r in cat.named("first_divergence" if margins else "divergence_first_from_sequences", sweep=sweep):
         by_pair[_pair_key(r)].append(r)
     prefix: dict[tuple[str, str, str], dict[str, list[float]]] = defaultdict(lambda: {"a": [], "b": []})
-    tab = cat.named_arrow("divergence_prefix_margins", sweep=sweep) if margins else None
-    if tab is not None and tab.num_rows:
-        import pyarrow.compute as pc
-
-        keys = tab.select(["sweep", "arm_a", "arm_b"]).group_by(["sweep", "arm_a", "arm_b"]).aggregate([]).to_pylist()
-        for k in keys:
-            sel = tab.filter(pc.and_(pc.and_(pc.equal(tab["sweep"], k["sweep"]), pc.equal(tab["arm_a"], k["arm_a"])),
-                                     pc.equal(tab["arm_b"], k["arm_b"])))
-            prefix[_pair_key(k)] = {"a": sel["margin_a"].to_pylist(), "b": sel["margin_b"].to_pylist()}
-    out = []
-    for key, rows in sorted(by_pair.items()):
+    for r in cat.named("divergence_prefix_margins", sweep=sweep) if margins else []:
+        for s in ("a", "b"):
+            if r[f"margin_{s}"] is not None:
+                prefix[_pair_key(r)][s].append(float(r[f"margin_{s}"]))
+    out = {}
+    for key, rows in by_pair.items():
         div = [r for r in rows if r["first_divergence"] is not None]
-        times = [int(r["first_divergence"]) for r in div]
-        censored = [int(r["positions"]) - 1 for r in rows if r["first_divergence"] is None]
+        out[key] = {"first": [r["first_divergence"] for r in rows], "positions": [int(r["positions"]) for r in rows],
+                    "at": {s: np.asarray([float(r[f"margin_{s}"]) for r in div if r.get(f"margin_{s}") is not None])
+                           for s in ("a", "b")},
+                    "prefix": {s: np.asarray(prefix[key][s], dtype=np.float64) for s in ("a", "b")}}
+    return out
+
+
+def first_divergence(cat: Catalog, sweep: str, *, margins: bool = True) -> list[dict[str, Any]]:
+    """Per arm pair: sequences compared, diverged, the survival curve and quantiles, the diverged ones'
+    positions, and (``margins``) the margins at the first divergence vs at the identical-prefix positions.
+
+    With the margins, every sequence's tokens and margins come as lists (``divergence_margins.sql``: one
+    aggregation over the generations); where some sequence's positions are not 0 .. n-1 (a list index
+    would not be its position), from the per-position queries instead -- the same numbers otherwise
+    (tests/test_divergence.py). Without them (the certificate), from the sequences' token lists."""
+    import numpy as np
+    from scipy.stats import mannwhitneyu
+
+    pairs = None
+    if margins:
+        tab = cat.named_arrow("divergence_margins", sweep=sweep)
+        if all(tab["contiguous"].to_pylist()):
+            pairs = _pairs_from_lists(tab)
+    if pairs is None:
+        pairs = _pairs_from_rows(cat, sweep, margins)
+    out = []
+    for key, pair in sorted(pairs.items()):
+        firsts, positions = pair["first"], pair["positions"]
+        times = [int(f) for f in firsts if f is not None]
+        censored = [n - 1 for f, n in zip(firsts, positions, strict=True) if f is None]
         surv = _survival(times, censored)
         diverged = None
         if times:
@@ -128,21 +166,20 @@ def first_divergence(cat: Catalog, sweep: str, *, margins: bool = True) -> list[
                         "max": max(times), "method": "numpy.quantile (linear), diverged sequences only"}
         by_side: dict[str, Any] = {}
         for side in ("a", "b") if margins else ():
-            at = [float(r[f"margin_{side}"]) for r in div if r[f"margin_{side}"] is not None]
-            pre = [float(m) for m in prefix[key][side] if m is not None]
+            at, pre = pair["at"][side], pair["prefix"][side]
             entry: dict[str, Any] = {"arm": key[1] if side == "a" else key[2], "at_divergence": len(at),
                                      "prefix_positions": len(pre),
-                                     "median_at_divergence": float(np.median(at)) if at else None,
-                                     "median_prefix": float(np.median(pre)) if pre else None,
+                                     "median_at_divergence": float(np.median(at)) if len(at) else None,
+                                     "median_prefix": float(np.median(pre)) if len(pre) else None,
                                      "p_lower": None}
-            if at and pre:
+            if len(at) and len(pre):
                 u = mannwhitneyu(at, pre, alternative="two-sided").statistic
                 # P(a margin at the first divergence < a margin at an identical-prefix position), ties count half
                 entry["p_lower"] = 1.0 - float(u) / (len(at) * len(pre))
-                entry["prefix_share_at_or_below_median"] = float(np.mean(np.asarray(pre) <= entry["median_at_divergence"]))
+                entry["prefix_share_at_or_below_median"] = float(np.mean(pre <= entry["median_at_divergence"]))
             by_side[side] = entry
-        out.append({"sweep": key[0], "arm_a": key[1], "arm_b": key[2], "sequences": len(rows),
-                    "last_position": max(int(r["positions"]) for r in rows) - 1,
+        out.append({"sweep": key[0], "arm_a": key[1], "arm_b": key[2], "sequences": len(firsts),
+                    "last_position": max(positions) - 1,
                     "diverged": len(times), "identical": len(censored), "survival": surv, "diverged_positions": diverged,
                     "margins": by_side, "unit": "restart-0 sequence pairs (one per prompt)"})
     return out

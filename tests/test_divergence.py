@@ -345,3 +345,34 @@ def test_the_certificates_lighter_computation_gives_the_same_pair_figures(result
     assert "per_position" not in d["probs_diff"] and "per_position" not in d["k3"] and "per_sequence" not in d["kl"]
     assert d["kl"]["per_position"]["interval"] is not None and d["gate"]["se"] is not None
     assert all(set(b) == {"sweep", "ref_arm", "arm", "middle"} for b in light["flip_buckets"])
+
+
+def test_the_margins_from_sequence_lists_equal_the_per_position_queries(results: Path) -> None:
+    """divergence_margins.sql (one aggregation into lists) against first_divergence.sql and
+    divergence_prefix_margins.sql (per-position joins), on a tree with a short and a one-arm prompt."""
+    with open_catalog(results) as cat:
+        lists = dv._pairs_from_lists(cat.named_arrow("divergence_margins", sweep="s1"))
+        rows = dv._pairs_from_rows(cat, "s1", True)
+        assert cat.named_arrow("divergence_margins", sweep="s1")["contiguous"].to_pylist() == [True]
+    assert lists.keys() == rows.keys() and lists
+    for key, got in lists.items():
+        want = rows[key]
+        assert (got["first"], got["positions"]) == (want["first"], want["positions"])
+        for part in ("at", "prefix"):
+            for side in ("a", "b"):
+                assert sorted(got[part][side]) == sorted(want[part][side]), (key, part, side)
+                assert len(got[part][side]) > 0
+
+
+def test_positions_that_are_not_0_to_n_fall_back_to_the_per_position_queries(tmp_path: Path) -> None:
+    root = tmp_path / "results"
+    write_fixture(root)
+    store = ResultStore(root)
+    gap = [{"unit_id": "s1-a-gap", "experiment": "e2e", "arm": "a", "restart": 0, "prompt_index": 9, "position": p,
+            "token": 5, "margin": 1.0, "topk_ids": [5, 6], "topk_logits": [2.0, 1.0]} for p in (0, 2)]
+    store.write("generations", "s1", "s1-a-gap", gap)
+    with open_catalog(root) as cat:
+        assert False in cat.named_arrow("divergence_margins", sweep="s1")["contiguous"].to_pylist()
+        (p,) = dv.first_divergence(cat, "s1")
+        rows = dv._pairs_from_rows(cat, "s1", True)[("s1", "a", "b")]
+    assert p["sequences"] == len(rows["first"]) == PROMPTS + 1 and p["last_position"] == LENGTH - 1
