@@ -256,3 +256,22 @@ def test_orphans_and_failed_units_files_are_not_read(results: Path) -> None:
         assert sorted(w.split(":")[0] for w in cat.warnings) == ["table=kdepth/sweep=s1/dup.parquet",
                                                                   "table=kdepth/sweep=s1/u2.parquet"]
         assert all("orphan" in w and "sweep verify" in w for w in cat.warnings)
+
+
+def test_the_static_duckdb_types_are_duckdbs_own_reading_of_every_declared_column() -> None:
+    """``_duck_types`` names each declared column's DuckDB type without a connection: for every table's
+    schema (and its ``sweep`` column) the types are the ones DuckDB gives the Arrow schema itself."""
+    import duckdb
+    import pyarrow as pa
+
+    from storage.catalog import _duck_type
+    from storage.schemas import TABLES
+
+    con = duckdb.connect()
+    for table, schema in TABLES.items():
+        schema = schema.append(pa.field("sweep", pa.string()))
+        rel = con.from_arrow(pa.Table.from_pylist([], schema=schema))
+        for field, want in zip(schema, rel.types, strict=True):
+            mine = _duck_type(field.type)
+            assert mine is not None, (table, field)
+            assert str(con.sql(f"SELECT CAST(NULL AS {mine}) AS x").types[0]) == str(want), (table, field.name, mine)

@@ -9,37 +9,26 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import Enum
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console, ConsoleDimensions
-from rich.markup import escape
 
+from orchestrator.cli.consoles import (
+    LazyConsole,
+    escape,
+    real_console,
+    stderr_console,
+    stdout_console,
+)
 from orchestrator.errors import exit_code_for, foreign_exit_code, user_message
 
-#: Width of standard output when it is not a terminal (a pipe, a file, CI): never cut a table there.
-PIPE_WIDTH = 10_000
+if TYPE_CHECKING:
+    from rich.console import Console
 
+__all__ = ["escape", "real_console"]  # re-exported: the CLI's modules import them from here
 
-class _Console(Console):
-    """As wide as its content when not writing to a terminal (rich would take the width of any
-    terminal among stdin/stdout/stderr, or 80), so a pipe or file is never cut; ``COLUMNS`` wins.
-    Colour follows rich: off when not a terminal, and off under ``NO_COLOR``."""
-
-    @property
-    def size(self) -> ConsoleDimensions:
-        size = Console.size.fget(self)  # type: ignore[attr-defined]
-        if self._width is None and not self.is_terminal and not self._environ.get("COLUMNS", "").isdigit():
-            return ConsoleDimensions(PIPE_WIDTH, size.height)
-        return size  # type: ignore[no-any-return]
-
-    @size.setter
-    def size(self, new_size: tuple[int, int]) -> None:
-        Console.size.fset(self, new_size)  # type: ignore[attr-defined]
-
-
-out = _Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
+out: Console = LazyConsole(stdout_console)  # type: ignore[assignment]
+err: Console = LazyConsole(stderr_console)  # type: ignore[assignment]
 
 DEFAULT_RESULTS = "results"
 

@@ -9,7 +9,7 @@ from typing import Any
 from rich.markup import escape
 
 from orchestrator.cli import common
-from orchestrator.cli.common import err, note, plural
+from orchestrator.cli.common import err, note, plural, real_console
 
 
 class UnitProgress:
@@ -54,7 +54,7 @@ class UnitProgress:
                 )
 
                 self.bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                    TextColumn("{task.fields[failed]} failed"), TimeElapsedColumn(), console=err)
+                                    TextColumn("{task.fields[failed]} failed"), TimeElapsedColumn(), console=real_console(err))
                 self.bar.start()
                 self.bar.add_task(self.label, total=self.total, failed=0)
         elif kind == "unit":

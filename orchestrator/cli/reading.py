@@ -65,9 +65,7 @@ def catalog(results: str, sweep: str | None = None) -> Iterator[Catalog]:
     Every file the catalog does not read (damaged, missing, foreign, orphaned) is one yellow
     ``warning:`` line on stderr, before any output: nothing is left out silently.
     """
-    from rich.markup import escape
-
-    from orchestrator.cli.common import err
+    from orchestrator.cli.common import err, escape
     from orchestrator.errors import UsageError
     from storage.catalog import open_catalog
     from storage.store import open_store

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.markup import escape
 
 from orchestrator.cli import selection
 from orchestrator.cli.common import (
@@ -26,6 +25,7 @@ from orchestrator.cli.common import (
     TableFormat,
     emit_rows,
     err,
+    escape,
     out,
     user_errors,
 )
