@@ -101,7 +101,10 @@ def _pairs_from_lists(tab: Any) -> dict[tuple[str, str, str], dict[str, Any]]:
     import pyarrow.compute as pc
 
     def values(col: str, i: int) -> Any:
-        return pc.drop_null(tab[col][i].values).to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
+        cell = tab[col][i]  # a NULL list: no prompt of the pair diverged (FILTER matched no row)
+        if not cell.is_valid:
+            return np.zeros(0, dtype=np.float64)
+        return pc.drop_null(cell.values).to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
 
     out = {}
     for i, k in enumerate(tab.select(["sweep", "arm_a", "arm_b"]).to_pylist()):

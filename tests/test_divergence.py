@@ -376,3 +376,18 @@ def test_positions_that_are_not_0_to_n_fall_back_to_the_per_position_queries(tmp
         (p,) = dv.first_divergence(cat, "s1")
         rows = dv._pairs_from_rows(cat, "s1", True)[("s1", "a", "b")]
     assert p["sequences"] == len(rows["first"]) == PROMPTS + 1 and p["last_position"] == LENGTH - 1
+
+
+def test_a_pair_that_never_diverges_has_no_margins_at_a_divergence(tmp_path: Path) -> None:
+    """divergence_margins.sql gives a NULL list where no prompt of the pair diverged: read as none."""
+    root = tmp_path / "results"
+    store = ResultStore(root)
+    for arm in ("a", "b"):
+        unit = f"s1-{arm}-0"
+        store.write("generations", "s1", unit, [
+            {"unit_id": unit, "experiment": "e2e", "arm": arm, "restart": 0, "prompt_index": 0, "position": i,
+             "token": 7 + i, "margin": 1.0 + i, "topk_ids": [7 + i, 8 + i], "topk_logits": [2.0, 1.0]} for i in range(3)])
+    with open_catalog(root) as cat:
+        (p,) = dv.first_divergence(cat, "s1")
+    assert (p["sequences"], p["diverged"], p["identical"]) == (1, 0, 1)
+    assert p["margins"]["a"]["at_divergence"] == 0 and p["margins"]["a"]["prefix_positions"] == 3
