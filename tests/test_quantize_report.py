@@ -252,6 +252,7 @@ def test_certificate_cli_shows_the_fixed_gemm(results: tuple[Path, str]) -> None
 
 # -- report all -------------------------------------------------------------------------------------
 
+@pytest.mark.slow  # slow set: the default run stays under 6 minutes on 2 cores (CI runs both)
 def test_report_all_has_the_quantizer_section(results: tuple[Path, str], tmp_path: Path) -> None:
     root = results[0]
     res = runner.invoke(app, ["report", "all", "--results", str(root), "--format", "json"])

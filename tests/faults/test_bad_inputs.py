@@ -235,6 +235,7 @@ def _swapcheck(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*cmd, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # slow set: the default run stays under 6 minutes on 2 cores (CI runs both)
 def test_os_abort_is_refused_in_a_separate_process(work: Path) -> None:
     """``os:abort`` would kill the process that calls it: run the CLI in a child process."""
     spec = work / "spec.toml"

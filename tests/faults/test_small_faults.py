@@ -138,6 +138,7 @@ def _refused(tmp_path: Path, text: str, names: str, env: dict[str, str] | None =
     return "\n".join(outs)
 
 
+@pytest.mark.slow  # slow set: the default run stays under 6 minutes on 2 cores (CI runs both)
 def test_a_huge_list_is_echoed_as_a_bounded_excerpt(tmp_path: Path) -> None:
     out = _refused(tmp_path, KDEPTH + "k = [" + ", ".join(["64"] * 300_000) + "]\n", "experiments.int8.k")
     assert "(300000 values)" in out
