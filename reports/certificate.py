@@ -747,7 +747,7 @@ def evidence_rows(cert: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 #: The KL cell of a pair whose mismatch KL is not recorded (vLLM arms; reports/divergence.py says why).
-KL_NOT_MEASURED = "KL not measured (vLLM: the two full distributions are never in one process; report divergence)"
+KL_CELL_NOT_MEASURED = "KL not measured (vLLM: the two full distributions are never in one process; report divergence)"
 
 
 def divergence_cells(pairs: list[dict[str, Any]]) -> dict[str, str]:
@@ -763,7 +763,7 @@ def divergence_cells(pairs: list[dict[str, Any]]) -> dict[str, str]:
     tf = [t for _p, d in divs for t in d["teacher_forced"]]
     dist = "; ".join(f"{t['ref_arm']}->{t['arm']} probs_diff {_num(t['probs_diff_mean'])} (max {_num(t['probs_diff_max'])}), "
                      f"k3 {_num(t['k3_mean'])}, " + (f"KL {_num(t['kl_mean'])} {_interval(*(t['kl_ci'] or (None, None)))}"
-                                                  if t["kl_mean"] is not None else KL_NOT_MEASURED)
+                                                  if t["kl_mean"] is not None else KL_CELL_NOT_MEASURED)
                      for t in tf) or NOT_RUN
     gate = "; ".join(f"{t['ref_arm']}->{t['arm']} " + (
         f"{'PASS' if t['gate']['passed'] else 'FAIL'} ({t['gate']['metric']} {_num(abs(t['gate']['mean']))} + 2 x "

@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from storage.catalog import Catalog
 
-__all__ = ["BUCKETS", "GATE_FIGURES", "GATE_METRICS", "KL_NOT_MEASURED", "clopper_pearson", "distribution", "divergence", "first_divergence",
-           "flip_buckets", "total_agreement"]
+__all__ = ["BUCKETS", "GATE_FIGURES", "GATE_METRICS", "INTERVALS", "KL_NOT_MEASURED", "clopper_pearson", "distribution",
+           "divergence", "first_divergence", "flip_buckets", "for_certificate", "pair_figures", "total_agreement"]
 
 LEVEL = 0.95
 #: Lower edges of the p_ref buckets of ``divergence_prob_buckets.sql`` and their labels.
@@ -442,8 +442,9 @@ def flip_buckets(cat: Catalog, sweep: str, *, every_bucket: bool = True) -> list
     out = []
     for key, got in sorted(by_pair.items()):
         mid = [got.get(low, (0, 0)) for low in (0.1, 0.5)]
-        row: dict[str, Any] = {"sweep": key[0], "ref_arm": key[1], "arm": key[2],
-               "middle": dict(clopper_pearson(sum(f for f, _ in mid), sum(n for _, n in mid)), bucket="[0.1, 0.9)")}
+        row: dict[str, Any] = {
+            "sweep": key[0], "ref_arm": key[1], "arm": key[2],
+            "middle": dict(clopper_pearson(sum(f for f, _ in mid), sum(n for _, n in mid)), bucket="[0.1, 0.9)")}
         if every_bucket:
             rest = [got.get(low, (0, 0)) for low in (0.0, 0.9)]
             row["buckets"] = [dict(clopper_pearson(*got.get(low, (0, 0))), bucket=label) for low, label in BUCKETS.items()]
@@ -454,25 +455,24 @@ def flip_buckets(cat: Catalog, sweep: str, *, every_bucket: bool = True) -> list
 
 
 def divergence(cat: Catalog, sweep: str, *, gate_metric: str = "kl", threshold: float = 0.015, resamples: int = 2000,
-               seed: int = 0, margins: bool = True) -> dict[str, Any]:
+               seed: int = 0, margins: bool = True, intervals: Collection[str] = INTERVALS,
+               every_bucket: bool = True) -> dict[str, Any]:
     """The whole report for one sweep (JSON of ``report divergence``); ``margins=False`` leaves out the
-    margins at the first divergence."""
+    margins at the first divergence, ``intervals`` and ``every_bucket`` are :func:`distribution`'s and
+    :func:`flip_buckets`'."""
     return {"sweep": sweep, "first_divergence": first_divergence(cat, sweep, margins=margins),
             "total_agreement": total_agreement(cat, sweep),
             "distribution": distribution(cat, sweep, gate_metric=gate_metric, threshold=threshold, resamples=resamples,
-                                         seed=seed),
-            "flip_buckets": flip_buckets(cat, sweep)}
+                                         seed=seed, intervals=intervals),
+            "flip_buckets": flip_buckets(cat, sweep, every_bucket=every_bucket)}
 
 
 def for_certificate(cat: Catalog, sweep: str) -> dict[str, Any]:
-    """What :func:`pair_figures` reads, computed alone: ``divergence``'s object without the margins at
-    the first divergence, the intervals of probs_diff, k3 and the per-sequence KL, and the flip buckets
+    """What :func:`pair_figures` reads, computed alone: :func:`divergence` without the margins at the
+    first divergence, the intervals of probs_diff, k3 and the per-sequence KL, and the flip buckets
     other than 0.1-0.9 -- the same numbers for what it keeps (tests/test_divergence.py), at a quarter of
     the bootstrap work (issue #25: the certificate computed 56 bootstraps at 10M rows to show 14)."""
-    return {"sweep": sweep, "first_divergence": first_divergence(cat, sweep, margins=False),
-            "total_agreement": total_agreement(cat, sweep),
-            "distribution": distribution(cat, sweep, intervals=("kl",)),
-            "flip_buckets": flip_buckets(cat, sweep, every_bucket=False)}
+    return divergence(cat, sweep, margins=False, intervals=("kl",), every_bucket=False)
 
 
 def pair_figures(rep: dict[str, Any], arm_a: str, arm_b: str) -> dict[str, Any]:

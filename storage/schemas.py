@@ -576,15 +576,6 @@ LOCALIZE = pa.schema(
 
 #: Tables whose files are no unit's results (no ledger row names them): the catalog reads them whole
 #: (minus damage) and ``sweep verify`` does not hold them to the ledger. Defined once, here.
-def fingerprint() -> str:
-    """A SHA-256 (hex) of every declared table schema: what a cache of checks against them, or a
-    generated tree written under them, depends on."""
-    import hashlib
-
-    return hashlib.sha256(
-        "\n".join(f"{t}:{TABLES[t].remove_metadata()}" for t in sorted(TABLES)).encode()).hexdigest()
-
-
 UNMANAGED_TABLES = frozenset({"units", "sweeps", "launches", "preregistrations"})
 
 TABLES: dict[str, pa.Schema] = {
@@ -610,6 +601,15 @@ TABLES: dict[str, pa.Schema] = {
     "sweeps": SWEEPS,
     "launches": LAUNCHES,
 }
+
+
+def fingerprint() -> str:
+    """A SHA-256 (hex) of every declared table schema: what a cache of checks against them, or a
+    generated tree written under them, depends on."""
+    import hashlib
+
+    return hashlib.sha256(
+        "\n".join(f"{t}:{TABLES[t].remove_metadata()}" for t in sorted(TABLES)).encode()).hexdigest()
 
 
 def register_table(name: str, schema: pa.Schema) -> pa.Schema:

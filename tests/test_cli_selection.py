@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -71,8 +72,36 @@ def test_an_unknown_report_or_help_builds_every_report() -> None:
     assert len(_probe()["top"]) == 10  # type: ignore[arg-type]
 
 
-def test_the_program_runs_the_named_report(tmp_path: object) -> None:
+def test_the_program_runs_the_named_report() -> None:
     """Through ``python -m`` (as the tests and benchmarks run it): a wrong name still gets click's hint."""
     out = subprocess.run([sys.executable, "-m", "orchestrator.cli.main", "report", "nois-floor"], cwd=REPO,
                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert out.returncode == 2 and "noise-floor" in out.stderr
+
+
+_RUN = """
+import runpy, sys
+sys.argv = ["swapcheck", *sys.argv[1:]]
+try:
+    runpy.run_module("orchestrator.cli.main", run_name="__main__")
+except SystemExit as exc:
+    code = exc.code
+print(f"exit={code} rich={'rich' in sys.modules} views={sorted(m for m in sys.modules if m.startswith('reports.views.'))}",
+      file=sys.stderr)
+"""
+
+
+@pytest.mark.usefixtures("ledgered_writes")
+def test_a_json_report_runs_without_rich_or_other_views(tmp_path: Path) -> None:
+    """What the selection and the lazy consoles save: a report printed as JSON imports one view and no
+    rich (orchestrator/cli/consoles.py); the same report as a table does import rich."""
+    from tests.test_divergence import write_fixture
+
+    root = tmp_path / "results"
+    write_fixture(root)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    for fmt, rich in (("json", False), ("table", True)):
+        out = subprocess.run([sys.executable, "-c", _RUN, "report", "noise-floor", "--results", str(root), "--format", fmt],
+                             cwd=REPO, capture_output=True, text=True, env=env)
+        last = out.stderr.strip().splitlines()[-1]
+        assert last == f"exit=0 rich={rich} views=['reports.views.noise_floor']", out.stderr[-2000:]

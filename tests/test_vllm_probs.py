@@ -191,7 +191,6 @@ def test_reference_decoding_reads_the_column_and_old_files_without_it(tmp_path: 
     assert present and decoded == {(0, 0): (10, 1.0, 0.0), (0, 1): (11, 1.0, -0.25), (0, 2): (12, 1.0, None)}
     decoded, present = tf.reference_decoding(ctx, "old")
     assert not present and decoded == {(0, p): (10 + p, 1.0, None) for p in range(3)}
-    assert tf.REF_LOGPROB == TEACHER_FORCED_LOGPROB
 
 
 # --- the whole path against the fake vLLM ---------------------------------------------------------------------------

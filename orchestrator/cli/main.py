@@ -117,10 +117,11 @@ def _register(want: selection.Wanted | None) -> None:
         if want is not None and want.command != name:
             continue
         module = importlib.import_module(f"orchestrator.cli.{selection.MODULES.get(name, name)}")
-        if name in ("query", "db", "nightly"):
-            app.command(name)(getattr(module, name))
+        group = getattr(module, "app", None)  # a group's module has its Typer; a one-command module, the function
+        if isinstance(group, typer.Typer):
+            app.add_typer(group, name=name)
         else:
-            app.add_typer(module.app, name=name)
+            app.command(name)(getattr(module, name))
 
 
 _register(selection.WANTED)

@@ -23,7 +23,8 @@ k3 term of the reference token (``k3_ref_arm`` = r - 1 - log r, r = p_arm / p_re
 * vLLM engine (:func:`vllm_table`): the arm's side from the full-vocabulary logits its scoring pass
   captures (``VllmEngine.score_logprobs``), the reference side from the reference arm's own process:
   its restart-0 generate unit scores its sequences teacher-forced the same way and records each
-  generated token's log-probability in the ``generations`` column :data:`REF_LOGPROB`. So
+  generated token's log-probability in the ``generations`` column
+  ``tasks.models.vllm_rows.TEACHER_FORCED_LOGPROB``. So
   ``ref_token_prob_ref``, ``ref_token_prob_arm`` and ``k3_ref_arm`` are measured (k3 from the two
   float64 log-probabilities exactly as on the CPU, :func:`k3_from_logprobs`), and ``kl_ref_arm``
   stays NULL: the exact KL needs both full distributions in one process, and only the reference
@@ -64,21 +65,18 @@ def reference_sequences(ctx: UnitContext, unit_id: str) -> dict[int, list[int]]:
     return {r["prompt_index"]: list(r["tokens"]) for r in sorted(rows, key=lambda r: r["prompt_index"])}
 
 
-#: The ``generations`` column (float64, natural log) holding, per generated position of a vLLM arm's
-#: restart 0, the log-probability of the generated token under that arm's own teacher-forced pass:
-#: the reference side of :func:`vllm_table` (NULL on the CPU engine, on other restarts and in older
-#: results).
-REF_LOGPROB = "teacher_forced_token_logprob"  # = tasks.models.vllm_rows.TEACHER_FORCED_LOGPROB
-
 #: (prompt, position) -> (token, margin, teacher-forced log-probability or None).
 Decoding = dict[tuple[int, int], tuple[int, float, float | None]]
 
 
 def reference_decoding(ctx: UnitContext, unit_id: str) -> tuple[Decoding, bool]:
     """The reference arm's own greedy decoding, (prompt, position) -> (token, margin, log-probability
-    of the token under its teacher-forced pass, :data:`REF_LOGPROB`), and whether its ``generations``
-    file has that column at all (False: written before it existed; every log-probability None)."""
+    of the token under its teacher-forced pass, ``TEACHER_FORCED_LOGPROB``), and whether its
+    ``generations`` file has that column at all (False: written before it existed; every
+    log-probability None)."""
     import pyarrow as pa
+
+    from tasks.models.vllm_rows import TEACHER_FORCED_LOGPROB as REF_LOGPROB
 
     columns = ["prompt_index", "position", "token", "margin"]
     try:
@@ -328,6 +326,7 @@ def _run_vllm(params: dict[str, Any], ctx: UnitContext, generated: dict[int, lis
     import logging
 
     from tasks.models.arms import build_vllm_engine, vllm_prompts
+    from tasks.models.vllm_rows import TEACHER_FORCED_LOGPROB as REF_LOGPROB
 
     ref = params["reference"]
     prompts = vllm_prompts(params)

@@ -307,4 +307,3 @@ def save_compressed(model: W8A8Model, path: str | Path) -> Path:
     cfg.pop("_attn_implementation_autoset", None)
     (root / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True, default=str) + "\n")
     return root
-

@@ -15,8 +15,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from .checkpoint import ManifestError, check_manifest, save_compressed, shipped_model_dir
 
 __all__ = ["EXPORT_FORMAT", "check_export", "export_compressed", "exported_model_dir"]
@@ -40,6 +38,7 @@ def export_compressed(name: str, out: str | Path) -> dict[str, Any]:
     import shutil
     import tempfile
 
+    import torch
     import transformers
 
     from .engine import build_model
@@ -63,7 +62,7 @@ def export_compressed(name: str, out: str | Path) -> dict[str, Any]:
             "model_safetensors_sha256": files["model.safetensors"], "files": files,
             "quantization": "compressed-tensors W8A8 INT8: weights int8 per output channel, symmetric, "
                             "scale fl(absmax / 127) (the CPU engine's real scales); activations dynamic per token",
-            "written_by": "swapcheck model export (tasks.models.checkpoint.export_compressed)",
+            "written_by": "swapcheck model export (tasks.models.export.export_compressed)",
             "torch": torch.__version__, "transformers": transformers.__version__,
         }
         (tmp / "MANIFEST.json").write_text(json.dumps(manifest, indent=2) + "\n")
