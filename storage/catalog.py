@@ -1157,7 +1157,9 @@ def named_query(name: str) -> str:
 
 
 def _fragment(name: str) -> str:
-    return resources.files("storage.queries").joinpath(f"{name}.sql").read_text(encoding="utf-8")
+    """A fragment's text, its own ``-- include:`` lines replaced too (a fragment may build on another)."""
+    sql = resources.files("storage.queries").joinpath(f"{name}.sql").read_text(encoding="utf-8")
+    return _INCLUDE.sub(lambda m: _fragment(m.group(1)).rstrip("\n"), sql)
 
 
 def query_names() -> list[str]:

@@ -6,22 +6,13 @@
 -- same_scales marks pairs compared under the same scale mode (real vs real, pow2 vs pow2).
 -- attention_a/attention_b: each arm's attention kernel (NULL in results written before arms had one).
 -- Parameters: $sweep (NULL for every sweep).
-WITH s AS (
+WITH src AS (
     SELECT sweep, experiment, arm, prompt_index, prompt_hash, sequence_hash
     FROM sequences
     WHERE restart = 0 AND ($sweep IS NULL OR sweep = $sweep)
 ),
-arms AS (
-    SELECT DISTINCT sweep, experiment, arm FROM s
-),
-pairs AS (
-    SELECT a.sweep, a.experiment, a.arm AS arm_a, b.arm AS arm_b
-    FROM arms a
-    JOIN arms b ON a.sweep = b.sweep AND a.experiment = b.experiment AND a.arm < b.arm
-),
-prompts AS (
-    SELECT DISTINCT sweep, experiment, prompt_index FROM s
-),
+-- include: _arm_pairs
+,
 runs AS (
     SELECT
         sweep,
@@ -46,9 +37,9 @@ cmp AS (
         x.arm IS NULL OR y.arm IS NULL                                        AS missing
     FROM pairs p
     JOIN prompts q ON q.sweep = p.sweep AND q.experiment = p.experiment
-    LEFT JOIN s x ON x.sweep = p.sweep AND x.experiment = p.experiment AND x.arm = p.arm_a
+    LEFT JOIN src x ON x.sweep = p.sweep AND x.experiment = p.experiment AND x.arm = p.arm_a
         AND x.prompt_index = q.prompt_index
-    LEFT JOIN s y ON y.sweep = p.sweep AND y.experiment = p.experiment AND y.arm = p.arm_b
+    LEFT JOIN src y ON y.sweep = p.sweep AND y.experiment = p.experiment AND y.arm = p.arm_b
         AND y.prompt_index = q.prompt_index
     WHERE x.arm IS NOT NULL OR y.arm IS NOT NULL
 )

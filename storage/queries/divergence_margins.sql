@@ -14,7 +14,7 @@
 --   prefix_a/_b       every margin of each arm at the positions before the first divergence (every
 --                     position of a prompt that never diverges): both arms read the same tokens there
 -- Parameters: $sweep (NULL for every sweep).
-WITH g AS (
+WITH src AS (
     SELECT sweep, experiment, arm, prompt_index,
            list(token ORDER BY position)                               AS t,
            list(margin ORDER BY position)                              AS m,
@@ -23,17 +23,8 @@ WITH g AS (
     WHERE restart = 0 AND ($sweep IS NULL OR sweep = $sweep)
     GROUP BY sweep, experiment, arm, prompt_index
 ),
-arms AS (
-    SELECT DISTINCT sweep, experiment, arm FROM g
-),
-pairs AS (
-    SELECT a.sweep, a.experiment, a.arm AS arm_a, b.arm AS arm_b
-    FROM arms a
-    JOIN arms b ON a.sweep = b.sweep AND a.experiment = b.experiment AND a.arm < b.arm
-),
-prompts AS (
-    SELECT DISTINCT sweep, experiment, prompt_index FROM g
-),
+-- include: _arm_pairs
+,
 cmp AS (
     SELECT
         p.sweep, p.arm_a, p.arm_b, q.prompt_index,
@@ -42,9 +33,9 @@ cmp AS (
         coalesce(x.contiguous, true) AND coalesce(y.contiguous, true) AS contiguous
     FROM pairs p
     JOIN prompts q ON q.sweep = p.sweep AND q.experiment = p.experiment
-    LEFT JOIN g x ON x.sweep = p.sweep AND x.experiment = p.experiment AND x.arm = p.arm_a
+    LEFT JOIN src x ON x.sweep = p.sweep AND x.experiment = p.experiment AND x.arm = p.arm_a
         AND x.prompt_index = q.prompt_index
-    LEFT JOIN g y ON y.sweep = p.sweep AND y.experiment = p.experiment AND y.arm = p.arm_b
+    LEFT JOIN src y ON y.sweep = p.sweep AND y.experiment = p.experiment AND y.arm = p.arm_b
         AND y.prompt_index = q.prompt_index
     WHERE x.arm IS NOT NULL OR y.arm IS NOT NULL
 ),
