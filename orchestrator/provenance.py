@@ -42,14 +42,17 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from tasks.devices import GEMM_FLAGS, cpu_flags, cpu_model, isa_level
+
+__all__ = ["GEMM_FLAGS", "KERNEL_ENV", "NOT_EXPOSED", "PACKAGES", "autotune_cache_dirs", "autotune_cache_hash",
+           "collect", "cpu_flags", "identity_hash", "isa_level", "layout_paths", "package_versions",
+           "parse_torch_config", "torch_identity"]
+
 PACKAGES = ("swapcheck", "torch", "ray", "pyarrow", "duckdb", "numpy", "ml_dtypes", "vllm", "triton", "transformers")
 
 #: Environment variables that change which kernel runs or how it rounds (reference/vllm-kernels.md).
 KERNEL_ENV = re.compile(r"^(VLLM_|TRITON_|CUBLAS|CUBLASLT_|NVIDIA_TF32|TORCH_|OMP_NUM_THREADS|MKL_|OPENBLAS_|CUDA_VISIBLE_DEVICES|SWAPCHECK_|ONEDNN_|DNNL_)")
 
-#: /proc/cpuinfo flags that select GEMM code paths (oneDNN, MKL and torch's own dispatch read them).
-GEMM_FLAGS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni",
-              "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "amx_fp16", "asimd", "sve", "sve2")
 
 #: What the identity says where a kernel or engine does not report the path or tactic it took.
 NOT_EXPOSED = "not exposed"
@@ -67,29 +70,8 @@ def package_versions() -> dict[str, str | None]:
     return out
 
 
-def _cpuinfo() -> str:
-    try:
-        return Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return ""
-
-
 def _cpu_model(text: str | None = None) -> str:
-    for line in (_cpuinfo() if text is None else text).splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
-
-
-def cpu_flags(text: str | None = None) -> list[str]:
-    """The GEMM-relevant ISA flags (:data:`GEMM_FLAGS`) of the first CPU in ``/proc/cpuinfo`` text
-    (``flags`` on x86, ``Features`` on ARM), sorted; empty where the file is absent."""
-    for line in (_cpuinfo() if text is None else text).splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            have = set(value.split())
-            return sorted(f for f in GEMM_FLAGS if f in have)
-    return []
+    return cpu_model(text)
 
 
 def parse_torch_config(show: str) -> dict[str, str | None]:
@@ -254,6 +236,7 @@ def collect(torch_facts: bool = True) -> dict[str, Any]:
             info["cuda_driver"] = getattr(torch._C, "_cuda_getDriverVersion", lambda: None)()
         facts = torch_identity()
         identity["cpu"]["torch_capability"] = facts.pop("cpu_capability")
+        identity["cpu"]["isa_level"] = isa_level(torch_capability=identity["cpu"]["torch_capability"])
         identity.update(facts)
         # Only the paths kernels expose enter the hash: a kernel added to the registry that reports none
         # changes no identity (the names that report none are listed beside it).

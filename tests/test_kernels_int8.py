@@ -6,8 +6,6 @@ order rates: ppm-level, at most one bf16 spacing; bit-identical under power-of-t
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 import torch
@@ -19,12 +17,15 @@ from _kernel_oracle import (
     same_bits,
     scale_tensors,
 )
-from _library_facts import fact
+from _library_facts import fact, isa_fact
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tasks.kernels import accumulator as acc_mod
 from tasks.kernels import get_kernel
+from tasks.kernels.accumulator import ACCUMULATOR_ENV, check_path, wrap_int32
 from tasks.kernels.int8 import INT32_EXACT_K, int32_accumulator
+from tasks.kernels.onednn import onednn_path, saturated_pair_sums
 from tasks.numerics import distance
 
 KINDS = {
@@ -108,7 +109,7 @@ def test_power_of_two_scales_all_orders_bit_identical(out):
     for name in ("int8-cutlass-order", "int8-triton-order", "int8-torch-channelwise"):
         assert same_bits(get_kernel(name)(a, b, sa, sb, out), ref), name
     onednn = get_kernel("int8-onednn", act_scale="split-rows")
-    if onednn.available()[0]:
+    if onednn.available()[0] and onednn_path().exact:  # not exact without VNNI: see below
         assert same_bits(onednn(a, b, sa, sb, out), ref)
 
 
@@ -126,11 +127,11 @@ def test_real_scales_cutlass_vs_triton_ppm_and_one_spacing():
     assert 0.2 < fp32_differ < 0.5
 
 
-def test_int_mm_exact_below_bound_and_wraps_above():
+def test_int32_accumulator_exact_below_bound_and_wraps_above():
     g = torch.Generator().manual_seed(3)
     a = torch.randint(-128, 128, (7, 3000), dtype=torch.int8, generator=g)
     b = torch.randint(-128, 128, (3000, 5), dtype=torch.int8, generator=g)
-    assert torch.equal(torch._int_mm(a, b).long(), a.long() @ b.long())
+    assert torch.equal(int32_accumulator(a, b).long(), a.long() @ b.long())
     # extremes at the bounds of numerics.md §3
     for k, av, bv, exact in [
         (INT32_EXACT_K, -128, -128, True),  # 131071 * 16384 < 2^31
@@ -146,18 +147,27 @@ def test_int_mm_exact_below_bound_and_wraps_above():
         assert got == ((true + 2**31) % 2**32) - 2**31  # wrapping int32, order-free
 
 
-def test_int32_accumulator_fallback_matches_int_mm(monkeypatch):
+def test_int32_accumulator_when_int_mm_refuses_a_layout(monkeypatch):
+    if check_path("int_mm") is not None:
+        pytest.skip(f"torch._int_mm is not exact on this CPU: {check_path('int_mm')}")
+    monkeypatch.setenv(ACCUMULATOR_ENV, "int_mm")
+    acc_mod.reset_accumulator_path()
+    assert acc_mod.accumulator_path().name == "int_mm"  # checked before _int_mm starts refusing
     g = torch.Generator().manual_seed(4)
     a = torch.full((2, 132105), -128, dtype=torch.int8)
     b = torch.randint(-128, 128, (132105, 3), dtype=torch.int8, generator=g)
     b[:, 0] = -127
-    want = torch._int_mm(a, b)
+    want = wrap_int32(torch.from_numpy(a.numpy().astype(np.int64) @ b.numpy().astype(np.int64)))
 
     def refuse(*args):
         raise RuntimeError("layout refused")
 
     monkeypatch.setattr(torch, "_int_mm", refuse)
-    assert torch.equal(int32_accumulator(a, b), want)
+    try:
+        assert torch.equal(int32_accumulator(a, b), want)
+    finally:
+        monkeypatch.delenv(ACCUMULATOR_ENV)
+        acc_mod.reset_accumulator_path()
 
 
 # -- int8-onednn ------------------------------------------------------------------------------
@@ -165,26 +175,50 @@ def test_int32_accumulator_fallback_matches_int_mm(monkeypatch):
 onednn_available = get_kernel("int8-onednn").available()
 
 
-#: Which order oneDNN's int8 matmul (torch's, brg_matmul avx512_core_vnni) computes on AVX512 without
-#: AMX, as the kernel of the registry that computes the same bits.  Checked on torch 2.13.0+cpu (on an
-#: AMX CPU, with ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI; with AMX the fp32 outputs differ).
-ONEDNN_ORDER = {">=2.13,<2.14": "int8-torch-channelwise"}
-#: Whether oneDNN's int32 accumulator wraps past 2**31 as torch._int_mm does (int32_accumulator's
+#: Which order oneDNN's int8 matmul computes, as the kernel of the registry that computes the same bits,
+#: per ISA level (brg_matmul:avx512_core_vnni on AVX512-VNNI). Checked on torch 2.13.0+cpu on an AMD EPYC
+#: with AVX512-VNNI and on an AMX CPU with ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI; with AMX the fp32 outputs
+#: differ (not recorded); without VNNI the accumulator is not exact (ONEDNN_EXACT).
+ONEDNN_ORDER = {"AVX512-VNNI": "int8-torch-channelwise"}
+#: Whether oneDNN's int8 accumulator is exact, per ISA level. Without VNNI (AVX2: gemm:jit, measured with
+#: ONEDNN_MAX_CPU_ISA=AVX2 on an AVX512-VNNI CPU; reported on an AVX2-only AMD EPYC) adjacent u8 x s8
+#: products are added in saturating int16 pairs (vpmaddubsw) first.
+ONEDNN_EXACT = {"AMX": True, "AVX512-VNNI": True, "AVX2": False}
+#: Whether oneDNN's int32 accumulator wraps past 2**31 as an int32 GEMM does (int32_accumulator's
 #: rule).  Checked on torch 2.13.0+cpu, with and without AMX.
 ONEDNN_INT32_WRAPS = {">=2.13,<2.14": True}
 
 
-def _measured_isa() -> bool:
-    """The ISA oneDNN's order was recorded on (AVX512, no AMX); elsewhere only the bound is checked.
-    ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI gives it on an AMX CPU too."""
-    if os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper() == "AVX512_CORE_VNNI":
-        return torch.backends.cpu.get_cpu_capability() == "AVX512"
-    try:  # torch 2.13 has it in torch.cpu; torch._C._cpu had it before
-        probe = getattr(torch.cpu, "_is_amx_tile_supported", None) or torch._C._cpu._is_amx_tile_supported
-        amx = bool(probe())
-    except Exception:
-        amx = True
-    return torch.backends.cpu.get_cpu_capability() == "AVX512" and not amx
+def test_onednn_says_which_path_runs_and_whether_it_is_exact():
+    """swapcheck's behaviour on any CPU: the path is measured and named, and a path that is not exact
+    says so with a cause the saturation model checked; what oneDNN does per ISA is a recorded fact."""
+    if not onednn_available[0]:
+        pytest.skip(str(onednn_available[1]))
+    k = get_kernel("int8-onednn")
+    path = onednn_path()
+    assert path.impl and path.impl in k.code_path
+    if path.exact:
+        assert k.caveat() is None and "exact int32 accumulator" in k.code_path
+    else:
+        caveat = k.caveat()
+        assert "NOT EXACT" in k.code_path and caveat is not None and str(path.cause) in caveat
+    assert path.exact == isa_fact(ONEDNN_EXACT, what="whether oneDNN's int8 accumulator is exact")
+    if not path.exact:
+        assert "int16 saturation" in str(path.cause)
+
+
+def test_saturation_model_against_a_scalar_oracle():
+    g = np.random.default_rng(0)
+    u = g.integers(0, 256, (3, 9))
+    w = g.integers(-128, 128, (9, 4))
+    want = np.zeros((3, 4), dtype=np.int64)
+    for i in range(3):
+        for j in range(4):
+            for k in range(0, 9, 2):
+                pair = int(u[i, k]) * int(w[k, j]) + (int(u[i, k + 1]) * int(w[k + 1, j]) if k + 1 < 9 else 0)
+                want[i, j] += max(-32768, min(32767, pair))
+    assert np.array_equal(saturated_pair_sums(u, w), want)
+    assert saturated_pair_sums(np.full((1, 2), 255), np.full((2, 1), 127))[0, 0] == 32767
 
 
 @pytest.mark.skipif(not onednn_available[0], reason=str(onednn_available[1]))
@@ -208,16 +242,18 @@ def test_onednn_within_one_spacing_of_exact(out, per_channel, with_bias):
     big = ref.abs() >= 0.05 * ref.abs().max()
     # bf16/fp16: at most one spacing.  fp32 output: the epilogue's own fp32 roundings (acc*sa, *sb,
     # +bias) are each up to half an fp32 spacing, so a few fp32 spacings.  (A correct kernel's bound,
-    # not a fact about a version: which order oneDNN computes is recorded below.)
-    assert d[big.numpy()].max() <= (1 if out != torch.float32 else 4)
+    # not a fact about a version: which order oneDNN computes is recorded below.)  Where the kernel
+    # says its accumulator is not exact here, the bound is not its contract: the test above checks
+    # that it says so.
+    if onednn_path().exact:
+        assert d[big.numpy()].max() <= (1 if out != torch.float32 else 4)
+    else:
+        assert "NOT EXACT" in get_kernel("int8-onednn").code_path
 
 
 @pytest.mark.skipif(not onednn_available[0], reason=str(onednn_available[1]))
 def test_onednn_computes_a_recorded_order():
-    if not _measured_isa():
-        pytest.skip("oneDNN's order is recorded for AVX512 without AMX only; "
-                    f"this CPU: {torch.backends.cpu.get_cpu_capability()}, AMX or unknown")
-    order = fact("torch", ONEDNN_ORDER, what="the order of oneDNN's int8 matmul on AVX512 without AMX")
+    order = isa_fact(ONEDNN_ORDER, what="the order of oneDNN's int8 matmul")
     for out in (torch.bfloat16, torch.float16, torch.float32):
         for per_channel in (True, False):
             for with_bias in (False, True):

@@ -1,7 +1,7 @@
 """Every number with its yardstick (issue #23): one spacing fact under one name everywhere.
 
 A real FP8 K-depth sweep (fp8-torch-scaled-mm vs fp8-blocked-128, 2 seeds, K 1024 and 4096) has
-outputs near zero that lie 5 spacings apart while every normal-range output (|reference| >= 5% of
+outputs near zero that lie 4 or 5 spacings apart (by ISA) while every normal-range output (|reference| >= 5% of
 the largest) is within 1 spacing. `report kdepth`, `report certificate`, the nightly metrics and
 `report all` must give the same normal-range max spacing for that pair and sweep, with the
 near-zero outputs beside it, and the raw maximum labelled raw. Also: the rule of the named query
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _library_facts import isa_fact
 from typer.testing import CliRunner
 
 from orchestrator.cli.main import app
@@ -57,6 +58,11 @@ def results(ray_local: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "results"
 
 
+#: The pair's raw max spacing over both K, per ISA level: torch 2.13.0+cpu on AMX (CI) and AVX512-VNNI (AMD
+#: EPYC) 5; on AVX2 (an AMD EPYC without AVX-512, and ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2) 4.
+RAW_MAX_SPACING = {"AMX": 5, "AVX512-VNNI": 5, "AVX2": 4}
+
+
 def _json(*args: str) -> Any:
     res = runner.invoke(app, [*args, "--format", "json"], env={"COLUMNS": "200"})
     assert res.exit_code == 0, res.output
@@ -74,7 +80,9 @@ def test_one_normal_range_max_spacing_everywhere(results: Path) -> None:
     normal = max(r["max_spacing_significant"] for r in per_k)
     raw = max(r["max_spacing"] for r in per_k)
     # The data this test is about: near-zero outputs farther apart than every normal-range one.
-    assert (normal, raw) == (1, 5)
+    assert normal == 1 and raw > normal
+    # How far: fp8-torch-scaled-mm's fp32 matmul sums in MKL's order for the ISA (issue #35).
+    assert raw == isa_fact(RAW_MAX_SPACING, what="the raw max spacing of torch._scaled_mm (CPU) vs fp8-blocked-128")
     near = sum(r["near_zero_beyond"] for r in per_k)  # both K rows have a normal-range max of 1
     assert near >= 1 and all(r["near_zero_beyond_exact"] for r in per_k)
 

@@ -13,26 +13,38 @@ app = typer.Typer(help="Kernels swapcheck can run (built-ins, entry points, modu
 def list_(
     fmt: FormatOpt = TableFormat.table,
     all_: bool = typer.Option(True, "--all/--available", help="Show unavailable kernels too (with the reason)."),
-    long: bool = typer.Option(False, "--long", "-l", help="Add each kernel's formula (always in JSON)."),
+    long: bool = typer.Option(False, "--long", "-l", help="Add each kernel's formula and the code path it takes on this CPU (always in JSON)."),
 ) -> None:
-    """Show each kernel's name, operand dtype, device, availability and, when unavailable, why.
+    """Show each kernel's name, operand dtype, device, availability and a note: why it is not
+    available, or what to know although it runs here (a native path that is not exact on this CPU,
+    or one on a slow reference fallback). The title names the CPU and its ISA level.
 
     Example: swapcheck kernels list --format json
     """
     with user_errors():
+        from tasks.devices import cpu_model, isa_level
         from tasks.kernels import list_kernels
 
+        kernels = list_kernels()
         rows = [
             {"name": k["name"], "operands": k["operand_dtype"], "device": k["device"],
-             "available": "yes" if k["available"] else "no", "reason": k.get("reason") or "",
-             **({"description": k.get("description", "")} if long or fmt is TableFormat.json else {})}
-            for k in list_kernels()
+             "available": "yes" if k["available"] else "no",
+             "reason": k.get("reason") or "", "caveat": k.get("caveat") or "",
+             **({"description": k.get("description", ""), "code_path": k.get("code_path") or ""}
+                if long or fmt is TableFormat.json else {})}
+            for k in kernels
             if all_ or k["available"]
         ]
         if fmt is TableFormat.json:
             for r in rows:
                 r["available"] = r["available"] == "yes"
-        emit_rows(rows, fmt, title="kernels")
+                r["code_path"] = r["code_path"] or None
+                r["caveat"] = r["caveat"] or None
+        else:
+            for r in rows:  # one note column: why not, or what to know although it runs
+                r["note"] = r.pop("reason") or r.pop("caveat")
+                r.pop("caveat", None)
+        emit_rows(rows, fmt, title=f"kernels on {cpu_model()} (ISA level {isa_level()})")
 
 
 @app.command("attention")

@@ -50,7 +50,9 @@ Verdicts (:mod:`tasks.verdicts`): ``IDENTICAL`` when every output equals its exa
 ``PRECISION_DOWNGRADE`` when outputs are wrong and each wrong output is what a narrower format
 gives (input-bits: the exact sum of the inputs rounded to 11 or 8 bits; sum-bits: a value with at
 most 11 significant bits; absorb: the exact value minus some of its small terms), with the format
-named; ``INCORRECT`` for any other wrong output; ``ERROR`` when the kernel raises.
+named; ``INCORRECT`` for any other wrong output, with its cause where one is measured (int8 kernels:
+every wrong output equal to int16-saturated pairs of u8 x s8 products, oneDNN's int8 path on a CPU
+without VNNI); ``ERROR`` when the kernel raises.
 
 Scaled kernels get unit scales and the families in their operand format (int8 or fp8 e4m3);
 ``input-bits`` needs fp32 operands, so it runs for plain fp32 kernels only.
@@ -64,6 +66,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from tasks.kernels.onednn import saturated_pair_sums
 from tasks.numerics import get_format
 from tasks.verdicts import Verdict
 
@@ -157,6 +160,23 @@ def draw(family: str, m: int, k: int, n: int, op_dtype: torch.dtype, gen: torch.
     raise CheckInputError(f"unknown precision family {family!r}; allowed: {', '.join(FAMILIES)}")
 
 
+def _saturation(a: np.ndarray, b: np.ndarray, obs: np.ndarray, bad: np.ndarray) -> str | None:
+    """Whether every wrong output is what a GEMM on ``vpmaddubsw`` returns (int8 activations shifted
+    to u8 by +128, adjacent u8 x s8 products added in int16 with saturation, the shift's
+    compensation subtracted in int32): oneDNN's int8 path on an ISA without VNNI (tasks/kernels/onednn.py)."""
+    if not (np.all((a >= -128) & (a <= 127)) and np.all((b >= -128) & (b <= 127))):
+        return None
+    wrong = obs[bad]
+    if not np.all(np.isfinite(wrong)):
+        return None
+    ai, bi = a.astype(np.int64), b.astype(np.int64)
+    model = (saturated_pair_sums(ai + 128, bi) - 128 * bi.sum(0)).astype(np.float64)
+    if np.array_equal(wrong, model[bad]):
+        return ("every wrong output is the sum of int16-saturated pairs of u8 x s8 products (activations "
+                "shifted by +128: vpmaddubsw without VNNI, as oneDNN's AVX2 int8 path computes)")
+    return None
+
+
 def _diagnose(family: str, a: np.ndarray, b: np.ndarray, exact: np.ndarray, obs: np.ndarray,
               bad: np.ndarray) -> str | None:  # fmt: skip
     """Which narrower format explains every wrong output, or None."""
@@ -231,9 +251,13 @@ def precision_trial(subject: Subject, family: str, m: int, k: int, n: int, dtype
             gap = np.where(bad, np.nan_to_num(np.abs(obs - exact), nan=np.inf), -1.0)
         first = element(int(flat[0]), n, exact, exact, obs)
         worst_el = element(int(np.argmax(gap)), n, exact, exact, obs)
-        found = _diagnose(family, a64, b64, exact, obs, bad)
+        saturated = _saturation(a64, b64, obs, bad) if not subject.plain else None
+        found = None if saturated else _diagnose(family, a64, b64, exact, obs, bad)
         verdict = Verdict.PRECISION_DOWNGRADE if found else Verdict.INCORRECT
-        info["problem"] = (f"{found}: " if found else "") + f"{n_bad} of {positions} exact integers wrong"
+        cause = found or saturated
+        if saturated:
+            info["cause"] = saturated
+        info["problem"] = (f"{cause}: " if cause else "") + f"{n_bad} of {positions} exact integers wrong"
     return TrialResult("precision", m, k, n, trial, seed, verdict, positions, positions, n_bad, n_bad,
                        None, first, worst_el, info, None, seconds)  # fmt: skip
 
@@ -304,4 +328,9 @@ def run_precision(
         total = sum(r.positions for r in result.results if r.info.get("inputs") in {w.info["inputs"] for w in wrong})
         settings["about_finding"] = (f"PRECISION DOWNGRADE: {'; '.join(sorted(finding))}: "
                                      f"{sum(r.mismatches for r in wrong)} of {total} exact integers wrong")  # fmt: skip
+    explained = [r for r in result.results if r.verdict is Verdict.INCORRECT and r.info.get("cause")]
+    if explained and not wrong:
+        total = sum(r.positions for r in explained)
+        settings["about_finding"] = (f"INCORRECT: {'; '.join(sorted({str(r.info['cause']) for r in explained}))}: "
+                                     f"{sum(r.mismatches for r in explained)} of {total} exact integers wrong")  # fmt: skip
     return result

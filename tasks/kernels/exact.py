@@ -9,8 +9,11 @@ How it stays exact and fast:
    (the smallest subnormal is 2**-9, the largest value 448 = 229376 * 2**-9), so ``a * 2**9`` is an
    integer matrix with entries below 2**18 in magnitude and each product ``a*b`` is an integer times
    2**-18.
-2. **Exact accumulator.**  A float64 GEMM of integer matrices is exact when every partial sum, in
-   whatever order and blocking the BLAS uses, is an integer of magnitude at most 2**53.  Every
+2. **Exact accumulator.**  For int8 operands the accumulator is the INT8 kernels' own exact integers
+   (:func:`.accumulator.exact_int8_accumulator`: the fastest exact path of this CPU, each path checked
+   against an integer oracle; shared with the INT8 kernels of the same unit).  Otherwise a float64
+   GEMM of integer matrices is exact when every partial sum, in whatever order and blocking the
+   BLAS uses, is an integer of magnitude at most 2**53.  Every
    partial sum is bounded by ``sum_k |a_ik| |b_kj| <= K * max|a| * max|b|``; :func:`exact_accumulator`
    computes that bound from the actual operands and uses one float64 GEMM when it is <= 2**53
    (always for int8 below K = 2**39; for e4m3 at full range below K ~ 174 000).  Otherwise it splits
@@ -43,6 +46,7 @@ import torch
 
 from tasks.numerics import round_fraction, round_to_format, two_prod, two_sum
 
+from .accumulator import FLOAT64_EXACT_K, accumulator_path, exact_int8_accumulator
 from .operands import Operands
 from .registry import Kernel, register_kernel
 
@@ -71,6 +75,10 @@ def exact_accumulator(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, i
     single float64 GEMM exact, else int64 (K split into chunks that each satisfy the bound, summed
     in int64).  Raises OverflowError if even int64 cannot hold the bound.
     """
+    if a.dtype == torch.int8 and b.dtype == torch.int8 and a.shape[1] <= FLOAT64_EXACT_K:
+        # the INT8 kernels' own exact integers (:mod:`.accumulator`): the fastest exact path here,
+        # shared with them inside one unit
+        return exact_int8_accumulator(a, b), 0
     ai, ea = integer_operand(a)
     bi, eb = integer_operand(b)
     k = ai.shape[1]
@@ -132,6 +140,12 @@ class Exact(Kernel):
                 f"K={k} can overflow the int64 accumulator for e4m3 operands (K <= {limit})",
             )
         return True, None
+
+    @property
+    def code_path(self) -> str:
+        """The int8 accumulator's path in this process; e4m3 operands take one float64 GEMM of
+        integers (chunked and summed in int64 past the 2**53 bound)."""
+        return f"{accumulator_path().describe()}; e4m3: float64 GEMM of integers"
 
     def compute(self, ops: Operands) -> torch.Tensor:
         fmt = _OUT_FORMATS[ops.out_dtype]

@@ -5,11 +5,13 @@ INT8 products summed in int32 are exact and order-free while no sum overflows: w
 may be -128 (reference/numerics.md §3).  So every INT8 kernel computes the same integer accumulator,
 and INT8 kernels can differ only in their epilogue (vllm-kernels.md §2.1, §2.2, §2.4).
 
-The accumulator is ``torch._int_mm`` (int32).  Past the no-overflow bound the int32 sum wraps modulo
-2**32, which is what a GPU's int32 accumulator does too, and the wrapped value does not depend on the
-summation order (two's-complement addition is associative); these kernels therefore keep running
-there and return what an int32-accumulating kernel returns.  The kernel ``exact`` is the reference
-that shows the damage.
+The accumulator is the int32 one (:func:`.accumulator.int32_accumulator`), computed on the fastest
+exact path of this CPU (``torch._int_mm`` where oneDNN has VNNI or AMX, a float GEMM of the integers
+elsewhere; probed once per process and named in each kernel's ``code_path``).  Past the no-overflow
+bound the int32 sum wraps modulo 2**32, which is what a GPU's int32 accumulator does too, and the
+wrapped value does not depend on the summation order (two's-complement addition is associative);
+these kernels therefore keep running there and return what an int32-accumulating kernel returns.
+The kernel ``exact`` is the reference that shows the damage.
 
 Kernels (see :mod:`.epilogue` for the exact formulas):
 
@@ -26,6 +28,7 @@ from typing import Any
 import torch
 
 from . import epilogue
+from .accumulator import INT32_EXACT_K, accumulator_path, int32_accumulator
 from .operands import Operands
 from .registry import Kernel, check_choice, register_kernel
 
@@ -37,29 +40,17 @@ __all__ = [
     "INT32_EXACT_K",
 ]
 
-# Largest K for which every int8 x int8 dot product is exact in int32 whatever the operands
-# (both may be -128): floor((2**31 - 1) / 16384) = 131071 (reference/numerics.md §3).
-INT32_EXACT_K = (2**31 - 1) // (128 * 128)
-
-
-def int32_accumulator(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """The int32 accumulator ``a @ b`` of int8 operands, as an int32 GEMM computes it.
-
-    ``torch._int_mm`` (exact below the bound, wrapping modulo 2**32 above it).  If ``_int_mm``
-    refuses a layout, the exact int64 product (float64 GEMM of integers, exact because every
-    partial sum is below 2**53 for K < 2**39) is wrapped to int32 instead: the same value.
-    """
-    try:
-        return torch._int_mm(a, b)
-    except RuntimeError:
-        exact = (a.to(torch.float64) @ b.to(torch.float64)).to(torch.int64)
-        wrapped = ((exact + 2**31) % 2**32) - 2**31
-        return wrapped.to(torch.int32)
-
-
 class _Int8Kernel(Kernel):
     operand_dtype = "int8"
     device = "cpu"
+
+    @property
+    def code_path(self) -> str:
+        """Which exact path computes the int32 accumulator in this process (probed on first use)."""
+        return accumulator_path().describe()
+
+    def caveat(self) -> str | None:
+        return accumulator_path().native_note()
 
     def accumulator_fp32(self, ops: Operands) -> torch.Tensor:
         """``fl(acc)``: int32 -> fp32 conversion, round-to-nearest-even (exact below 2**24)."""

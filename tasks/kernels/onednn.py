@@ -23,29 +23,52 @@ with ``qw = torch.ops.onednn.qlinear_prepack(w [N, K] int8, x_shape=None)``.  Wh
   subtracts the zero-point compensation in int32.
 * Output dtypes fp32, bf16 and fp16; a bias of any of those dtypes.
 
-What it computes (measured on that CPU, AVX512-VNNI, no AMX; bit-identical over random shapes,
-all output dtypes, with and without bias, and at int32 extremes): an int32 accumulator that is
-exact (wrapping modulo 2**32 past the overflow bound, like ``torch._int_mm``), then
-``rn(fl(fl(fl(acc) * sa) * sb) + bias)`` -- the same formula as ``int8-torch-channelwise``.  That
-is a measurement of one oneDNN build on one ISA, not a specification: oneDNN chooses its
-implementation at run time (AMX, AVX2 and the reference path may order the scaling differently),
-so this kernel is whatever oneDNN computes here and the tests only require it to be within one
-output spacing of ``exact``.
+What it computes depends on the implementation oneDNN picks for this CPU at run time, so the kernel
+measures it once per process (:func:`onednn_path`) and names it in its ``code_path`` (the identity of
+every launch, the certificate's kernel identity) and, where it is not exact, in ``swapcheck kernels
+list`` (:meth:`Int8OneDNN.caveat`):
+
+* **VNNI or AMX** (``brg_matmul:avx512_core_vnni`` measured on an AVX512-VNNI CPU without AMX; AMX
+  CPUs run ``brg_matmul:avx512_core_amx``): an int32 accumulator that is exact (wrapping modulo
+  2**32 past the overflow bound, like ``torch._int_mm``), then ``rn(fl(fl(fl(acc) * sa) * sb) +
+  bias)`` -- the formula of ``int8-torch-channelwise`` on AVX512 without AMX (the fp32 outputs differ
+  with AMX).
+* **AVX2 without VNNI** (``gemm:jit``; measured with ``ONEDNN_MAX_CPU_ISA=AVX2`` on a VNNI CPU, and
+  reported on an AMD EPYC without AVX-512): **not exact**.  Each pair of adjacent products
+  ``u[2i] * w[2i] + u[2i+1] * w[2i+1]`` (``u = x + 128`` in [0, 255], ``w`` in [-128, 127]) is summed
+  in int16 with saturation (``vpmaddubsw``) before the int32 sums; :func:`saturated_pair_sums` models
+  it and matched every output of the probe bit for bit.  A pair exceeds 32767 as soon as
+  ``u * w`` averages above 16383, so at K = 1000 with random operands every output was wrong (384 of
+  384; 53,707,303 fp32 spacings from exact at worst in the report).  PyTorch's own x86 quantizer
+  avoids it by quantizing weights to 7 bits (``reduce_range``); swapcheck's operands use 8.
+
+The measurement is :func:`onednn_path`: the implementation named by oneDNN's verbose log for one
+call, and that call's integers against the exact ones on operands whose pairs saturate.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from .operands import Operands
 from .registry import Kernel, check_choice, register_kernel
 
-__all__ = ["Int8OneDNN", "onednn_qlinear"]
+__all__ = ["Int8OneDNN", "OneDNNPath", "onednn_path", "onednn_qlinear", "saturated_pair_sums"]
 
 ACT_SCALE_MODES = ("per-tensor", "split-rows")
 _PROBE: tuple[bool, str | None] | None = None
+_PATH: OneDNNPath | None = None
+#: What the kernel says where the verbose log names no implementation.
+UNKNOWN_IMPL = "implementation not reported"
 
 
 def onednn_qlinear(
@@ -63,6 +86,118 @@ def onednn_qlinear(
         qx, float(act_scale), 128, w_packed, w_scale, w_zp, bias, 1.0, 0, out_dtype, "none", [], ""
     )
     return out
+
+
+def saturated_pair_sums(u: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """``sum_i sat16(u[:, 2i] * w[2i, :] + u[:, 2i+1] * w[2i+1, :])`` in int64: what a GEMM built
+    on ``vpmaddubsw`` (u8 x s8 products, adjacent pairs added with int16 saturation) accumulates
+    before its int32 sums.  ``u`` is ``[M, K]``, ``w`` ``[K, N]``, both integer arrays; an odd K is
+    padded with a zero product."""
+    u = np.asarray(u, dtype=np.int64)
+    w = np.asarray(w, dtype=np.int64)
+    if u.shape[1] % 2:
+        u = np.pad(u, ((0, 0), (0, 1)))
+        w = np.pad(w, ((0, 1), (0, 0)))
+    out = np.zeros((u.shape[0], w.shape[1]), dtype=np.int64)
+    for k in range(0, u.shape[1], 2):
+        pair = np.outer(u[:, k], w[k]) + np.outer(u[:, k + 1], w[k + 1])
+        out += np.clip(pair, -32768, 32767)
+    return out
+
+
+@contextlib.contextmanager
+def _captured_stdout() -> Iterator[Callable[[], str]]:
+    """What C code writes to file descriptor 1 inside the block (oneDNN's verbose log goes there)."""
+    libc = ctypes.CDLL(None)
+    with tempfile.TemporaryFile(mode="w+b") as f:
+        libc.fflush(None)
+        saved = os.dup(1)
+        os.dup2(f.fileno(), 1)
+        text: list[str] = []
+        try:
+            yield lambda: "".join(text)
+        finally:
+            libc.fflush(None)
+            os.dup2(saved, 1)
+            os.close(saved)
+            f.seek(0)
+            text.append(f.read().decode(errors="replace"))
+
+
+def _implementation(log: str) -> str:
+    """The implementation name of the last ``exec`` line of a oneDNN verbose log (e.g.
+    ``brg_matmul:avx512_core_vnni``), or :data:`UNKNOWN_IMPL`."""
+    for line in reversed(log.splitlines()):
+        fields = line.split(",")
+        if len(fields) > 6 and fields[0] == "onednn_verbose" and "exec" in fields[:4]:
+            i = fields.index("exec")
+            if len(fields) > i + 3 and fields[i + 3]:
+                return fields[i + 3]
+    return UNKNOWN_IMPL
+
+
+@dataclass(frozen=True)
+class OneDNNPath:
+    """The implementation oneDNN ran for int8 operands in this process, and whether it is exact.
+
+    Attributes:
+        impl: oneDNN's name for it (``brg_matmul:avx512_core_vnni``, ``gemm:jit``, ...).
+        exact: the probe's integers equal the exact ones.
+        wrong / total: outputs of the probe that were not exact, of all.
+        cause: what explains the wrong outputs, as measured (None when exact).
+    """
+
+    impl: str
+    exact: bool
+    wrong: int
+    total: int
+    cause: str | None
+
+    def describe(self) -> str:
+        head = f"oneDNN {self.impl}"
+        if self.exact:
+            return f"{head}; exact int32 accumulator (probe: {self.total} of {self.total} sums exact)"
+        return f"{head}; NOT EXACT here ({self.wrong} of {self.total} probe sums wrong): {self.cause}"
+
+
+def _probe_operands() -> tuple[torch.Tensor, torch.Tensor]:
+    """A [4, 1000] x [1000, 6] problem whose pairs of products overflow int16 after the +128 shift:
+    extreme rows and columns beside random ones."""
+    gen = torch.Generator().manual_seed(35)
+    a = torch.randint(-128, 128, (4, 1000), dtype=torch.int8, generator=gen)
+    w = torch.randint(-128, 128, (6, 1000), dtype=torch.int8, generator=gen)
+    a[0], a[1] = 127, -128
+    w[0], w[1] = 127, -128
+    return a, w
+
+
+def onednn_path() -> OneDNNPath:
+    """Measure, once per process, which implementation oneDNN runs and whether it is exact."""
+    global _PATH
+    if _PATH is not None:
+        return _PATH
+    a, w = _probe_operands()
+    packed = torch.ops.onednn.qlinear_prepack(w, None)
+    n = w.shape[0]
+    with _captured_stdout() as log, torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
+        out = onednn_qlinear(a, packed, 1.0, torch.ones(n), torch.float32, None)
+    impl = _implementation(log())
+    got = out.to(torch.float64).numpy()  # every sum here is below 2**24: exact in the fp32 output
+    a64, wt = a.numpy().astype(np.int64), w.numpy().astype(np.int64).T
+    exact = a64 @ wt
+    bad = got != exact
+    cause = None
+    if bad.any():
+        model = saturated_pair_sums(a64 + 128, wt) - 128 * wt.sum(0)
+        if np.array_equal(got, model):
+            cause = ("int16 saturation of adjacent u8 x s8 product pairs (vpmaddubsw without VNNI): "
+                     "every probe output equals that model bit for bit")
+        else:
+            i, j = np.argwhere(bad)[0]
+            cause = (f"cause not identified (not int16 pair saturation): e.g. [{i},{j}] exact "
+                     f"{int(exact[i, j])}, got {got[i, j]:.0f}")
+    _PATH = OneDNNPath(impl, not bool(bad.any()), int(bad.sum()), int(bad.size), cause)
+    return _PATH
 
 
 def _probe() -> tuple[bool, str | None]:
@@ -108,8 +243,9 @@ class Int8OneDNN(Kernel):
             else "; per-tensor activation scale only"
         )
         return (
-            "oneDNN qlinear_pointwise (uint8 acts, zero point 128): measured here as "
-            f"rn(fl(fl(acc*sa)*sb) + bias) like vllm-kernels.md §2.4{split}"
+            "oneDNN qlinear_pointwise (uint8 acts, zero point 128): with VNNI or AMX an exact int32 acc, "
+            f"rn(fl(fl(acc*sa)*sb) + bias) like vllm-kernels.md §2.4; without VNNI int16-saturated "
+            f"pairs (code_path says which runs here){split}"
         )
 
     def check_params(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -118,6 +254,20 @@ class Int8OneDNN(Kernel):
 
     def available(self) -> tuple[bool, str | None]:
         return _probe()
+
+    @property
+    def code_path(self) -> str:
+        """The implementation oneDNN runs here and whether it is exact (:func:`onednn_path`)."""
+        if not _probe()[0]:
+            return f"not available: {_probe()[1]}"
+        return onednn_path().describe()
+
+    def caveat(self) -> str | None:
+        """What a user must know before trusting it here: a path that is not exact."""
+        if not _probe()[0]:
+            return None
+        path = onednn_path()
+        return None if path.exact else f"runs, but {path.describe()}"
 
     def supports(
         self,

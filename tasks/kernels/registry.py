@@ -256,6 +256,12 @@ class Kernel(abc.ABC):
         """(True, None) if the kernel handles this problem and scale layout, else (False, reason)."""
         return True, None
 
+    def caveat(self) -> str | None:
+        """What a user must know before trusting this kernel on this machine although it runs: a native
+        path that is not exact here, or one on a slow reference fallback (None: nothing).  ``swapcheck
+        kernels list`` shows it; a kernel may also expose ``code_path``, the path it takes here."""
+        return None
+
     @abc.abstractmethod
     def compute(self, ops: Operands) -> torch.Tensor:
         """Compute the ``[M, N]`` output from validated operands (see :class:`.operands.Operands`)."""
@@ -836,7 +842,9 @@ def kernel_names() -> list[str]:
 def list_kernels() -> list[dict[str, Any]]:
     """One row per registered kernel, built with its default parameters.
 
-    Fields: name, operand_dtype, device, available, reason, description, version, params, source.
+    Fields: name, operand_dtype, device, available, reason, description, version, params, source,
+    code_path (the path it takes on this machine, where the kernel exposes one) and caveat
+    (:meth:`Kernel.caveat`).
     A kernel that cannot even be built (import error, bad factory) is a row with available False
     and the error as its reason.
     """
@@ -853,6 +861,8 @@ def list_kernels() -> list[dict[str, Any]]:
             "version": None,
             "params": {},
             "source": entry.source,
+            "code_path": None,
+            "caveat": None,
         }
         try:
             kernel = _build(_resolve(entry), {}, f"kernel {name!r}", name)
@@ -866,6 +876,10 @@ def list_kernels() -> list[dict[str, Any]]:
                 version=kernel.version,
                 params=dict(kernel.params),
             )
+            if ok:
+                path = getattr(kernel, "code_path", None)
+                row.update(code_path=None if path is None else str(path() if callable(path) else path),
+                           caveat=kernel.caveat())
         except Exception as exc:  # a failure is a row too
             row["reason"] = f"{type(exc).__name__}: {exc}"
         rows.append(row)

@@ -96,6 +96,12 @@ class Fp8TorchScaledMM(Kernel):
     def available(self) -> tuple[bool, str | None]:
         return _probe()
 
+    @property
+    def code_path(self) -> str:
+        """The dispatch rule's path and the ISA level torch runs at: the emulated path's fp32 matmul
+        sums in MKL's order for that level, so its bits differ between AVX2 and AVX512 machines."""
+        return f"{cpu_scaled_mm_path()}; torch CPU capability {torch.backends.cpu.get_cpu_capability()}"
+
     def compute(self, ops: Operands) -> torch.Tensor:
         if ops.scale_a_numel == 1 and ops.scale_b_numel == 1:
             sa = ops.scale_a[0, 0]

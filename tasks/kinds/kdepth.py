@@ -146,6 +146,7 @@ def run(params: dict[str, Any], context: UnitContext | None = None) -> dict[str,
     import torch
 
     from tasks.kernels import get_kernel
+    from tasks.kernels.accumulator import shared_accumulators
     from tasks.models.operands import draw_operands
     from tasks.numerics import get_format
 
@@ -156,11 +157,14 @@ def run(params: dict[str, Any], context: UnitContext | None = None) -> dict[str,
     fmt = get_format(params["out_dtype"])
     out_dtype = fmt.torch_dtype
     outputs: dict[str, tuple[torch.Tensor, float, str]] = {}
-    for impl in [*params["implementations"], params["reference"]]:
-        kernel = get_kernel(impl["kernel"], **impl["params"])
-        out, seconds = on_device(kernel.device, kernel, ops["a"], ops["b"], ops["scale_a"], ops["scale_b"],
-                                 out_dtype, ops["bias"])
-        outputs[impl["name"]] = (out, seconds, impl["kernel"])
+    # The built-in INT8 kernels and the exact reference share one exact accumulator per unit (the
+    # first of them to run computes it); a user's kernel runs its own code (tasks/kernels/accumulator.py).
+    with shared_accumulators():
+        for impl in [*params["implementations"], params["reference"]]:
+            kernel = get_kernel(impl["kernel"], **impl["params"])
+            out, seconds = on_device(kernel.device, kernel, ops["a"], ops["b"], ops["scale_a"], ops["scale_b"],
+                                     out_dtype, ops["bias"])
+            outputs[impl["name"]] = (out, seconds, impl["kernel"])
 
     base = {
         "dtype": params["dtype"], "out_dtype": params["out_dtype"], "m": params["m"], "n": params["n"],
