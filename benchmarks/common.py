@@ -310,7 +310,27 @@ def machine() -> dict[str, Any]:
         pass
     return {"hostname": platform.node(), "cpu": cpu, "cores": os.cpu_count(), "memory_bytes": mem,
             "python": platform.python_version(), "platform": platform.platform(), "versions": versions,
-            "load_average": load_average()}
+            "load_average": load_average(), **cpu_paths()}
+
+
+def cpu_paths() -> dict[str, Any]:
+    """The CPU's ISA level and the code paths it selects (issue #35): torch's CPU capability, oneDNN's
+    int8 implementation and whether it is exact, the INT8 accumulator's path and what torch._int_mm
+    does here. Figures from two machines compare only where these agree."""
+    try:
+        import torch
+
+        from tasks.devices import cpu_flags, isa_level
+        from tasks.kernels.accumulator import accumulator_path
+        from tasks.kernels.onednn import onednn_path
+
+        acc = accumulator_path()
+        return {"isa_level": isa_level(torch_capability=torch.backends.cpu.get_cpu_capability()),
+                "isa_flags": cpu_flags(), "torch_capability": torch.backends.cpu.get_cpu_capability(),
+                "onednn_int8": onednn_path().describe(), "int8_accumulator": acc.describe(timings=True),
+                "int_mm_note": acc.native_note()}
+    except Exception as exc:  # noqa: BLE001 - the machine record must not cost the run
+        return {"isa_level": None, "cpu_paths_error": f"{type(exc).__name__}: {exc}"}
 
 
 def parser(description: str) -> argparse.ArgumentParser:

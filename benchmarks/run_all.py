@@ -56,7 +56,7 @@ import common  # noqa: E402
 
 HERE = Path(__file__).parent
 #: The order in which the stages run: the short ones first, so a smoke run shows the harness works.
-ORDER = ["emulation", "writer", "cold_restart", "scheduling", "reads"]
+ORDER = ["int8", "emulation", "writer", "cold_restart", "scheduling", "reads"]
 
 
 #: Scripts that are not stages of a plain run: run only when ``--only`` names them exactly (growth
@@ -150,6 +150,9 @@ def main() -> int:
                                             "a stage, above max_load: not comparable",
                            "machine": machine, "stages": []}
     stated = "--max-load" if args.max_load is not None else f"{common.MAX_LOAD_PER_CORE:g} x {machine['cores']} cores"
+    print(f"CPU {machine['cpu']}: ISA level {machine.get('isa_level')} (torch {machine.get('torch_capability')}); "
+          f"{machine.get('int8_accumulator')}; {machine.get('onednn_int8')}"
+          + (f"; note: {machine['int_mm_note']}" if machine.get("int_mm_note") else ""), flush=True)
     print(f"threads {args.threads} (candidate and baseline alike); load threshold {max_load:g} ({stated}, "
           "1-minute load average less this run's own share); sizes: " + tier, flush=True)
     env = {**os.environ, **{var: str(args.threads) for var in common.THREAD_ENV}}
@@ -270,7 +273,8 @@ def _markdown(run: dict[str, Any]) -> None:
     threads = f", {run['threads']} thread{'s' if run['threads'] != 1 else ''}, load threshold {run['max_load']:g}" \
         if run.get("threads") is not None else ""
     print(f"Run of {run['started_at']} ({sizes}, {run['seconds']} s{threads}): "
-          f"{m['cpu']}, {m['cores']} cores, load average before {', '.join(map(str, m['load_average']))}. "
+          f"{m['cpu']} (ISA level {m.get('isa_level')}, torch {m.get('torch_capability')}; {m.get('int8_accumulator')}; "
+          f"{m.get('onednn_int8')}), {m['cores']} cores, load average before {', '.join(map(str, m['load_average']))}. "
           f"Goals {_judged_on([c for s in run['stages'] for c in s['cases']])}.\n")
     print("| stage | case | best | median | goal | met | baseline (same run) | load before |")
     print("|---|---|---|---|---|---|---|---|")

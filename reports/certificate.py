@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from storage.catalog import Catalog
 
 __all__ = ["NOT_RUN", "RARE_FRACTION", "VERDICT_ORDER", "certificates", "check_verdicts", "detail_lines",
-           "evidence_rows", "exact_ci", "identity_line", "k_trend", "matrix_rows", "section_verdict", "select_pair", "summary_rows",
+           "evidence_rows", "exact_ci", "identity_line", "not_exact_lines", "k_trend", "matrix_rows", "section_verdict", "select_pair", "summary_rows",
            "worst_verdict"]
 
 #: Verdicts from most to least benign (tasks/verdicts.py): several trials end in the worst one.
@@ -628,8 +628,9 @@ def identity_line(prov: dict[str, Any], kernels: tuple[str, ...] = ()) -> str:
     ident = known[-1].get("identity") or {}
     cpu, lib, mm = ident.get("cpu") or {}, ident.get("libraries") or {}, ident.get("matmul") or {}
     thr = ident.get("threads") or {}
-    parts = [f"torch {lib.get('torch')}", f"oneDNN {lib.get('onednn')}", f"MKL {lib.get('mkl')}",
-             f"BLAS {lib.get('blas')}", f"ISA {cpu.get('torch_capability')} ({' '.join(cpu.get('isa_flags') or []) or 'no flags'})",
+    level = f"ISA level {cpu['isa_level']}, torch " if cpu.get("isa_level") else "ISA "
+    parts = [f"CPU {cpu.get('model')}", f"torch {lib.get('torch')}", f"oneDNN {lib.get('onednn')}", f"MKL {lib.get('mkl')}",
+             f"BLAS {lib.get('blas')}", f"{level}{cpu.get('torch_capability')} ({' '.join(cpu.get('isa_flags') or []) or 'no flags'})",
              f"{thr.get('intra_op')} threads", f"fp32 matmul precision {mm.get('float32_matmul_precision')}",
              f"allow_tf32 {mm.get('allow_tf32')}"]
     gpu = ident.get("gpu")
@@ -644,6 +645,22 @@ def identity_line(prov: dict[str, Any], kernels: tuple[str, ...] = ()) -> str:
     unknown = len(prov["launches"]) - len(known)
     return (f"kernel identity {', '.join(hashes)}{many}: " + "; ".join(parts)
             + (f"; {unknown} launch(es) without a recorded identity" if unknown else ""))
+
+
+def not_exact_lines(prov: dict[str, Any], kernels: tuple[str, ...]) -> list[str]:
+    """One line per kernel of ``kernels`` whose recorded code path says it was not exact on the CPU a
+    launch ran on (issue #35: int8-onednn without VNNI): the evidence for it measures that CPU's kernel."""
+    out = []
+    for la in prov["launches"]:
+        exposed = (la.get("identity") or {}).get("layout_path") or {}
+        cpu = ((la.get("identity") or {}).get("cpu") or {}).get("model") or la.get("cpu")
+        for k in kernels:
+            path = str(exposed.get(k) or "")
+            if "NOT EXACT" in path:
+                line = f"WARNING: {k} was not exact on the CPU of launch {la['launch_id']} ({cpu}): {path}"
+                if line not in out:
+                    out.append(line)
+    return out
 
 
 def summary_rows(certs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -801,6 +818,7 @@ def detail_lines(cert: dict[str, Any]) -> list[str]:
                  f"{cert['kernel_b']} {', '.join(prov['kernel_versions_b']) or '?'}")
     lines.append(f"spec sha256: {', '.join(prov['spec_sha256']) or '?'}")
     lines.append(identity_line(prov, (cert["kernel_a"], cert["kernel_b"])))
+    lines.extend(not_exact_lines(prov, (cert["kernel_a"], cert["kernel_b"])))
     for la in prov["launches"]:
         versions = ", ".join(f"{k} {v}" for k, v in la["versions"].items() if v)
         lines.append(f"launch {la['launch_id']} ({la['status']}): {la['host']}, {la['cpu']}, {la['platform']}, "

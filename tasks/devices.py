@@ -24,7 +24,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-__all__ = ["GEMM_FLAGS", "ISA_LEVELS", "SUPPORTED_VLLM", "cpu_flags", "cpu_model", "cuda_reason", "isa_level",
+__all__ = ["GEMM_FLAGS", "ISA_LEVELS", "SUPPORTED_VLLM", "cpu_flags", "cpu_model", "cpu_vendor", "cuda_reason",
+           "isa_level", "mkl_isa",
            "on_device", "parse_version", "vllm_reason", "vllm_version"]
 
 #: /proc/cpuinfo flags that select GEMM code paths (oneDNN, MKL and torch's own dispatch read them).
@@ -103,6 +104,33 @@ def cpu_flags(text: str | None = None) -> list[str]:
             have = set(value.split())
             return sorted(f for f in GEMM_FLAGS if f in have)
     return []
+
+
+def cpu_vendor(text: str | None = None) -> str:
+    """``vendor_id`` of ``/proc/cpuinfo`` (``GenuineIntel``, ``AuthenticAMD``), or "unknown"."""
+    for line in (_cpuinfo() if text is None else text).splitlines():
+        if line.startswith("vendor_id"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
+def mkl_isa(vendor: str | None = None, level: str | None = None, env: dict[str, str] | None = None) -> str:
+    """The instruction set MKL's GEMMs run at here: "AVX-512" or "AVX2" (or "baseline").
+
+    MKL dispatches its AVX-512 kernels on Intel CPUs only; on an AMD CPU it runs its AVX2 ones whatever
+    the CPU has (so an AVX-512 EPYC sums an fp32 GEMM in the order of an AVX2 machine: measured with
+    ``torch._scaled_mm``'s emulated CPU path, tests/test_spacing_facts.py); ``MKL_ENABLE_INSTRUCTIONS``
+    caps it.  ``level`` defaults to :func:`isa_level`."""
+    vendor = cpu_vendor() if vendor is None else vendor
+    level = isa_level() if level is None else level
+    env = dict(os.environ) if env is None else env
+    rank = ISA_LEVELS.index(level)
+    isa = "AVX-512" if rank >= ISA_LEVELS.index("AVX512") and vendor == "GenuineIntel" else (
+        "AVX2" if rank >= ISA_LEVELS.index("AVX2") else "baseline")
+    cap = (env.get("MKL_ENABLE_INSTRUCTIONS") or "").strip().upper()
+    if isa == "AVX-512" and cap in ("AVX2", "AVX", "SSE4_2"):
+        isa = "AVX2" if cap == "AVX2" else "baseline"
+    return isa
 
 
 def isa_level(flags: list[str] | None = None, env: dict[str, str] | None = None,

@@ -55,7 +55,7 @@ def fact(package: str, record: Mapping[str, T], *, what: str, where: str | None 
     return record[hits[0]]
 
 
-def isa_fact(record: Mapping[str, T], *, what: str, where: str | None = None) -> T:
+def isa_fact(record: Mapping[str, T], *, what: str, where: str | None = None, level: str | None = None) -> T:
     """The value ``record`` holds for this CPU's ISA level (:func:`tasks.devices.isa_level`: AVX2,
     AVX512, AVX512-VNNI, AMX, ...); skip the test where none is recorded.
 
@@ -64,12 +64,14 @@ def isa_fact(record: Mapping[str, T], *, what: str, where: str | None = None) ->
     MKL's fp32 GEMM sums in another order on AVX2).  Such a fact is recorded per level, beside the
     test, and a level nobody checked skips with the reason instead of failing or passing on a guess.
     ``ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2`` runs the AVX2 entries on an AVX512 machine.
+    ``level`` names another key (e.g. :func:`tasks.devices.mkl_isa` for what MKL computes).
     """
     import torch
 
     from tasks.devices import isa_level
 
-    level = isa_level(torch_capability=torch.backends.cpu.get_cpu_capability())
+    if level is None:
+        level = isa_level(torch_capability=torch.backends.cpu.get_cpu_capability())
     if level not in record:
         where = where or os.environ.get("PYTEST_CURRENT_TEST", "the test").rsplit(" (", 1)[0]
         pytest.skip(f"ISA level {level}: {what} not recorded for it (recorded: {', '.join(record) or 'none'}); "

@@ -70,8 +70,11 @@ def test_full_identity_records_what_selects_the_kernel(full: dict[str, Any]) -> 
     assert ident["threads"]["intra_op"] == torch.get_num_threads()
     assert ident["matmul"]["float32_matmul_precision"] == torch.get_float32_matmul_precision()
     assert ident["matmul"]["allow_tf32"] == torch.backends.cuda.matmul.allow_tf32
-    # No registered kernel reports its layout path yet: every one is listed as not exposing it.
-    assert ident["layout_path"] == {} and "int8-onednn" in full["layout_path_not_exposed"]
+    assert ident["cpu"]["isa_level"] == provenance.isa_level(torch_capability=torch.backends.cpu.get_cpu_capability())
+    # The CPU kernels whose path depends on the CPU report it (issue #35); the rest are listed as not exposing one.
+    paths = ident["layout_path"]
+    assert paths["int8-cutlass-order"].startswith("int8 accumulator ") and paths["int8-onednn"].startswith("oneDNN ")
+    assert "fp8-sequential" in full["layout_path_not_exposed"] and "int8-onednn" not in full["layout_path_not_exposed"]
     assert full["identity_sha256"] == provenance.identity_hash(ident) and len(full["identity_sha256"]) == 16
     json.dumps(full)  # a launch row stores it as JSON
 

@@ -191,3 +191,19 @@ def test_kdepth_rows_are_the_same_on_every_path(forced):
                       for r in kdepth.run(params)["kdepth"]]
     first = next(iter(runs.values()))
     assert len(runs) >= 2 and all(rows == first for rows in runs.values())
+
+
+def test_the_certificate_names_a_kernel_that_was_not_exact_on_its_cpu():
+    from reports.certificate import identity_line, not_exact_lines
+
+    path = ("oneDNN gemm:jit; NOT EXACT here (18 of 24 probe sums wrong): int16 saturation of adjacent u8 x s8 "
+            "product pairs (vpmaddubsw without VNNI): every probe output equals that model bit for bit")
+    ident = {"cpu": {"model": "AMD EPYC", "isa_level": "AVX2", "torch_capability": "AVX2", "isa_flags": ["avx2"]},
+             "libraries": {}, "layout_path": {"int8-onednn": path, "int8-cutlass-order": "int8 accumulator float64"}}
+    prov = {"identity_sha256": ["abc"], "launches": [
+        {"launch_id": "L1", "identity_sha256": "abc", "identity": ident, "cpu": "AMD EPYC"}]}
+    lines = not_exact_lines(prov, ("int8-cutlass-order", "int8-onednn"))
+    assert lines == [f"WARNING: int8-onednn was not exact on the CPU of launch L1 (AMD EPYC): {path}"]
+    assert not_exact_lines(prov, ("int8-cutlass-order",)) == []
+    text = identity_line(prov, ("int8-cutlass-order", "int8-onednn"))
+    assert "CPU AMD EPYC" in text and "ISA level AVX2" in text and "int8 accumulator float64" in text

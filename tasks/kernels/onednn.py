@@ -267,7 +267,11 @@ class Int8OneDNN(Kernel):
         if not _probe()[0]:
             return None
         path = onednn_path()
-        return None if path.exact else f"runs, but {path.describe()}"
+        if not path.exact:
+            return f"runs, but {path.describe()}"
+        if path.impl.startswith("ref"):  # oneDNN's reference loops: exact, but ~100x slower than a JIT kernel
+            return f"oneDNN runs its reference implementation here ({path.impl}): exact, but slow"
+        return None
 
     def supports(
         self,

@@ -98,9 +98,15 @@ class Fp8TorchScaledMM(Kernel):
 
     @property
     def code_path(self) -> str:
-        """The dispatch rule's path and the ISA level torch runs at: the emulated path's fp32 matmul
-        sums in MKL's order for that level, so its bits differ between AVX2 and AVX512 machines."""
-        return f"{cpu_scaled_mm_path()}; torch CPU capability {torch.backends.cpu.get_cpu_capability()}"
+        """The dispatch rule's path and the instruction sets it runs at: the emulated path's fp32 matmul
+        sums in the order of MKL's kernels for that set (AVX2 on AMD CPUs and AVX2 machines, AVX-512 on
+        Intel ones), so its bits differ between such machines."""
+        from tasks.devices import mkl_isa
+
+        path = cpu_scaled_mm_path()
+        if path.startswith("emulated"):
+            path += f" at MKL's {mkl_isa()} kernels"
+        return f"{path}; torch CPU capability {torch.backends.cpu.get_cpu_capability()}"
 
     def compute(self, ops: Operands) -> torch.Tensor:
         if ops.scale_a_numel == 1 and ops.scale_b_numel == 1:

@@ -166,6 +166,7 @@ def replay_layers(layers: list[Any], capture_kernel: dict[str, Any], pairs: list
                   scale_modes: list[str], out_dtype: str) -> list[dict[str, Any]]:
     """Rows of the ``replay`` table for captured layers (see docs/schema.md)."""
     from tasks.kernels import get_kernel
+    from tasks.kernels.accumulator import shared_accumulators
     from tasks.numerics import get_format
 
     fmt = get_format(out_dtype)
@@ -189,14 +190,17 @@ def replay_layers(layers: list[Any], capture_kernel: dict[str, Any], pairs: list
         for pa, pb in pairs:
             ka = get_kernel(pa["kernel"], **pa["params"])
             kb = get_kernel(pb["kernel"], **pb["params"])
+            # each kernel's accumulator computed on its own: the check compares them
             alibi = accumulator_rows({pa["name"]: ka, pb["name"]: kb}, layer)
-            for mode in scale_modes:
-                sa, sb = _scales(layer, mode)
-                oa, _ = on_device(ka.device, ka, a, b, sa, sb, dtype, bias)
-                ob, _ = on_device(kb.device, kb, a, b, sa, sb, dtype, bias)
-                stats = compare(oa, ob, fmt)
-                rows.append({**base, "scale_mode": mode, "comparison": "pair", "impl_a": pa["name"],
-                             "impl_b": pb["name"], **stats, "bitwise_equal": stats["differing"] == 0, **alibi})
+            # then one exact accumulator per layer for the built-in INT8 kernels (tasks/kernels/accumulator.py)
+            with shared_accumulators():
+                for mode in scale_modes:
+                    sa, sb = _scales(layer, mode)
+                    oa, _ = on_device(ka.device, ka, a, b, sa, sb, dtype, bias)
+                    ob, _ = on_device(kb.device, kb, a, b, sa, sb, dtype, bias)
+                    stats = compare(oa, ob, fmt)
+                    rows.append({**base, "scale_mode": mode, "comparison": "pair", "impl_a": pa["name"],
+                                 "impl_b": pb["name"], **stats, "bitwise_equal": stats["differing"] == 0, **alibi})
     return rows
 
 
