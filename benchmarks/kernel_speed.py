@@ -1,6 +1,8 @@
 """Speed of each CPU kernel relative to a named baseline, measured in the same run.
 
-Baselines: for INT8, the bare ``torch._int_mm`` accumulation (what every INT8 kernel starts with);
+Baselines: for INT8, the bare exact accumulation on this CPU's path (``tasks.kernels.accumulator``:
+``torch._int_mm`` where oneDNN has VNNI or AMX, a float GEMM of the integers elsewhere; what every
+INT8 kernel starts with);
 for FP8, ``torch._scaled_mm`` on the CPU. A ratio of 3.0 means three times the baseline's time.
 The K-depth demo's budget depends on these: the exact emulations must stay within a small factor of
 the baseline at M = N = 256 up to K = 16384.
@@ -27,6 +29,7 @@ def main() -> None:
     import torch
 
     from tasks.kernels import get_kernel
+    from tasks.kernels.accumulator import accumulator_path, compute_exact
     from tasks.models.operands import draw_operands
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -43,8 +46,9 @@ def main() -> None:
             ops = draw_operands(dtype, args.m, args.m, k, 0, "real")
             call = (ops["a"], ops["b"], ops["scale_a"], ops["scale_b"], torch.bfloat16)
             if dtype == "int8":
-                base_name = "torch._int_mm"
-                base = best_of(lambda ops=ops: torch._int_mm(ops["a"], ops["b"]), args.repeat)
+                path = accumulator_path().name
+                base_name = f"accumulator {path}"
+                base = best_of(lambda ops=ops, path=path: compute_exact(path, ops["a"], ops["b"]), args.repeat)
             else:
                 base_name = "fp8-torch-scaled-mm"
                 kern = get_kernel(base_name)
