@@ -207,3 +207,21 @@ def test_the_certificate_names_a_kernel_that_was_not_exact_on_its_cpu():
     assert not_exact_lines(prov, ("int8-cutlass-order",)) == []
     text = identity_line(prov, ("int8-cutlass-order", "int8-onednn"))
     assert "CPU AMD EPYC" in text and "ISA level AVX2" in text and "int8 accumulator float64" in text
+
+
+def test_int_mm_on_its_reference_loop_is_named_and_never_chosen():
+    """What a CPU without VNNI does (PyTorch then runs its own loop, 40-90x slower), here with oneDNN
+    turned off in the process: the probe says so, picks a float path, and the kernels list note names it."""
+    with torch.backends.mkldnn.flags(enabled=False):
+        p = acc_mod.probe()
+    assert p.int_mm_via == acc_mod.REFERENCE_LOOP and p.name != "int_mm"
+    assert "torch._int_mm on PyTorch's reference loop" in p.describe()
+    note = p.native_note()
+    assert note is not None and "reference loop" in note and f"the accumulator uses {p.name}" in note
+
+
+def test_int_mm_on_onednn_is_chosen_where_it_is_exact():
+    p = acc_mod.probe()
+    if p.int_mm_via in (None, acc_mod.REFERENCE_LOOP) or "int_mm" in p.inexact:
+        pytest.skip(f"torch._int_mm here: {p.int_mm_via}; {p.inexact.get('int_mm', 'exact')}")
+    assert p.name == "int_mm" and p.int_mm_via.startswith("oneDNN ") and p.native_note() is None

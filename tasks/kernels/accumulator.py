@@ -77,8 +77,8 @@ FP32_CHUNK = 2**24 // (128 * 128)
 FLOAT64_EXACT_K = 2**53 // (128 * 128)
 #: The shape the paths are timed on (M, K, N): large enough that a reference loop shows (~10^8 MACs).
 PROBE_SHAPE = (128, 4096, 128)
-#: ``torch._int_mm`` this many times slower than the chosen path is named a slow native path.
-SLOW_NATIVE = 5.0
+#: What :attr:`AccumulatorPath.int_mm_via` says where no oneDNN primitive ran for ``torch._int_mm``.
+REFERENCE_LOOP = "PyTorch's reference loop"
 #: Paths within this factor of the fastest count as tied; the first in :data:`PATHS` order wins.
 NEAR_TIE = 1.3
 
@@ -129,12 +129,15 @@ class AccumulatorPath:
         how: "probed" (fastest exact path) or "forced by SWAPCHECK_INT8_ACCUMULATOR=...".
         seconds: per exact candidate, its best time on :data:`PROBE_SHAPE`.
         inexact: per candidate that failed the check, what it got wrong.
+        int_mm_via: what ran ``torch._int_mm`` here: ``"oneDNN <implementation>"`` (from oneDNN's
+            verbose log) or :data:`REFERENCE_LOOP` (no oneDNN primitive ran); None where not probed.
     """
 
     name: str
     how: str
     seconds: dict[str, float] = field(default_factory=dict)
     inexact: dict[str, str] = field(default_factory=dict)
+    int_mm_via: str | None = None
 
     def describe(self, timings: bool = False) -> str:
         """One line for the kernel's identity: the path, how it was chosen and which paths are not
@@ -156,16 +159,18 @@ class AccumulatorPath:
         if "int_mm" in self.inexact:
             return (f"torch._int_mm gives wrong sums on this CPU ({self.inexact['int_mm']}); not used: the "
                     f"accumulator uses {self.name}")
-        native, chosen = self.seconds.get("int_mm"), self.seconds.get(self.name)
-        if native is None or chosen is None or native < SLOW_NATIVE * chosen:
+        if self.int_mm_via != REFERENCE_LOOP:
             return None
+        native, chosen = self.seconds.get("int_mm"), self.seconds.get(self.name)
         m, k, n = PROBE_SHAPE
-        return (f"torch._int_mm runs a reference loop here ({native * 1e3:.3g} ms at {m}x{k}x{n}, "
-                f"{native / chosen:.0f}x the {self.name} path's {chosen * 1e3:.3g} ms; oneDNN's int8 GEMM "
-                "needs AVX512-VNNI or AMX): the accumulator uses " + self.name)
+        timed = (f" ({native * 1e3:.3g} ms at {m}x{k}x{n}, {native / chosen:.0f}x the {self.name} path's "
+                 f"{chosen * 1e3:.3g} ms)") if native and chosen else ""
+        return (f"torch._int_mm runs {REFERENCE_LOOP} here{timed}: PyTorch calls oneDNN's int8 GEMM only "
+                f"on AVX512-VNNI or AMX; not used: the accumulator uses {self.name}")
 
     def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "how": self.how, "seconds": dict(self.seconds), "inexact": dict(self.inexact)}
+        return {"name": self.name, "how": self.how, "seconds": dict(self.seconds), "inexact": dict(self.inexact),
+                "int_mm_via": self.int_mm_via}
 
 
 def _check_operands() -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -222,22 +227,42 @@ def _time(fn: Callable[[], object], repeat: int = 3) -> float:
     return best
 
 
+def int_mm_via() -> str:
+    """What runs ``torch._int_mm`` in this process: ``"oneDNN <implementation>"`` when a oneDNN
+    primitive ran for it (its verbose log names it), else :data:`REFERENCE_LOOP`."""
+    from .onednn import onednn_call
+
+    a = torch.ones(32, 64, dtype=torch.int8)
+    _, impl = onednn_call(lambda: torch._int_mm(a, a.t().contiguous()))
+    return f"oneDNN {impl}" if impl else REFERENCE_LOOP
+
+
 def probe(candidates: tuple[str, ...] = PATHS) -> AccumulatorPath:
-    """Check every candidate and time the exact ones on :data:`PROBE_SHAPE`; the fastest wins."""
+    """Check every candidate, time the exact ones on :data:`PROBE_SHAPE`, and choose.
+
+    The choice does not rest on timings alone, which a busy machine disturbs (``torch._int_mm``'s
+    threads spin when the cores are taken): ``int_mm`` wins where it is exact and runs on oneDNN
+    (VNNI or AMX: several times any float path), never on PyTorch's reference loop; otherwise the
+    fastest exact float path, the first in :data:`PATHS` order within :data:`NEAR_TIE` of it (two
+    paths of about the same speed must not trade places from one process to the next: the path is
+    part of the kernel's identity)."""
     inexact = {p: why for p in candidates if (why := check_path(p)) is not None}
     exact = [p for p in candidates if p not in inexact]
     if not exact:  # float64 is exact on any IEEE machine; reaching this is a broken BLAS
         raise RuntimeError("no exact INT8 accumulator on this CPU: " + "; ".join(f"{p}: {w}" for p, w in inexact.items()))
+    via = int_mm_via() if "int_mm" in candidates else None
     m, k, n = PROBE_SHAPE
     gen = torch.Generator().manual_seed(0)
     a = torch.randint(-128, 128, (m, k), dtype=torch.int8, generator=gen)
     b = torch.randint(-128, 128, (k, n), dtype=torch.int8, generator=gen)
     seconds = {p: _time(lambda p=p: _EXACT[p](a, b)) for p in exact}  # type: ignore[misc]
-    fastest = min(seconds.values())
-    # The first in PATHS' order within NEAR_TIE of the fastest: two paths of about the same speed must
-    # not trade places from one process to the next (the path is part of the kernel's identity).
-    best = next(p for p in PATHS if p in seconds and seconds[p] <= NEAR_TIE * fastest)
-    return AccumulatorPath(best, "probed: the fastest exact path", seconds, inexact)
+    if "int_mm" in seconds and via is not None and via != REFERENCE_LOOP:
+        return AccumulatorPath("int_mm", f"probed: exact, on {via}", seconds, inexact, via)
+    floats = {p: t for p, t in seconds.items() if p != "int_mm"} or seconds
+    fastest = min(floats.values())
+    best = next(p for p in PATHS if p in floats and floats[p] <= NEAR_TIE * fastest)
+    how = "probed: the fastest exact path" + (f"; torch._int_mm on {via}" if via == REFERENCE_LOOP else "")
+    return AccumulatorPath(best, how, seconds, inexact, via)
 
 
 _PATH: AccumulatorPath | None = None

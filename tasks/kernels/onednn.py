@@ -54,7 +54,7 @@ import os
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -62,8 +62,9 @@ import torch
 from .operands import Operands
 from .registry import Kernel, check_choice, register_kernel
 
-__all__ = ["Int8OneDNN", "OneDNNPath", "onednn_path", "onednn_qlinear", "saturated_pair_sums"]
+__all__ = ["Int8OneDNN", "OneDNNPath", "onednn_call", "onednn_path", "onednn_qlinear", "saturated_pair_sums"]
 
+T = TypeVar("T")
 ACT_SCALE_MODES = ("per-tensor", "split-rows")
 _PROBE: tuple[bool, str | None] | None = None
 _PATH: OneDNNPath | None = None
@@ -125,15 +126,27 @@ def _captured_stdout() -> Iterator[Callable[[], str]]:
 
 
 def _implementation(log: str) -> str:
-    """The implementation name of the last ``exec`` line of a oneDNN verbose log (e.g.
-    ``brg_matmul:avx512_core_vnni``), or :data:`UNKNOWN_IMPL`."""
+    """The implementation of the last ``exec`` line of a oneDNN verbose log: its name where oneDNN gives
+    one (``brg_matmul:avx512_core_vnni``, ``gemm:jit``), else the primitive's kind (``gemm_api``, the
+    BLAS-like entry ``torch._int_mm`` calls); :data:`UNKNOWN_IMPL` when no line ran."""
     for line in reversed(log.splitlines()):
         fields = line.split(",")
         if len(fields) > 6 and fields[0] == "onednn_verbose" and "exec" in fields[:4]:
             i = fields.index("exec")
             if len(fields) > i + 3 and fields[i + 3]:
                 return fields[i + 3]
+            if len(fields) > i + 2 and fields[i + 2]:
+                return fields[i + 2]
     return UNKNOWN_IMPL
+
+
+def onednn_call(fn: Callable[[], T]) -> tuple[T, str | None]:
+    """``fn()`` with oneDNN's verbose log captured: its result and the implementation oneDNN ran for it,
+    or None when ``fn`` ran no oneDNN primitive (e.g. ``torch._int_mm`` on PyTorch's own loop)."""
+    with _captured_stdout() as log, torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
+        out = fn()
+    impl = _implementation(log())
+    return out, (None if impl == UNKNOWN_IMPL else impl)
 
 
 @dataclass(frozen=True)
@@ -179,9 +192,8 @@ def onednn_path() -> OneDNNPath:
     a, w = _probe_operands()
     packed = torch.ops.onednn.qlinear_prepack(w, None)
     n = w.shape[0]
-    with _captured_stdout() as log, torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
-        out = onednn_qlinear(a, packed, 1.0, torch.ones(n), torch.float32, None)
-    impl = _implementation(log())
+    out, ran = onednn_call(lambda: onednn_qlinear(a, packed, 1.0, torch.ones(n), torch.float32, None))
+    impl = ran or UNKNOWN_IMPL
     got = out.to(torch.float64).numpy()  # every sum here is below 2**24: exact in the fp32 output
     a64, wt = a.numpy().astype(np.int64), w.numpy().astype(np.int64).T
     exact = a64 @ wt
