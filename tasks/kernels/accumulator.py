@@ -19,11 +19,13 @@ path                why it is exact                                    where it 
                     float64 (exact below 2**53)
 =================== ================================================== =================================
 
-Which path runs is decided once per process (:func:`accumulator_path`): every candidate is first
-checked bit for bit against an integer oracle on operands built to break inexact paths (pairs of
-products that saturate int16, as AVX2's ``vpmaddubsw`` does without VNNI; all-extreme rows; sums
-past 2**24 and, for ``int_mm``, past 2**31), then the exact ones are timed on one probe shape and the
-fastest wins.  A path that is not exact here is never used, and the reason is recorded.  The
+Which path runs is decided once per process (:func:`accumulator_path`, :func:`probe`): every
+candidate is first checked bit for bit against an integer oracle on operands built to break inexact
+paths (pairs of products that saturate int16, as AVX2's ``vpmaddubsw`` does without VNNI; all-extreme
+rows; sums past 2**24; a ragged K), and a path that is not exact here is never used (the reason is
+recorded).  ``int_mm`` wins where it is exact and oneDNN runs it (its verbose log names the
+primitive); never where PyTorch runs its reference loop.  Otherwise the exact float paths are timed on
+one probe shape and the fastest wins.  The
 environment variable ``SWAPCHECK_INT8_ACCUMULATOR`` (``int_mm``, ``float64``, ``float32-chunked``
 or ``auto``) forces a path; a forced path that fails the check is refused with the reason.
 
