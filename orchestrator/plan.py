@@ -8,12 +8,15 @@ the same id and a changed kernel or kind version is new work. Each kind expands 
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from orchestrator.spec import LoadedSpec
 from tasks.kinds import Unit, canonical_json, get_kind, unit_id
 
-__all__ = ["Plan", "Unit", "canonical_json", "make_plan", "unit_id"]
+__all__ = ["CodeChange", "Plan", "Unit", "canonical_json", "code_changes", "code_free_key", "make_plan", "unit_id"]
 
 
 @dataclass(frozen=True)
@@ -33,3 +36,69 @@ def make_plan(spec: LoadedSpec) -> Plan:
         for u in get_kind(exp.kind).expand(name, exp):
             units.setdefault(u.id, u)
     return Plan(sweep=spec.sweep.name, spec_sha256=spec.sha256, units=list(units.values()))
+
+
+def _without_code(value: Any) -> Any:
+    """``value`` with every ``code`` fingerprint (a user's kernel's, tasks/kernels/fingerprint.py) left out."""
+    if isinstance(value, dict):
+        return {k: _without_code(v) for k, v in value.items() if k != "code"}
+    if isinstance(value, list):
+        return [_without_code(v) for v in value]
+    return value
+
+
+def _codes(value: Any, out: dict[str, str]) -> dict[str, str]:
+    """kernel name -> code fingerprint, for every dict inside ``value`` that names both."""
+    if isinstance(value, dict):
+        if isinstance(value.get("code"), str) and isinstance(value.get("kernel"), str):
+            out[value["kernel"]] = value["code"]
+        for v in value.values():
+            _codes(v, out)
+    elif isinstance(value, list):
+        for v in value:
+            _codes(v, out)
+    return out
+
+
+@dataclass(frozen=True)
+class CodeChange:
+    """A user's kernel whose code changed since units of a sweep were computed with it."""
+
+    kernel: str
+    before: tuple[str, ...]  # the fingerprints the sweep's units were computed with
+    now: tuple[str, ...]
+    units: int  # planned units that equal a recorded one but for this kernel's code
+
+    def line(self) -> str:
+        return (f"the code of kernel {self.kernel} changed since this sweep ran it (fingerprint "
+                f"{', '.join(self.before)} -> {', '.join(self.now)}): {self.units} unit(s) are new work")
+
+
+def code_free_key(kind: str | None, params: Any) -> str:
+    """What identifies a unit but for the code fingerprints of users' kernels."""
+    return canonical_json([kind, _without_code(params)])
+
+
+def code_changes(planned: list[Unit], recorded: Mapping[str, Mapping[str, Any]]) -> list[CodeChange]:
+    """Each user's kernel whose code changed (issue #36: an edited kernel had been served its old
+    results): a planned unit that equals a recorded one but for the ``code`` fingerprints.
+    ``recorded``: unit id -> ledger row (``kind``, ``params_json``)."""
+    before: dict[str, dict[str, str]] = {}
+    for row in recorded.values():
+        try:
+            params = json.loads(row.get("params_json") or "{}")
+        except ValueError:
+            continue
+        codes = _codes(params, {})
+        if codes:
+            before[code_free_key(row.get("kind"), params)] = codes
+    changed: dict[str, tuple[set[str], set[str], int]] = {}
+    for u in planned:
+        old = before.get(code_free_key(u.kind, u.params))
+        if old is None:
+            continue
+        for kernel, code in _codes(u.params, {}).items():
+            if kernel in old and old[kernel] != code:
+                olds, news, n = changed.get(kernel, (set(), set(), 0))
+                changed[kernel] = (olds | {old[kernel]}, news | {code}, n + 1)
+    return [CodeChange(k, tuple(sorted(o)), tuple(sorted(n)), count) for k, (o, n, count) in sorted(changed.items())]

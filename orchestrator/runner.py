@@ -43,7 +43,7 @@ from orchestrator.errors import (
     Terminated,
     UsageError,
 )
-from orchestrator.plan import Plan, Unit, make_plan
+from orchestrator.plan import Plan, Unit, code_changes, code_free_key, make_plan
 from orchestrator.spec import LoadedSpec
 from storage.errors import StorageError
 from storage.store import ResultStore, open_store, utcnow
@@ -330,12 +330,36 @@ def check_sweep_identity(store: ResultStore, plan: Plan, repair: bool = False) -
         return
     old = set(record["unit_ids"] or [])
     if old != new:
+        _refuse_changed_code(store, plan, old, new)
         raise UsageError(
             f"sweep {plan.sweep!r} in {store.root} was planned from a different spec "
             f"({len(new - old)} new and {len(old - new)} missing units; recorded spec sha256 "
             f"{record['spec_sha256'][:12]}). Give the changed spec a new `name`, or use another "
             "--results directory. Nothing was written."
         )
+
+
+def _refuse_changed_code(store: ResultStore, plan: Plan, old: set[str], new: set[str]) -> None:
+    """When the plan differs from the recorded one only because a user's kernel's code changed, say
+    that (issue #36): the same spec, an edited kernel. A sweep holds the results of one plan, so its
+    new units go under a new sweep name or results directory, beside the old code's, never pooled."""
+    ledger = store.read_ledger(plan.sweep)
+    added = [u for u in plan.units if u.id in new - old]
+    gone = {u: r for u, r in ledger.rows.items() if u in old - new}
+    changes = code_changes(added, gone)
+    recorded = set()
+    for r in gone.values():
+        try:
+            recorded.add(code_free_key(r.get("kind"), json.loads(r.get("params_json") or "{}")))
+        except ValueError:
+            continue
+    if not changes or any(code_free_key(u.kind, u.params) not in recorded for u in added):
+        return  # something else changed too: the general message
+    raise UsageError(
+        f"sweep {plan.sweep!r} in {store.root}: " + "; ".join(c.line() for c in changes) + ". Its results "
+        "were computed by the old code, and a sweep holds the results of one plan: to run the new code, give "
+        "the spec a new `name` (both sweeps stay, each with its own certificate) or use another --results "
+        "directory. Nothing was written.")
 
 
 def check_gpu_resources(pending: list[Unit], conn: Any, have_gpus: float | None = None) -> None:

@@ -194,9 +194,10 @@ def _experiments(sweep: SweepSpec, resolve: Any) -> tuple[dict[str, Any], list[s
     experiments: dict[str, Any] = {}
     for name, body in sweep.experiments.items():
         where = ("experiments", name)
-        if any(c < " " or c == "\x7f" for c in name):
-            problems.append(f"experiments: the experiment name {name!r} contains a newline or another control "
-                            "character; use letters, digits, '.', '_' or '-'")
+        bad = _bad_name_character(name)  # the rule of every other key: controls, separators, bidi overrides
+        if bad:
+            problems.append(f"experiments: the experiment name {echo(name)} contains a control character ({bad}); "
+                            "use letters, digits, '.', '_' or '-'")
             continue
         if not isinstance(body, dict):
             problems.append(f"{_loc(where)}: must be a table")

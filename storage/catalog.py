@@ -295,18 +295,32 @@ class VerifiedFiles:
         self._lock = __import__("threading").Lock()
 
     def _load(self) -> dict[str, Any]:
+        """The cache's entries; {} when it is absent (or its directory unusable), of another format,
+        or not parseable -- the last also sets :attr:`problem` (one warning for the reader: every file
+        is hashed this time, and the open rewrites it)."""
         import json
 
+        self.problem: str | None = None
         if self.path is None:
             return {}
         try:
-            data = json.loads(self.path.read_bytes())
-        except (OSError, ValueError):
+            raw = self.path.read_bytes()
+        except OSError:  # absent, or no usable cache directory (a read-only home): quietly none
+            return {}
+        try:
+            data = json.loads(raw)
+        except (ValueError, RecursionError) as exc:  # RecursionError: nesting deeper than the parser's stack
+            self.problem = f"not valid JSON ({type(exc).__name__})"
             return {}
         if not isinstance(data, dict) or data.get("version") != self.VERSION or data.get("schemas") != _SCHEMAS_KEY:
+            if not isinstance(data, dict):
+                self.problem = "not a JSON object"
             return {}
         files = data.get("files")
-        return files if isinstance(files, dict) else {}
+        if not isinstance(files, dict):
+            self.problem = "its files entry is not an object"
+            return {}
+        return files
 
     def identity(self, rel: str, info: pafs.FileInfo | None) -> list[Any] | None:
         """What must not have changed since a file was hashed for that hash to still be its content."""
@@ -424,6 +438,9 @@ class _Binder:
         self.verify = f"run `swapcheck sweep verify --results {label}`"
         self.out = _Bound()
         self.cache = VerifiedFiles(store)
+        if self.cache.problem:
+            self.out.warnings.append(f"the verified-files cache {self.cache.path} is ignored: {self.cache.problem}; "
+                                     "every file is hashed this time, and the cache is rewritten")
         self.infos: dict[str, pafs.FileInfo] = {}
 
     def _abs(self, rel: str) -> str:

@@ -821,6 +821,29 @@ def get_kernel(name: str, **params: Any) -> Kernel:
     raise _unknown(name)
 
 
+def kernel_code(name: str) -> str | None:
+    """The code fingerprint of a user's kernel (``package.module:attr``, an entry point, a lazily
+    registered target: :mod:`.fingerprint`), None for a built-in one (its ``version`` covers it).
+    Enters the ids of the units that run the kernel, so an edit of its code reruns them."""
+    from .fingerprint import code_fingerprint
+
+    if ":" in name:
+        module_name = name.partition(":")[0]
+        return code_fingerprint(_import_target(name, f"kernel {name!r}"), module_name)
+    if name not in _REGISTRY:
+        _load_entry_points()
+    entry = _REGISTRY.get(name) if name in _REGISTRY else None
+    if entry is None:
+        split = _split_suffix(name)
+        entry = split[0] if split is not None else None
+    if entry is None:
+        return None
+    spec = entry.target if isinstance(entry.target, str) else None
+    target = _resolve(entry)
+    # swapcheck's own modules are never hashed: a built-in (any target defined in them) gets None
+    return code_fingerprint(target, spec.partition(":")[0] if spec else None)
+
+
 def _unknown(name: str) -> KernelError:
     """The registry's unknown-name error, with what else a kernel name may be."""
     _load_entry_points()

@@ -87,10 +87,11 @@ def check_problems(base: str, exp: CheckFields) -> list[str]:
 def expand_checks(kind: Kind, experiment: str, exp: CheckFields, extra: dict[str, Any]) -> list[Unit]:
     units = []
     for impl in exp.impls():
-        version = impl_payload(impl)["version"]
+        payload = impl_payload(impl)
+        code = {"code": payload["code"]} if "code" in payload else {}  # a user's kernel: its code's fingerprint
         for m, k, n in exp.shapes:
             params: dict[str, Any] = {"kernel": impl.kernel, "params": dict(sorted(impl.params.items())), "label": impl.name,
-                                      "version": version, "dtype": exp.dtype, "m": m, "k": k, "n": n,
+                                      "version": payload["version"], **code, "dtype": exp.dtype, "m": m, "k": k, "n": n,
                                       "trials": exp.trials, "seed": exp.seed, "scales": exp.scales, **extra}
             units.append(kind.unit(experiment, params, exp.resources))
     return units

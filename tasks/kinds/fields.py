@@ -263,11 +263,18 @@ def memory_problem(field: str, what: str, estimate: int, resources: Resources) -
 
 
 def impl_payload(impl: Implementation) -> dict[str, Any]:
-    """An implementation as unit parameters: its kernel's version is part of the unit id."""
+    """An implementation as unit parameters: its kernel's version is part of the unit id, and for a
+    user's kernel the fingerprint of its code (``code``, tasks/kernels/fingerprint.py: an edit reruns
+    its units; built-ins have none, so their ids are unchanged)."""
     from tasks.kernels import get_kernel
+    from tasks.kernels.registry import kernel_code
 
     kernel = get_kernel(impl.kernel, **impl.params)
-    return {"name": impl.name, "kernel": impl.kernel, "params": dict(sorted(impl.params.items())), "version": kernel.version}
+    out = {"name": impl.name, "kernel": impl.kernel, "params": dict(sorted(impl.params.items())), "version": kernel.version}
+    code = kernel_code(impl.kernel)
+    if code is not None:
+        out["code"] = code
+    return out
 
 
 def needs_gpu(impls: list[Implementation]) -> bool:

@@ -82,6 +82,8 @@ def expand(experiment: str, exp: FuzzExperiment) -> list[Unit]:
             "budget_s": exp.budget_s, "max_trials": exp.max_trials, "max_failures": exp.max_failures,
             "seed": exp.seed, "dtype": exp.dtype, "algorithm": exp.algorithm, "accumulate": exp.accumulate,
         }  # fmt: skip
+        if "code" in payload:  # a user's kernel: its code's fingerprint (an edit reruns the hunt)
+            params["code"] = payload["code"]
         units.append(KIND.unit(experiment, params, exp.resources))
     return units
 

@@ -180,14 +180,19 @@ def arm_quantizer_problems(where: str, arm: Arm) -> list[str]:
 
 
 def arm_payload(name: str, arm: Arm) -> dict[str, Any]:
+    code = None
     if arm.engine == "vllm":
         version = "vllm"
     else:
         from tasks.kernels import get_kernel
+        from tasks.kernels.registry import kernel_code
 
         version = get_kernel(arm.kernel, **arm.params).version
+        code = kernel_code(arm.kernel)  # a user's kernel: its code's fingerprint (tasks/kernels/fingerprint.py)
     payload = {"name": name, "kernel": arm.kernel, "params": dict(sorted(arm.params.items())), "version": version,
                "scales": arm.scales, "engine": arm.engine, "env": dict(sorted(arm.env.items()))}
+    if code is not None:  # only for a user's kernel: built-in arms keep their unit ids
+        payload["code"] = code
     if arm.attention is not None:  # only when set: arms without it keep their unit ids
         from tasks.attention.fields import attention_payload
 

@@ -417,27 +417,40 @@ def test_a_file_replaced_by_identical_bytes_is_hashed_again_and_read(root: Path)
         assert cat.query(_sql(uid("kdepth", 0))).to_pylist() == [{"n": ROWS}]
 
 
-@pytest.mark.parametrize("kind", ["unwritable", "a_file", "corrupt", "relative_xdg"])
+@pytest.mark.parametrize("kind", ["unwritable", "a_file", "corrupt", "nested", "relative_xdg"])
 def test_a_cache_that_cannot_be_used_is_never_fatal(root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                     kind: str) -> None:
+    """An unusable cache costs hashing, never the read: an unreadable one (``corrupt``; ``nested``: deeper
+    than the JSON parser's stack, a RecursionError) is ignored with one warning and rewritten (issue #36)."""
     cache = tmp_path / "cache"
     if kind == "unwritable":
         cache.mkdir()
         cache.chmod(0o500)
     elif kind == "a_file":
         cache.write_text("not a directory")
-    elif kind == "corrupt":
+    elif kind in ("corrupt", "nested"):
         with Catalog(root):
             pass
         (entry,) = (cache / "swapcheck" / "verified").iterdir()
-        entry.write_text("{not json")
+        entry.write_text("{not json" if kind == "corrupt" else "[" * 200_000)
     else:
         monkeypatch.setenv("XDG_CACHE_HOME", "relative/cache")
         monkeypatch.setenv("HOME", str(tmp_path / "home"))
     try:
-        for _ in range(2):
+        for i in range(2):
             with Catalog(root) as cat:
-                assert cat.warnings == [] and _counts(cat, ["kdepth"]) == {"kdepth": 2 * ROWS}
+                assert _counts(cat, ["kdepth"]) == {"kdepth": 2 * ROWS}
+                if kind in ("corrupt", "nested") and i == 0:
+                    (warning,) = cat.warnings
+                    assert "verified-files cache" in warning and "ignored: not valid JSON" in warning
+                else:
+                    assert cat.warnings == []
+        if kind == "nested":  # and the CLI answers with the warning, no stack dump
+            entry.write_text("[" * 200_000)
+            res = runner.invoke(app, ["query", "SELECT count(*) AS n FROM kdepth", "--results", str(root),
+                                      "--format", "json"])
+            assert res.exit_code == 0 and json.loads(res.stdout) == [{"n": 2 * ROWS}], res.output
+            assert "verified-files cache" in res.stderr and "Traceback" not in res.output
         if kind == "relative_xdg":  # a relative XDG_CACHE_HOME is ignored (the XDG rule): ~/.cache
             assert (tmp_path / "home" / ".cache" / "swapcheck" / "verified").is_dir()
             assert not (root.parent / "relative").exists() and not Path("relative/cache").exists()

@@ -161,9 +161,12 @@ def test_sweep_names_refuse_control_characters(tmp_path: Path, line: str, names:
     assert "control character" in out
 
 
-def test_experiment_names_refuse_control_characters(tmp_path: Path) -> None:
-    out = _refused(tmp_path, KDEPTH.replace("[experiments.int8]", '[experiments."a\\nb"]') + "k = 64\n", "experiments")
-    assert "control character" in out
+@pytest.mark.parametrize("key,code", [("a\\nb", "U+000A"), ("a\\u202Eb", "U+202E"), ("a\\u2028b", "U+2028")])
+def test_experiment_names_refuse_control_characters(tmp_path: Path, key: str, code: str) -> None:
+    """A newline, a right-to-left override or a line separator in an experiment's name: refused like
+    every other key (issue #36: the override was accepted and printed raw), the character named."""
+    out = _refused(tmp_path, KDEPTH.replace("[experiments.int8]", f'[experiments."{key}"]') + "k = 64\n", "experiments")
+    assert "control character" in out and code in out and "\u202e" not in out
 
 
 SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
