@@ -801,7 +801,8 @@ def divergence_cells(pairs: list[dict[str, Any]]) -> dict[str, str]:
                 f"{c['arm_a']}->{c['arm_b']} {c['b_only'] - c['a_only']:+d}/{c['n']} "
                 f"({c['a_only']} right only under {c['arm_a']}, {c['b_only']} only under {c['arm_b']}); "
                 + (f"exact McNemar p {_num(c['mcnemar_p'], '.3g')}" if c["mcnemar_p"] is not None
-                   else f"|change| <= {_num(c['abs_change_bound'], '.3g')} (95% Clopper-Pearson on discordant prompts)")
+                   else f"95% upper confidence bound on |change| {_num(c['abs_change_bound'], '.3g')} "
+                        f"(Clopper-Pearson, {c['a_only'] + c['b_only']} of {c['n']} prompts discordant)")
                 for _p, c in changes)
     return cells
 

@@ -277,8 +277,8 @@ def _accuracy_change(n: int, a_only: int, b_only: int) -> dict[str, Any]:
         out["mcnemar_p"] = float(test.pvalue)
         out["conditional_interval"] = [(2 * float(ci.low) - 1) * d / n, (2 * float(ci.high) - 1) * d / n]
     else:
-        out["note"] = (f"no prompt changed its correctness; |change| <= {bound:.3g}" if bound is not None
-                       else "no paired prompts")
+        out["note"] = (f"no prompt changed its correctness (0 of {n} discordant); 95% upper confidence bound "
+                       f"on |change|: {bound:.3g} (Clopper-Pearson, exact)" if bound is not None else "no paired prompts")
     return out
 
 

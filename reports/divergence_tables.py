@@ -104,7 +104,7 @@ def change_rows(rep: dict[str, Any]) -> list[dict[str, Any]]:
                     "a_only": c["a_only"], "b_only": c["b_only"], "answers differ": c["answers_differ"],
                     "change (b_only - a_only)/n": _g(c["change"], "+.4g") if c["change"] else _g(c["change"], "g"),
                     "McNemar exact p": _g(c["mcnemar_p"], ".3g"),
-                    "|change| <= [95% CP of discordant]": "" if c["abs_change_bound"] is None else
+                    "|change| 95% upper bound (CP)": "" if c["abs_change_bound"] is None else
                     f"{c['abs_change_bound']:.3g} ({d['k']}/{d['n']} discordant)",
                     "conditional 95%": "" if ci is None else f"[{ci[0]:+.3g}, {ci[1]:+.3g}]"})
     return out

@@ -95,7 +95,9 @@ def test_accuracy_change_matches_plain_duckdb_with_the_exact_mcnemar_test(answer
     # no discordant prompt: the change is 0, no test, and the bound is the exact upper end for 0 / 12
     assert ad["change"] == 0 and ad["mcnemar_p"] is None and ad["conditional_interval"] is None
     bound = binomtest(0, 12).proportion_ci(method="exact").high
-    assert ad["abs_change_bound"] == bound and ad["note"] == f"no prompt changed its correctness; |change| <= {bound:.3g}"
+    assert ad["abs_change_bound"] == bound and ad["note"] == (
+        f"no prompt changed its correctness (0 of 12 discordant); 95% upper confidence bound on |change|: "
+        f"{bound:.3g} (Clopper-Pearson, exact)")  # a bound with its level, not an inequality (issue #36)
     # the arm pairs across the two experiments are skipped, each with its reason
     assert sorted((s["arm_a"], s["arm_b"]) for s in ans["changes_skipped"]) == [("a", "c"), ("b", "c"), ("c", "d")]
     assert all("two experiments" in s["reason"] for s in ans["changes_skipped"])
@@ -106,7 +108,7 @@ def test_report_divergence_shows_the_change_table(answered: Path) -> None:
     assert res.exit_code == 0, res.output
     out = res.output
     assert "accuracy change per kernel swap" in out and "a -> b" in out and "-0.08333" in out
-    assert "a -> d: no prompt changed its correctness; |change| <= 0.265" in out
+    assert "a -> d: no prompt changed its correctness (0 of 12 discordant); 95% upper confidence bound on |change|: 0.265" in " ".join(out.split())
     assert "skipped a vs c: arms of two experiments (answers, other)" in out
     assert "exact McNemar" in out and "unit: prompts" in out
 
@@ -126,5 +128,6 @@ def test_the_certificate_cell_names_the_paired_change_and_its_test() -> None:
 
     assert cell(_accuracy_change(256, 1, 4)) == ("a->b +3/256 (1 right only under a, 4 only under b); "
                                                  "exact McNemar p 0.375")
-    assert cell(_accuracy_change(256, 0, 0)).startswith("a->b +0/256 (0 right only under a, 0 only under b); "
-                                                        "|change| <= 0.0143")
+    assert cell(_accuracy_change(256, 0, 0)) == ("a->b +0/256 (0 right only under a, 0 only under b); "
+                                                 "95% upper confidence bound on |change| 0.0143 (Clopper-Pearson, "
+                                                 "0 of 256 prompts discordant)")

@@ -69,6 +69,20 @@ def test_all_combines_both_checks():
     assert res.exit_code == 0 and "overall: IDENTICAL (pass)" in res.output
 
 
+def test_an_identical_verdict_says_what_it_cannot_see():
+    """Issue #36: a kernel whose epilogue differs from CUTLASS's reads IDENTICAL under power-of-two
+    scales, where every epilogue is exact; the output says so beside the verdict, with what to run."""
+    res = _run("all", "--kernel", "int8-triton-order", *SMALL)
+    text = " ".join(res.output.split())
+    assert res.exit_code == 0 and "cannot see: with pow2 scales every multiplication by a scale is exact" in text
+    assert 'scale_modes = ["real"]' in text
+    obj = json.loads(_run("all", "--kernel", "int8-triton-order", *SMALL, "--format", "json").stdout)
+    (blind,) = obj["cannot_see"]
+    assert blind.startswith("cannot see: with pow2 scales") and "K-depth sweep" in blind
+    plain = json.loads(_run("all", "--kernel", "_planted_kernels:correct", *SMALL, "--format", "json").stdout)
+    assert plain["cannot_see"] == []  # a plain matmul has no scales to hide anything
+
+
 @pytest.mark.parametrize(
     "args,message",
     [

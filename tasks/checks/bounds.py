@@ -286,6 +286,8 @@ def run_bounds(
         "about_algorithm": "bound: " + describe_algorithm(algorithm_name, alg),
         "about_inputs": f"inputs: {', '.join(inputs)} (in turn, one per trial); every output position is checked",
     }
+    if not subject.plain:
+        settings["about_blind_spot"] = ops_mod.SCALES_BLIND_SPOT.format(scales=scales)
     result = CheckResult("bounds", subject.ref, subject.describe(), fmt.name, trials, settings)
     for m, k, n in shapes:
         for t in range(trials):

@@ -221,6 +221,7 @@ def run_exact_match(
             f"{subject.operands} operands, {scales} scales (per token and per channel where the "
             "kernel takes them): the reference is exact"
         )
+        settings["about_blind_spot"] = ops_mod.SCALES_BLIND_SPOT.format(scales=scales)
     result = CheckResult("exact_match", subject.ref, subject.describe(), fmt.name, trials, settings)
     for m, k, n in shapes:
         pk = p if p is not None else zero_probability(k, limit, overflow, floor)

@@ -33,6 +33,7 @@ from tasks.seeds import stable_seed
 
 __all__ = [
     "INPUT_KINDS",
+    "SCALES_BLIND_SPOT",
     "SCALE_MODES",
     "generator",
     "binary",
@@ -46,6 +47,14 @@ __all__ = [
 
 INPUT_KINDS = ("randn", "uniform-positive", "mixed-scale")
 SCALE_MODES = ("pow2", "unit")
+#: What a check with these scales cannot see (issue #36: ``check all`` read IDENTICAL three times for a
+#: kernel whose epilogue differs from CUTLASS's), said beside its verdict.
+SCALES_BLIND_SPOT = (
+    "cannot see: with {scales} scales every multiplication by a scale is exact, so epilogue orders "
+    "(CUTLASS's sa*(sb*acc), Triton's sb*(sa*acc)) and epilogue roundings all give the same bits here; "
+    "an epilogue difference shows only with real scales: run a K-depth sweep (kind = \"kdepth\", "
+    "scale_modes = [\"real\"]) of this kernel beside the reference"
+)
 #: Power-of-two scales are 2**e with e uniform in [-POW2_RANGE, POW2_RANGE] (per token / channel).
 POW2_RANGE = 2
 

@@ -408,5 +408,8 @@ def combined(results: list[CheckResult]) -> dict[str, Any]:
         "positions": sum(r.positions for r in results),
         "checked": sum(r.checked for r in results),
         "mismatches": sum(r.mismatches for r in results),
+        # what the checks could not see (a verdict of IDENTICAL says nothing about it)
+        "cannot_see": list(dict.fromkeys(str(r.settings["about_blind_spot"]) for r in results
+                                         if r.settings.get("about_blind_spot"))),
         "checks": [r.to_dict() for r in results],
     }
