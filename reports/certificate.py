@@ -780,6 +780,8 @@ def divergence_cells(pairs: list[dict[str, Any]]) -> dict[str, str]:
     tf = [t for _p, d in divs for t in d["teacher_forced"]]
     dist = "; ".join(f"{t['ref_arm']}->{t['arm']} probs_diff {_num(t['probs_diff_mean'])} (max {_num(t['probs_diff_max'])}), "
                      f"k3 {_num(t['k3_mean'])}, " + (f"KL {_num(t['kl_mean'])} {_interval(*(t['kl_ci'] or (None, None)))}"
+                                                  + (f" (bootstrap over {t['kl_sequences']} sequences, "
+                                                     f"{t['kl_positions']} positions)" if t.get("kl_sequences") else "")
                                                   if t["kl_mean"] is not None else KL_CELL_NOT_MEASURED)
                      for t in tf) or NOT_RUN
     gate = "; ".join(f"{t['ref_arm']}->{t['arm']} " + (

@@ -492,6 +492,8 @@ def pair_figures(rep: dict[str, Any], arm_a: str, arm_b: str) -> dict[str, Any]:
                         "probs_diff_mean": p["probs_diff"]["mean_per_position"], "probs_diff_max": p["probs_diff"]["max"],
                         "k3_mean": p["k3"]["mean_per_position"], "kl_mean": None if kl is None else kl["mean_per_position"],
                         "kl_ci": None if kl is None else kl["per_position"]["interval"],
+                        # what the interval rests on: a bootstrap over this many reference sequences
+                        "kl_sequences": None if kl is None else kl["sequences"],
                         "kl_positions": p["kl_positions"], "kl_note": p.get("kl_not_measured") or p.get("kl_note"),
                         "gate": p["gate"], "flips_p_ref_0.1_0.9": middle.get((p["ref_arm"], p["arm"]))})
     ans = rep["total_agreement"]["answers"]

@@ -345,6 +345,14 @@ def test_the_certificates_lighter_computation_gives_the_same_pair_figures(result
     assert "per_position" not in d["probs_diff"] and "per_position" not in d["k3"] and "per_sequence" not in d["kl"]
     assert d["kl"]["per_position"]["interval"] is not None and d["gate"]["se"] is not None
     assert all(set(b) == {"sweep", "ref_arm", "arm", "middle"} for b in light["flip_buckets"])
+    # the certificate's KL interval names what it rests on: its sequences and positions (issue #36)
+    from reports.certificate import divergence_cells
+
+    fig = dv.pair_figures(light, "a", "b")
+    (t,) = [t for t in fig["teacher_forced"] if t["arm"] == "b"]
+    cell = divergence_cells([{"arm_a": "a", "arm_b": "b", "divergence": fig}])["probs_diff / k3 / KL per position [95%]"]
+    assert t["kl_sequences"] == d["kl"]["sequences"] >= 2
+    assert f"(bootstrap over {t['kl_sequences']} sequences, {t['kl_positions']} positions)" in cell
 
 
 def test_the_margins_from_sequence_lists_equal_the_per_position_queries(results: Path) -> None:
