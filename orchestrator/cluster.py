@@ -38,7 +38,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.errors import InfrastructureError
+from orchestrator.errors import InfrastructureError, RayStartFailure
 
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 EMBEDDED_ENV = {**LOOPBACK_ENV, "RAY_AUTH_MODE": "token"}
@@ -48,6 +48,12 @@ ADDRESS_ENV = "RAY_ADDRESS"
 _SOCKET_TAIL = 64
 #: Seconds ``ray.init`` may run past ``--connect-timeout`` after the address answered as Ray.
 JOIN_GRACE_S = 15.0
+#: How many times the embedded instance is started before a launch gives up (a busy machine can time
+#: out Ray's own start: 4 of 5 launches in 10 minutes at load 20+), and the first pause between tries
+#: (doubled each time).
+START_ATTEMPTS_ENV = "SWAPCHECK_RAY_START_ATTEMPTS"
+START_ATTEMPTS = 3
+START_BACKOFF_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -257,12 +263,72 @@ def connect(address: str | None = None, num_cpus: int | None = None, timeout_s: 
     where = "start a local Ray instance" if address is None else f"join the Ray cluster at {address!r} ({source})"
     if address is not None:
         os.environ.setdefault("RAY_gcs_rpc_server_connect_timeout_s", str(max(1, int(timeout_s))))
+    if address is None:
+        _start_embedded(ray, num_cpus)
+        return _connection(embedded, source, address)
     try:
-        if address is None:
-            # "local": always a new instance of our own. Without it Ray joins a cluster that `ray start`
-            # left on this machine (someone else's, with its own settings) and then refuses num_cpus
-            # ("When connecting to an existing cluster, num_cpus and num_gpus must not be provided").
-            session = _new_session_dir()
+        with _address_env(address), _bounded(timeout_s + JOIN_GRACE_S):
+            ray.init(address=address, log_to_driver=_verbose(), logging_level=logging.WARNING)
+    except _JoinTimeout:
+        raise InfrastructureError(
+            f"could not {where}: it answered as Ray, but joining did not finish within {timeout_s + JOIN_GRACE_S:g} s "
+            "(--connect-timeout plus a grace). Check that the cluster is healthy (ray status on the head), or raise "
+            "--connect-timeout.") from None
+    except Exception as exc:  # noqa: BLE001 - Ray raises many types for a failed join
+        hint = ""
+        if "pip package" in str(exc) and "ray[client]" in str(exc):
+            hint = " Install swapcheck with its dependencies (pip install swapcheck) or pip install 'ray[client]'."
+        raise InfrastructureError(f"could not {where}: {type(exc).__name__}: {exc}{hint}") from None
+    return _connection(embedded, source, address)
+
+
+def start_attempts(env: dict[str, str] | None = None) -> int:
+    """How many times to start the embedded instance (:data:`START_ATTEMPTS_ENV`, 1 to 10)."""
+    raw = (os.environ if env is None else env).get(START_ATTEMPTS_ENV, "").strip()
+    if not raw:
+        return START_ATTEMPTS
+    if not raw.isdigit() or not 1 <= int(raw) <= 10:
+        from orchestrator.errors import UsageError
+
+        raise UsageError(f"{START_ATTEMPTS_ENV}={raw!r}: give a whole number of attempts from 1 to 10")
+    return int(raw)
+
+
+def with_retries(start: Any, attempts: int, *, pause_s: float = START_BACKOFF_S, sleep: Any = time.sleep,
+                 on_failure: Any = None) -> None:
+    """``start()`` up to ``attempts`` times, pausing ``pause_s``, then twice that, ... between tries;
+    ``on_failure(exc, attempt)`` after each failed one. The last failure is raised as
+    :class:`RayStartFailure` (exit 3) with what was tried and what to do."""
+    last: BaseException | None = None
+    for attempt in range(1, attempts + 1):
+        try:
+            start()
+            return
+        except Exception as exc:  # noqa: BLE001 - Ray raises many types for a failed start
+            last = exc
+            if on_failure is not None:
+                on_failure(exc, attempt)
+            if attempt < attempts:
+                sleep(pause_s * 2 ** (attempt - 1))
+    assert last is not None
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "unknown"
+    raise RayStartFailure(
+        f"could not start a local Ray instance in {attempts} attempt(s) ({type(last).__name__}: "
+        f"{str(last).splitlines()[0] if str(last) else ''}); load average {load}. A busy machine can time out "
+        f"Ray's start: retry when it is quieter, raise {START_ATTEMPTS_ENV} (now {attempts}), or start Ray once "
+        "(`ray start --head`) and pass --address auto. Nothing was run.") from None
+
+
+def _start_embedded(ray: Any, num_cpus: int | None) -> None:
+    """Start the embedded instance, retried (:func:`with_retries`): each try in a new session directory,
+    a failed one shut down and its session kept for its logs."""
+
+    def start() -> None:
+        # "local": always a new instance of our own. Without it Ray joins a cluster that `ray start`
+        # left on this machine (someone else's, with its own settings) and then refuses num_cpus
+        # ("When connecting to an existing cluster, num_cpus and num_gpus must not be provided").
+        session = _new_session_dir()
+        try:
             ray.init(
                 address="local",
                 num_cpus=num_cpus or os.cpu_count() or 1,
@@ -274,23 +340,17 @@ def connect(address: str | None = None, num_cpus: int | None = None, timeout_s: 
                 # nobody else can reach what it keeps there.
                 _temp_dir=os.path.join(session, "ray"),
             )
+        finally:
             _own_session(session)
-        else:
-            with _address_env(address), _bounded(timeout_s + JOIN_GRACE_S):
-                ray.init(address=address, log_to_driver=_verbose(), logging_level=logging.WARNING)
-    except _JoinTimeout:
-        raise InfrastructureError(
-            f"could not {where}: it answered as Ray, but joining did not finish within {timeout_s + JOIN_GRACE_S:g} s "
-            "(--connect-timeout plus a grace). Check that the cluster is healthy (ray status on the head), or raise "
-            "--connect-timeout.") from None
-    except Exception as exc:  # noqa: BLE001 - Ray raises many types for a failed start/join
-        hint = ""
-        if "pip package" in str(exc) and "ray[client]" in str(exc):
-            hint = " Install swapcheck with its dependencies (pip install swapcheck) or pip install 'ray[client]'."
-        if address is None:
-            keep_session(f"Ray could not start: {type(exc).__name__}")
-        raise InfrastructureError(f"could not {where}: {type(exc).__name__}: {exc}{hint}") from None
-    return _connection(embedded, source, address)
+
+    def failed(exc: BaseException, attempt: int) -> None:
+        keep_session(f"Ray could not start (attempt {attempt}): {type(exc).__name__}")
+        try:
+            ray.shutdown()
+        except Exception:  # noqa: BLE001 - what a half-started instance left is cleaned as far as it goes
+            pass
+
+    with_retries(start, start_attempts(), on_failure=failed)
 
 
 def _resolved(address: str) -> str:

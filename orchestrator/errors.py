@@ -111,6 +111,13 @@ class InfrastructureError(SwapcheckError):
     exit_code = 2
 
 
+class RayStartFailure(InfrastructureError):
+    """The embedded Ray instance did not start, after every attempt (a busy machine, a full /tmp):
+    a fault of this machine, not of the input (issue #36: it had been exit 2, bad input)."""
+
+    exit_code = 3
+
+
 class StorageFailure(InfrastructureError):
     """The results store failed while a sweep ran (never recorded as a unit's failure)."""
 

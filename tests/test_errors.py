@@ -48,3 +48,33 @@ def test_user_errors_prints_the_message_and_exits_with_its_code(capsys: pytest.C
     with pytest.raises(typer.Exit) as info, user_errors():
         raise typer.Exit(0)
     assert info.value.exit_code == 0
+
+
+def test_a_local_ray_start_is_retried_with_backoff_then_exit_3_with_a_hint() -> None:
+    """Issue #36: a Ray start that timed out on a busy machine was exit 2 (bad input), with no retry and
+    no hint. Now it is tried again after 2 s, 4 s, ... and, failing every time, is a fault of the machine
+    (exit 3) that says what to do."""
+    from orchestrator.cluster import START_ATTEMPTS_ENV, start_attempts, with_retries
+    from orchestrator.errors import RayStartFailure
+
+    calls, pauses, failures = [], [], []
+
+    def flaky() -> None:
+        calls.append(1)
+        if len(calls) < 3:
+            raise TimeoutError("The current node timed out during startup")
+
+    with_retries(flaky, 3, pause_s=2.0, sleep=pauses.append, on_failure=lambda e, a: failures.append(a))
+    assert len(calls) == 3 and pauses == [2.0, 4.0] and failures == [1, 2]
+
+    def never() -> None:
+        raise TimeoutError("The current node timed out during startup\nmore lines")
+
+    with pytest.raises(RayStartFailure) as info:
+        with_retries(never, 2, pause_s=0.5, sleep=pauses.append)
+    text = str(info.value)
+    assert exit_code_for(info.value) == 3 and "in 2 attempt(s)" in text and "TimeoutError" in text
+    assert "more lines" not in text and START_ATTEMPTS_ENV in text and "--address auto" in text
+    assert start_attempts({}) == 3 and start_attempts({START_ATTEMPTS_ENV: "5"}) == 5
+    with pytest.raises(UsageError, match="from 1 to 10"):
+        start_attempts({START_ATTEMPTS_ENV: "0"})
