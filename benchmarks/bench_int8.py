@@ -21,29 +21,13 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import Case, apply_threads, emit, interleaved, parser, pick  # noqa: E402
+from common import Case, apply_threads, cpu_paths, emit, interleaved, parser, pick  # noqa: E402
 
 STAGE = "int8"
 #: One INT8 unit within this many float64 GEMMs of its shape on every CPU (issue #35).
 GOAL = 15.0
-
-
-def cpu_line() -> dict[str, Any]:
-    """The CPU and the INT8 paths it takes: what the figures of this stage depend on."""
-    import torch
-
-    from tasks.devices import cpu_flags, cpu_model, isa_level
-    from tasks.kernels.accumulator import accumulator_path
-    from tasks.kernels.onednn import onednn_path
-
-    path = accumulator_path()
-    return {"cpu": cpu_model(), "isa_level": isa_level(torch_capability=torch.backends.cpu.get_cpu_capability()),
-            "isa_flags": cpu_flags(), "torch_capability": torch.backends.cpu.get_cpu_capability(),
-            "int8_accumulator": path.as_dict(), "int8_accumulator_text": path.describe(timings=True),
-            "int_mm_note": path.native_note(), "onednn": onednn_path().describe()}
 
 
 def main() -> None:
@@ -53,16 +37,17 @@ def main() -> None:
     threads = apply_threads(args.threads)
     import torch
 
-    from tasks.kernels.accumulator import PATHS, check_path, compute_exact
+    from tasks.devices import cpu_model
+    from tasks.kernels.accumulator import PATHS, accumulator_path, check_path, compute_exact
     from tasks.kinds import kdepth
     from tasks.models.operands import draw_operands
 
     repeat = args.repeat or pick(args, 5, 3, 1)
     m = n = 256
     k = pick(args, 16384, 16384, 1024)
-    cpu = cpu_line()
-    print(f"CPU {cpu['cpu']}: ISA level {cpu['isa_level']} (torch {cpu['torch_capability']}; flags "
-          f"{' '.join(cpu['isa_flags'])})\n{cpu['int8_accumulator_text']}\n{cpu['onednn']}"
+    cpu = cpu_paths()  # what the figures depend on, as every results record names it
+    print(f"CPU {cpu_model()}: ISA level {cpu['isa_level']} (torch {cpu['torch_capability']}; flags "
+          f"{' '.join(cpu['isa_flags'])})\n{cpu['int8_accumulator']}\n{cpu['onednn_int8']}"
           + (f"\nnote: {cpu['int_mm_note']}" if cpu["int_mm_note"] else ""), flush=True)
     impls = [{"name": i, "kernel": i, "params": {}}
              for i in ("int8-cutlass-order", "int8-triton-order", "int8-torch-channelwise")]
@@ -78,7 +63,7 @@ def main() -> None:
     extra = {**cpu, "threads": threads, "shape": [m, k, n]}
     t = interleaved({"unit": lambda: kdepth.run(params), "gemm": lambda: x @ y}, repeat)
     cases.append(Case(STAGE, f"int8 kdepth unit {m}x{k}x{n}", f"float64 GEMM {m}x{k}x{n}", t["unit"], t["gemm"],
-                      GOAL, notes=f"accumulator {cpu['int8_accumulator']['name']}", extra=extra))
+                      GOAL, notes=f"accumulator {accumulator_path().name}", extra=extra))
     for path in PATHS:
         why = check_path(path)
         if why is not None:

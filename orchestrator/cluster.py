@@ -38,7 +38,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.errors import InfrastructureError, RayStartFailure
+from orchestrator.errors import InfrastructureError, RayStartFailure, UsageError
 
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 EMBEDDED_ENV = {**LOOPBACK_ENV, "RAY_AUTH_MODE": "token"}
@@ -288,8 +288,6 @@ def start_attempts(env: dict[str, str] | None = None) -> int:
     if not raw:
         return START_ATTEMPTS
     if not raw.isdigit() or not 1 <= int(raw) <= 10:
-        from orchestrator.errors import UsageError
-
         raise UsageError(f"{START_ATTEMPTS_ENV}={raw!r}: give a whole number of attempts from 1 to 10")
     return int(raw)
 

@@ -16,7 +16,7 @@ from typing import Any
 from orchestrator.spec import LoadedSpec
 from tasks.kinds import Unit, canonical_json, get_kind, unit_id
 
-__all__ = ["CodeChange", "Plan", "Unit", "canonical_json", "code_changes", "code_free_key", "make_plan", "unit_id"]
+__all__ = ["CodeChange", "Plan", "Unit", "canonical_json", "code_changes", "make_plan", "unit_id"]
 
 
 @dataclass(frozen=True)
@@ -74,28 +74,30 @@ class CodeChange:
                 f"{', '.join(self.before)} -> {', '.join(self.now)}): {self.units} unit(s) are new work")
 
 
-def code_free_key(kind: str | None, params: Any) -> str:
+def _code_free_key(kind: str | None, params: Any) -> str:
     """What identifies a unit but for the code fingerprints of users' kernels."""
     return canonical_json([kind, _without_code(params)])
 
 
-def code_changes(planned: list[Unit], recorded: Mapping[str, Mapping[str, Any]]) -> list[CodeChange]:
+def code_changes(planned: list[Unit], recorded: Mapping[str, Mapping[str, Any]], *,
+                 only: bool = False) -> list[CodeChange]:
     """Each user's kernel whose code changed (issue #36: an edited kernel had been served its old
     results): a planned unit that equals a recorded one but for the ``code`` fingerprints.
-    ``recorded``: unit id -> ledger row (``kind``, ``params_json``)."""
+    ``recorded``: unit id -> ledger row (``kind``, ``params_json``). ``only``: none unless every
+    planned unit is such a unit (nothing else about the plan changed)."""
     before: dict[str, dict[str, str]] = {}
     for row in recorded.values():
         try:
             params = json.loads(row.get("params_json") or "{}")
         except ValueError:
             continue
-        codes = _codes(params, {})
-        if codes:
-            before[code_free_key(row.get("kind"), params)] = codes
+        before[_code_free_key(row.get("kind"), params)] = _codes(params, {})
     changed: dict[str, tuple[set[str], set[str], int]] = {}
     for u in planned:
-        old = before.get(code_free_key(u.kind, u.params))
+        old = before.get(_code_free_key(u.kind, u.params))
         if old is None:
+            if only:
+                return []
             continue
         for kernel, code in _codes(u.params, {}).items():
             if kernel in old and old[kernel] != code:

@@ -45,7 +45,7 @@ from typing import Any
 from tasks.devices import GEMM_FLAGS, cpu_flags, cpu_model, isa_level
 
 __all__ = ["GEMM_FLAGS", "KERNEL_ENV", "NOT_EXPOSED", "PACKAGES", "autotune_cache_dirs", "autotune_cache_hash",
-           "collect", "cpu_flags", "identity_hash", "isa_level", "layout_paths", "package_versions",
+           "collect", "cpu_flags", "cpu_model", "identity_hash", "isa_level", "layout_paths", "package_versions",
            "parse_torch_config", "torch_identity"]
 
 PACKAGES = ("swapcheck", "torch", "ray", "pyarrow", "duckdb", "numpy", "ml_dtypes", "vllm", "triton", "transformers")
@@ -68,10 +68,6 @@ def package_versions() -> dict[str, str | None]:
         except PackageNotFoundError:
             out[name] = None
     return out
-
-
-def _cpu_model(text: str | None = None) -> str:
-    return cpu_model(text)
 
 
 def parse_torch_config(show: str) -> dict[str, str | None]:
@@ -130,7 +126,7 @@ def layout_paths() -> dict[str, str]:
     """Per registered kernel, the code path its operand layout selects where the kernel exposes one
     (a ``code_path`` attribute or property), else :data:`NOT_EXPOSED`; a kernel that cannot be built
     here is left out."""
-    from tasks.kernels.registry import get_kernel, kernel_names
+    from tasks.kernels.registry import code_path_of, get_kernel, kernel_names
 
     out: dict[str, str] = {}
     try:
@@ -142,8 +138,7 @@ def layout_paths() -> dict[str, str]:
             k = get_kernel(name)
         except Exception:  # noqa: BLE001 - a kernel that cannot be built has no path to report
             continue
-        path = getattr(k, "code_path", None)
-        out[name] = str(path() if callable(path) else path) if path is not None else NOT_EXPOSED
+        out[name] = code_path_of(k) or NOT_EXPOSED
     return out
 
 
@@ -217,7 +212,7 @@ def collect(torch_facts: bool = True) -> dict[str, Any]:
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "host": socket.gethostname(),
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
         "env": {k: v for k, v in sorted(os.environ.items()) if KERNEL_ENV.match(k) and "TOKEN" not in k},
     }

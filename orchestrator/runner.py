@@ -43,7 +43,7 @@ from orchestrator.errors import (
     Terminated,
     UsageError,
 )
-from orchestrator.plan import Plan, Unit, code_changes, code_free_key, make_plan
+from orchestrator.plan import Plan, Unit, code_changes, make_plan
 from orchestrator.spec import LoadedSpec
 from storage.errors import StorageError
 from storage.store import ResultStore, open_store, utcnow
@@ -344,16 +344,9 @@ def _refuse_changed_code(store: ResultStore, plan: Plan, old: set[str], new: set
     that (issue #36): the same spec, an edited kernel. A sweep holds the results of one plan, so its
     new units go under a new sweep name or results directory, beside the old code's, never pooled."""
     ledger = store.read_ledger(plan.sweep)
-    added = [u for u in plan.units if u.id in new - old]
-    gone = {u: r for u, r in ledger.rows.items() if u in old - new}
-    changes = code_changes(added, gone)
-    recorded = set()
-    for r in gone.values():
-        try:
-            recorded.add(code_free_key(r.get("kind"), json.loads(r.get("params_json") or "{}")))
-        except ValueError:
-            continue
-    if not changes or any(code_free_key(u.kind, u.params) not in recorded for u in added):
+    changes = code_changes([u for u in plan.units if u.id in new - old],
+                           {u: r for u, r in ledger.rows.items() if u in old - new}, only=True)
+    if not changes:
         return  # something else changed too: the general message
     raise UsageError(
         f"sweep {plan.sweep!r} in {store.root}: " + "; ".join(c.line() for c in changes) + ". Its results "

@@ -117,10 +117,12 @@ def cpu_vendor(text: str | None = None) -> str:
 def mkl_isa(vendor: str | None = None, level: str | None = None, env: dict[str, str] | None = None) -> str:
     """The instruction set MKL's GEMMs run at here: "AVX-512" or "AVX2" (or "baseline").
 
-    MKL dispatches its AVX-512 kernels on Intel CPUs only; on an AMD CPU it runs its AVX2 ones whatever
-    the CPU has (so an AVX-512 EPYC sums an fp32 GEMM in the order of an AVX2 machine: measured with
-    ``torch._scaled_mm``'s emulated CPU path, tests/test_spacing_facts.py); ``MKL_ENABLE_INSTRUCTIONS``
-    caps it.  ``level`` defaults to :func:`isa_level`."""
+    MKL is taken to dispatch its AVX-512 kernels on Intel CPUs only and its AVX2 ones on AMD CPUs
+    whatever they have.  That is inferred, not read from MKL: ``torch._scaled_mm``'s emulated CPU path
+    (an MKL fp32 GEMM) gave the same bits on an AVX512-VNNI AMD EPYC as under
+    ``MKL_ENABLE_INSTRUCTIONS=AVX2``, on an AVX2-only EPYC (as reported), and other bits on CI's Intel
+    AMX machine (tests/test_spacing_facts.py).  ``MKL_ENABLE_INSTRUCTIONS`` caps it.  ``level`` defaults
+    to :func:`isa_level`."""
     vendor = cpu_vendor() if vendor is None else vendor
     level = isa_level() if level is None else level
     env = dict(os.environ) if env is None else env

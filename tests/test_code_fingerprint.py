@@ -95,6 +95,9 @@ def test_the_kernel_whose_code_changed_is_named() -> None:
     assert (change.kernel, change.before, change.now, change.units) == ("p.m:K", ("aaaa",), ("bbbb",), 1)
     assert change.line().startswith("the code of kernel p.m:K changed since this sweep ran it (fingerprint aaaa -> bbbb)")
     assert code_changes([_unit(old)], done) == [] and code_changes([_unit(new)], {}) == []
+    # only: a refusal names the code only when nothing else about the plan changed
+    assert code_changes([_unit(new), _unit(other)], done, only=True) == []
+    assert code_changes([_unit(new)], done, only=True) == [change]
 
 
 @pytest.mark.slow  # three launches, each starting its own Ray instance (the fast tests above cover the parts)

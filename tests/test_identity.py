@@ -50,7 +50,7 @@ def test_cpu_flags_and_model_from_cpuinfo_text() -> None:
                                              "avx512f", "fma"]
     assert provenance.cpu_flags("Features\t: fp asimd sve\n") == ["asimd", "sve"]
     assert provenance.cpu_flags("") == []
-    assert provenance._cpu_model(CPUINFO) == "Test CPU"
+    assert provenance.cpu_model(CPUINFO) == "Test CPU"
 
 
 def test_torch_config_parsed() -> None:

@@ -61,7 +61,7 @@ def results(ray_local: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 #: The pair's raw max spacing over both K, per instruction set of MKL's fp32 GEMM (tasks.devices.mkl_isa),
 #: torch 2.13.0+cpu: 5 with AVX-512 kernels (an Intel CPU with AMX, CI's); 4 with AVX2 ones (an AMD EPYC with
-#: AVX-512, where MKL runs its AVX2 kernels; an AVX2-only EPYC; MKL_ENABLE_INSTRUCTIONS=AVX2).
+#: AVX-512, measured; an AVX2-only EPYC, as reported; MKL_ENABLE_INSTRUCTIONS=AVX2 on the AVX-512 EPYC, measured).
 RAW_MAX_SPACING = {"AVX-512": 5, "AVX2": 4}
 
 

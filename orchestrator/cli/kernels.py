@@ -25,25 +25,17 @@ def list_(
         from tasks.devices import cpu_model, isa_level
         from tasks.kernels import list_kernels
 
-        kernels = list_kernels()
+        json_ = fmt is TableFormat.json
         rows = [
             {"name": k["name"], "operands": k["operand_dtype"], "device": k["device"],
-             "available": "yes" if k["available"] else "no",
-             "reason": k.get("reason") or "", "caveat": k.get("caveat") or "",
-             **({"description": k.get("description", ""), "code_path": k.get("code_path") or ""}
-                if long or fmt is TableFormat.json else {})}
-            for k in kernels
+             "available": k["available"] if json_ else ("yes" if k["available"] else "no"),
+             # JSON: both fields; a table: one note column, why not or what to know although it runs
+             **({"reason": k.get("reason") or "", "caveat": k.get("caveat")} if json_
+                else {"note": k.get("reason") or k.get("caveat") or ""}),
+             **({"description": k.get("description", ""), "code_path": k.get("code_path")} if long or json_ else {})}
+            for k in list_kernels()
             if all_ or k["available"]
         ]
-        if fmt is TableFormat.json:
-            for r in rows:
-                r["available"] = r["available"] == "yes"
-                r["code_path"] = r["code_path"] or None
-                r["caveat"] = r["caveat"] or None
-        else:
-            for r in rows:  # one note column: why not, or what to know although it runs
-                r["note"] = r.pop("reason") or r.pop("caveat")
-                r.pop("caveat", None)
         emit_rows(rows, fmt, title=f"kernels on {cpu_model()} (ISA level {isa_level()})")
 
 

@@ -52,6 +52,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from .errors import KernelError
+
 __all__ = [
     "ACCUMULATOR_ENV",
     "AccumulatorPath",
@@ -278,11 +280,12 @@ def accumulator_path() -> AccumulatorPath:
         if forced == "auto":
             _PATH = probe()
         elif forced not in PATHS:
-            raise ValueError(f"{ACCUMULATOR_ENV}={forced!r}; allowed: auto, {', '.join(PATHS)}")
+            raise KernelError(f"{ACCUMULATOR_ENV}={forced!r}; allowed: auto, {', '.join(PATHS)}")
         else:
             why = check_path(forced)
             if why is not None:
-                raise RuntimeError(f"{ACCUMULATOR_ENV}={forced}: that path is not exact on this CPU ({why})")
+                raise KernelError(f"{ACCUMULATOR_ENV}={forced}: that path is not exact on this CPU ({why}); "
+                                  "unset it to take the fastest exact one")
             _PATH = AccumulatorPath(forced, f"forced by {ACCUMULATOR_ENV}={forced}")
     return _PATH
 

@@ -28,11 +28,11 @@ measures it once per process (:func:`onednn_path`) and names it in its ``code_pa
 every launch, the certificate's kernel identity) and, where it is not exact, in ``swapcheck kernels
 list`` (:meth:`Int8OneDNN.caveat`):
 
-* **VNNI or AMX** (``brg_matmul:avx512_core_vnni`` measured on an AVX512-VNNI CPU without AMX; AMX
-  CPUs run ``brg_matmul:avx512_core_amx``): an int32 accumulator that is exact (wrapping modulo
-  2**32 past the overflow bound, like ``torch._int_mm``), then ``rn(fl(fl(fl(acc) * sa) * sb) +
-  bias)`` -- the formula of ``int8-torch-channelwise`` on AVX512 without AMX (the fp32 outputs differ
-  with AMX).
+* **VNNI** (``brg_matmul:avx512_core_vnni``, measured on an AVX512-VNNI CPU without AMX): an int32
+  accumulator that is exact (wrapping modulo 2**32 past the overflow bound, like ``torch._int_mm``),
+  then ``rn(fl(fl(fl(acc) * sa) * sb) + bias)`` -- the formula of ``int8-torch-channelwise``.  On
+  an AMX CPU an earlier session found the accumulator exact and the fp32 outputs different from that
+  formula; which implementation runs there was not recorded (the kernel's ``code_path`` names it).
 * **AVX2 without VNNI** (``gemm:jit``; measured with ``ONEDNN_MAX_CPU_ISA=AVX2`` on a VNNI CPU, and
   reported on an AMD EPYC without AVX-512): **not exact**.  Each pair of adjacent products
   ``u[2i] * w[2i] + u[2i+1] * w[2i+1]`` (``u = x + 128`` in [0, 255], ``w`` in [-128, 127]) is summed

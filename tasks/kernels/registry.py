@@ -821,6 +821,13 @@ def get_kernel(name: str, **params: Any) -> Kernel:
     raise _unknown(name)
 
 
+def code_path_of(kernel: Kernel) -> str | None:
+    """The code path ``kernel`` takes on this machine, where it exposes one (a ``code_path`` attribute
+    or property, or a method returning it), else None."""
+    path = getattr(kernel, "code_path", None)
+    return None if path is None else str(path() if callable(path) else path)
+
+
 def kernel_code(name: str) -> str | None:
     """The code fingerprint of a user's kernel (``package.module:attr``, an entry point, a lazily
     registered target: :mod:`.fingerprint`), None for a built-in one (its ``version`` covers it).
@@ -900,9 +907,7 @@ def list_kernels() -> list[dict[str, Any]]:
                 params=dict(kernel.params),
             )
             if ok:
-                path = getattr(kernel, "code_path", None)
-                row.update(code_path=None if path is None else str(path() if callable(path) else path),
-                           caveat=kernel.caveat())
+                row.update(code_path=code_path_of(kernel), caveat=kernel.caveat())
         except Exception as exc:  # a failure is a row too
             row["reason"] = f"{type(exc).__name__}: {exc}"
         rows.append(row)
