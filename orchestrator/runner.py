@@ -43,7 +43,7 @@ from orchestrator.errors import (
     Terminated,
     UsageError,
 )
-from orchestrator.plan import Plan, Unit, code_changes, make_plan
+from orchestrator.plan import CodeChange, Plan, Unit, code_changes, make_plan
 from orchestrator.spec import LoadedSpec
 from storage.errors import StorageError
 from storage.store import ResultStore, open_store, utcnow
@@ -299,15 +299,23 @@ class LaunchSummary:
     failures: list[tuple[str, str]] = field(default_factory=list)
 
 
-def check_sweep_identity(store: ResultStore, plan: Plan, repair: bool = False) -> None:
+def check_sweep_identity(store: ResultStore, plan: Plan, repair: bool = False) -> CodeRerun | None:
     """A sweep partition holds the results of one plan: refuse a different plan under the same name.
 
     The spec record says which plan. A damaged one stops the launch (exit 2, naming it) unless
     ``repair``: then, as when the record is missing, the ledger's units must all be units of this plan
     (``--repair`` sets the damaged record aside and :func:`write_sweep_record` writes it anew from
-    this spec)."""
+    this spec).
+
+    The one difference that is not refused: the same spec whose users' kernels' code changed (issue
+    #36, an edited kernel had been served its old results). That returns a :class:`CodeRerun`, and
+    :func:`retire_changed_code`, under the launch's lock, sets the old code's units aside so that the
+    new code's units run in their place. A retirement cut short (its journal remains) is finished
+    under the lock first; until then this check has nothing to say."""
     from storage.errors import DamagedRecord
 
+    if store.size(_retire_journal(plan.sweep)) is not None:
+        return CodeRerun([], [], resume=True)
     new = {u.id for u in plan.units}
     try:
         record = store.sweep_record(plan.sweep)
@@ -327,32 +335,67 @@ def check_sweep_identity(store: ResultStore, plan: Plan, repair: bool = False) -
                 f"sweep {plan.sweep!r} in {store.root} has no readable spec record, and its ledger holds "
                 f"{len(foreign)} unit(s) this spec does not plan (e.g. {foreign[0]}): it was planned from a "
                 "different spec. Give this spec a new `name`, or use another --results directory. Nothing was written.")
-        return
+        return None
     old = set(record["unit_ids"] or [])
     if old != new:
-        _refuse_changed_code(store, plan, old, new)
+        ledger = store.read_ledger(plan.sweep)
+        changes = code_changes([u for u in plan.units if u.id in new - old],
+                               {u: r for u, r in ledger.rows.items() if u in old - new}, only=True)
+        if changes:
+            return CodeRerun(changes, sorted(old - new))
         raise UsageError(
             f"sweep {plan.sweep!r} in {store.root} was planned from a different spec "
             f"({len(new - old)} new and {len(old - new)} missing units; recorded spec sha256 "
             f"{record['spec_sha256'][:12]}). Give the changed spec a new `name`, or use another "
             "--results directory. Nothing was written."
         )
+    return None
 
 
-def _refuse_changed_code(store: ResultStore, plan: Plan, old: set[str], new: set[str]) -> None:
-    """When the plan differs from the recorded one only because a user's kernel's code changed, say
-    that (issue #36): the same spec, an edited kernel. A sweep holds the results of one plan, so its
-    new units go under a new sweep name or results directory, beside the old code's, never pooled."""
-    ledger = store.read_ledger(plan.sweep)
-    changes = code_changes([u for u in plan.units if u.id in new - old],
-                           {u: r for u, r in ledger.rows.items() if u in old - new}, only=True)
-    if not changes:
-        return  # something else changed too: the general message
-    raise UsageError(
-        f"sweep {plan.sweep!r} in {store.root}: " + "; ".join(c.line() for c in changes) + ". Its results "
-        "were computed by the old code, and a sweep holds the results of one plan: to run the new code, give "
-        "the spec a new `name` (both sweeps stay, each with its own certificate) or use another --results "
-        "directory. Nothing was written.")
+@dataclass(frozen=True)
+class CodeRerun:
+    """The same spec, users' kernels' code changed: ``retired`` (the old plan's units that the code
+    change replaced) are set aside and their new units run. ``resume``: a retirement cut short."""
+
+    changes: list[CodeChange]
+    retired: list[str]
+    resume: bool = False
+
+
+def _retire_journal(sweep: str) -> str:
+    return f"_state/code-changed/sweep={sweep}.json"
+
+
+def retire_changed_code(store: ResultStore, sweep: str, rerun: CodeRerun) -> tuple[str, list[CodeChange], int]:
+    """Set aside the old code's units of ``sweep`` and its spec record (call it under the launch's lock).
+
+    A journal (``_state/code-changed/sweep=<s>.json``: where to, which units) is written first, then
+    each unit's ledger file and result files move under ``_quarantine/<time>-<id>-code-changed/``
+    (:func:`storage.verify.repair`: ledger file first, so a unit is never "ok" with its files gone),
+    then the spec record; the journal goes last. A launch killed midway finds the journal and finishes
+    the same moves (each is skipped once done), so nothing of the old code stays beside the new code's
+    results and nothing is deleted. Returns (the folder, the changes, how many units were set aside);
+    :func:`write_sweep_record` then records this plan."""
+    from storage import verify
+
+    rel = _retire_journal(sweep)
+    if rerun.resume:
+        journal = json.loads(store.read_bytes(rel))
+        changes = [CodeChange(c["kernel"], tuple(c["before"]), tuple(c["now"]), int(c["units"]))
+                   for c in journal["changes"]]
+    else:
+        changes = rerun.changes
+        journal = {"aside": verify.quarantine_folder("code-changed"), "units": rerun.retired,
+                   "changes": [{"kernel": c.kernel, "before": list(c.before), "now": list(c.now), "units": c.units}
+                               for c in changes]}
+        store.write_text(rel, json.dumps(journal, indent=1))
+    aside = str(journal["aside"])
+    verify.repair(store, sweep, journal["units"], strays=False, aside=aside)
+    record = f"table=sweeps/sweep={sweep}/spec.parquet"
+    if store.size(record) is not None:
+        store.move(record, f"{aside}/{record}")
+    store.remove(rel)
+    return aside, changes, len(journal["units"])
 
 
 def check_gpu_resources(pending: list[Unit], conn: Any, have_gpus: float | None = None) -> None:
@@ -485,7 +528,7 @@ def _launch(spec: LoadedSpec, results: str | Path, address: str | None, num_cpus
     plan = make_plan(spec)
     store = open_store(results)
     stop.committed = lambda: committed_line(store, plan)
-    check_sweep_identity(store, plan, repair)
+    rerun = check_sweep_identity(store, plan, repair)
     # Predictions are validated and hashed before anything is written or run.
     prereg_rows = prereg.plan_registration(store, plan.sweep, spec.prereg_paths)
     done = store.done_units(plan.sweep)
@@ -498,7 +541,7 @@ def _launch(spec: LoadedSpec, results: str | Path, address: str | None, num_cpus
             check_gpu_resources(pending, Connection(True, "embedded", 0), have_gpus=0)
     conn = None
     try:
-        if pending or repair:
+        if pending or repair or rerun is not None:
             conn = _connect(connect, address, num_cpus, connect_timeout_s, stop)
             emit("cluster", conn.info())
             check_gpu_resources(pending, conn)
@@ -510,8 +553,16 @@ def _launch(spec: LoadedSpec, results: str | Path, address: str | None, num_cpus
         stop.lease = lock
         try:
             # Under the lock: nobody else can change the partition between these checks and the run.
-            check_sweep_identity(store, plan, repair)
+            rerun = check_sweep_identity(store, plan, repair)
             try:
+                while rerun is not None:  # a retirement cut short first, then (if any) this one
+                    aside, changes, n = retire_changed_code(store, plan.sweep, rerun)
+                    for change in changes:
+                        emit("message", {"level": "warning", "line": f"{change.line()}: rerun"})
+                    emit("message", {"level": "note", "line": (
+                        f"the old code's {n} unit(s) and the old spec record are set aside under {aside} "
+                        "(nothing deleted); the units the code change did not touch are kept")})
+                    rerun = check_sweep_identity(store, plan, repair)
                 _mark_lost_launches(store, plan.sweep,
                                     lambda line: emit("message", {"level": "warning", "line": line}))
                 store.remove_stale_temporaries()

@@ -10,6 +10,8 @@ object store URI such as ``s3://bucket/prefix``)::
     _state/attempts/sweep=<sweep>/<unit_id>/*.attempt one marker per execution attempt (an empty
                                                     file named by what it records; older trees
                                                     hold *.json markers, read the same)
+    _state/code-changed/sweep=<sweep>.json          the journal of an edited kernel's units being set
+                                                    aside (orchestrator.runner.retire_changed_code)
 
 Local and object stores are the same code: every access goes through a ``pyarrow.fs.FileSystem``
 (``LocalFileSystem`` for a path; for a URI :func:`storage.filesystems.filesystem_from_uri`: pyarrow's
@@ -968,6 +970,12 @@ class ResultStore:
         source = self._p(self.inside(relpath, follow=False))
         self.fs.create_dir(dest.rsplit("/", 1)[0], recursive=True)
         self.fs.move(source, dest)
+
+    def remove(self, relpath: str) -> None:
+        """Delete one file under the root (absent: nothing to do)."""
+        path = self._p(self.inside(relpath, follow=False))
+        if self._is_file(path):
+            self.fs.delete_file(path)
 
     # -- files by path relative to the root (what ledger records name) ----------------------------
     def relative(self, path: str) -> str:

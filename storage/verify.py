@@ -632,8 +632,14 @@ def damaged_units(store: ResultStore, sweep: str, problems: Iterable[Problem] | 
     return {p.unit_id for p in found if p.remedy in (RECOMPUTE, RECONSTRUCT) and p.sweep == sweep and p.unit_id is not None}
 
 
+def quarantine_folder(label: str = "") -> str:
+    """A new folder under ``_quarantine/`` (``<UTC time>-<id>[-label]``) for files set aside."""
+    return f"_quarantine/{utcnow().strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}" + (f"-{label}" if label else "")
+
+
 def repair(store: ResultStore, sweep: str, units: Iterable[str], *, strays: bool = True,
-           problems: Iterable[Problem] | None = None, reconstruct: bool = False) -> Repaired:
+           problems: Iterable[Problem] | None = None, reconstruct: bool = False,
+           aside: str | None = None) -> Repaired:
     """Move ``units``' ledger rows and result files, and (``strays``) the sweep's stray files, aside.
 
     Contract, for ``sweep launch --repair``: afterwards none of ``units`` has a ledger row, so a
@@ -652,10 +658,12 @@ def repair(store: ResultStore, sweep: str, units: Iterable[str], *, strays: bool
     again now) is written in its place, atomically; it stays done (``Repaired.rebuilt``). When the
     row cannot be rebuilt after all, the unit is moved aside and recomputed as above.
     A damaged ledger file's records are followed only for its own unit's files (a row of another
-    unit in it never moves that unit's files).
+    unit in it never moves that unit's files). ``aside``: the folder to move into (default a new
+    ``_quarantine/<UTC time>-<id>``); moving a file already moved is a no-op, so a repair cut short
+    can be run again with the same ``aside``.
     """
     found = list(verify(store, sweep) if problems is None else problems) if strays or reconstruct else []
-    done = Repaired(quarantine=f"_quarantine/{utcnow().strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}")
+    done = Repaired(quarantine=aside or quarantine_folder())
     tables = sorted(set(store.table_partitions()) - UNMANAGED_TABLES)
     remedies: dict[str, set[str]] = {}
     for p in found:

@@ -2,9 +2,10 @@
 
 Fast: the fingerprint of a ``module:attr`` kernel (its module, the helpers of its package) changes with its
 code and only then; built-ins have none (their ids are pinned: tests/test_pinned_ids.py); the kernel whose
-code changed is named. Slow: the whole story through the CLI -- launch, relaunch (nothing to run), edit the
-kernel's arithmetic, relaunch: refused (exit 2) naming the kernel and its fingerprints, where it had been
-"0 to run" with the old results; under a new sweep name the new code runs and the report changes.
+code changed is named; a relaunch sets the old code's units aside and reruns them, and one killed midway is
+finished by the next. Slow: the whole story through the CLI -- launch, relaunch (nothing to run), edit the
+kernel's arithmetic, relaunch: the kernel and its fingerprints named, its units rerun (where it had been
+"0 to run" with the old results), the units it does not touch kept, and the report changes.
 """
 
 from __future__ import annotations
@@ -95,9 +96,67 @@ def test_the_kernel_whose_code_changed_is_named() -> None:
     assert (change.kernel, change.before, change.now, change.units) == ("p.m:K", ("aaaa",), ("bbbb",), 1)
     assert change.line().startswith("the code of kernel p.m:K changed since this sweep ran it (fingerprint aaaa -> bbbb)")
     assert code_changes([_unit(old)], done) == [] and code_changes([_unit(new)], {}) == []
-    # only: a refusal names the code only when nothing else about the plan changed
+    # only: a rerun in place only when nothing else about the plan changed
     assert code_changes([_unit(new), _unit(other)], done, only=True) == []
     assert code_changes([_unit(new)], done, only=True) == [change]
+
+
+def test_a_code_rerun_killed_midway_is_finished_by_the_next_launch(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The old code's unit is set aside (ledger file first, then its result files, then the spec record) under
+    a journal; a launch killed between two moves leaves the journal, and the next launch finishes the same
+    moves: the unit the edit did not touch is kept, nothing is deleted, the tree verifies clean."""
+    from datetime import UTC, datetime
+
+    from orchestrator import runner
+    from orchestrator.plan import Plan
+    from storage import verify
+    from storage.store import ResultStore
+
+    impl = {"name": "mine", "kernel": "p.m:K", "params": {}, "version": "1", "code": "aaaa"}
+    old = _unit({"k": 64, "implementations": [impl]})
+    kept = _unit({"k": 64, "implementations": [{"name": "exact", "kernel": "exact", "params": {}, "version": "1"}]})
+    new = _unit({"k": 64, "implementations": [{**impl, "code": "bbbb"}]})
+    store = ResultStore(tmp_path / "results")
+    now = datetime.now(UTC)
+    for u in (old, kept):
+        row = {"unit_id": u.id, "kind": "kdepth", "experiment": "e", "description": "", "status": "ok",
+               "params_json": canonical_json(u.params), "attempts": 1, "host": "h", "pid": 1, "node_id": "n",
+               "started_at": now, "finished_at": now, "duration_s": 0.1, "error": None, "tables": ["kdepth"],
+               "rows": 1, "spec_sha256": "x", "swapcheck_version": "0", "torch_version": "2.13.0"}
+        store.commit_unit("s", u.id, {"kdepth": [{"unit_id": u.id, "k": 64}]},
+                          lambda files, row=row: {**row, "files": [f.as_dict() for f in files]})
+    store.write("sweeps", "s", "spec", [{"spec_sha256": "x", "question": "q", "spec_path": "s.toml", "spec_toml": "",
+                                        "n_units": 2, "unit_ids": [old.id, kept.id], "created_at": now}])
+    plan = Plan("s", "x", [new, kept])
+    rerun = runner.check_sweep_identity(store, plan)
+    assert rerun is not None and not rerun.resume and rerun.retired == [old.id]
+    assert [c.kernel for c in rerun.changes] == ["p.m:K"]
+
+    real_move = store.move
+
+    def killed(rel: str, dest: str) -> None:  # the driver dies once the ledger file has moved
+        real_move(rel, dest)
+        raise SystemExit("SIGKILL")
+
+    monkeypatch.setattr(store, "move", killed)
+    with pytest.raises(SystemExit):
+        runner.retire_changed_code(store, "s", rerun)
+    monkeypatch.setattr(store, "move", real_move)
+    assert store.done_units("s") == {kept.id}  # the old unit is not "ok" with its files half gone
+    assert store.size(f"table=kdepth/sweep=s/{old.id}.parquet") is not None  # its result file: not yet moved
+    again = runner.check_sweep_identity(store, plan)
+    assert again is not None and again.resume
+    aside, changes, n = runner.retire_changed_code(store, "s", again)
+    assert (n, [c.kernel for c in changes]) == (1, ["p.m:K"])
+    assert runner.check_sweep_identity(store, plan) is None  # the journal is gone, no record: this plan's
+    for rel in (f"table=units/sweep=s/{old.id}.parquet", f"table=kdepth/sweep=s/{old.id}.parquet",
+                "table=sweeps/sweep=s/spec.parquet"):
+        assert store.size(rel) is None and store.size(f"{aside}/{rel}") is not None
+    assert store.size(f"table=kdepth/sweep=s/{kept.id}.parquet") is not None and store.done_units("s") == {kept.id}
+    store.write("sweeps", "s", "spec", [{"spec_sha256": "x", "question": "q", "spec_path": "s.toml", "spec_toml": "",
+                                        "n_units": 2, "unit_ids": [new.id, kept.id], "created_at": now}])
+    assert not [p for p in verify.verify(store, "s") if p.damage]  # as the launch leaves it: this plan recorded
 
 
 @pytest.mark.slow  # three launches, each starting its own Ray instance (the fast tests above cover the parts)
@@ -117,6 +176,15 @@ def test_an_edited_kernel_reruns_its_units_and_the_report_changes(tmp_path: Path
         m = 32
         n = 32
         k = [256, 1024]
+        seeds = 2
+
+        [experiments.other]
+        kind = "kdepth"
+        dtype = "int8"
+        implementations = ["int8-triton-order", "int8-cutlass-order"]
+        m = 32
+        n = 32
+        k = [256]
         seeds = 2
     '''))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
@@ -138,14 +206,35 @@ def test_an_edited_kernel_reruns_its_units_and_the_report_changes(tmp_path: Path
     again = swapcheck("sweep", "launch", str(spec), "--results", str(results), "--no-progress")
     assert again.returncode == 0 and "code changed" not in again.stderr + again.stdout
     (tmp_path / "fp_pkg_c" / "helpers.py").write_text("FACTOR = 1.01\n")  # 1 % wrong
+    def verdict() -> str:
+        done = swapcheck("report", "certificate", "--results", str(results), "--sweep", "mine",
+                         "--pair", "fp_pkg_c.kernels:Scaled,int8-cutlass-order", "--format", "json")
+        assert done.returncode == 0, done.stderr
+        return str(json.loads(done.stdout)[0]["verdict"])
+
+    before = verdict()
+    kept = {r["unit_id"]: r["finished_at"] for r in json.loads(swapcheck(
+        "query", "SELECT unit_id, finished_at::VARCHAR AS finished_at FROM units WHERE experiment = 'other'",
+        "--results", str(results), "--format", "json").stdout)}
+    assert len(kept) == 2
+    (tmp_path / "fp_pkg_c" / "helpers.py").write_text("FACTOR = 1.01\n")  # 1 % wrong
     edited = swapcheck("sweep", "launch", str(spec), "--results", str(results), "--no-progress")
     out = " ".join((edited.stdout + edited.stderr).split())  # a console may wrap the long line
-    # Not "0 to run" with the old results (the defect): refused, the kernel and its fingerprints named,
-    # what to do said, nothing written.
-    assert edited.returncode == 2, out[-3000:]
+    # Not "0 to run" with the old results (the defect): the kernel and its fingerprints named, its units rerun.
+    assert edited.returncode == 0, out[-3000:]
     assert "the code of kernel fp_pkg_c.kernels:Scaled changed since this sweep ran it" in out
-    assert "4 unit(s) are new work" in out and "new `name`" in out and differing() == 0
-    spec.write_text(spec.read_text().replace('name = "mine"', 'name = "mine-edited"'))
-    rerun = swapcheck("sweep", "launch", str(spec), "--results", str(results), "--no-progress")
-    assert rerun.returncode == 0, rerun.stderr[-3000:]
-    assert differing() > 0  # the new sweep's rows: the edited kernel differs from int8-cutlass-order
+    assert "4 unit(s) are new work: rerun" in out and "set aside under _quarantine/" in out
+    assert "6 units, 2 already done, 4 to run" in out, out
+    assert differing() > 0  # the edited kernel differs from int8-cutlass-order now
+    assert verdict() != before, before  # the certificate is the new code's
+    after = {r["unit_id"]: r["finished_at"] for r in json.loads(swapcheck(
+        "query", "SELECT unit_id, finished_at::VARCHAR AS finished_at FROM units WHERE experiment = 'other'",
+        "--results", str(results), "--format", "json").stdout)}
+    assert after == kept  # the units the edit does not touch: kept, not recomputed
+    n_units = swapcheck("query", "SELECT count(*) AS n FROM units", "--results", str(results), "--format", "json")
+    assert json.loads(n_units.stdout) == [{"n": 6}]  # the old code's units are no longer counted
+    verified = swapcheck("sweep", "verify", "--results", str(results))
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    quiet = swapcheck("sweep", "launch", str(spec), "--results", str(results), "--no-progress")
+    assert quiet.returncode == 0 and "code changed" not in quiet.stderr + quiet.stdout
+    assert "6 already done, 0 to run" in " ".join((quiet.stdout + quiet.stderr).split())
