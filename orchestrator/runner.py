@@ -554,6 +554,7 @@ def _launch(spec: LoadedSpec, results: str | Path, address: str | None, num_cpus
         try:
             # Under the lock: nobody else can change the partition between these checks and the run.
             rerun = check_sweep_identity(store, plan, repair)
+            fixed = None
             try:
                 while rerun is not None:  # a retirement cut short first, then (if any) this one
                     aside, changes, n = retire_changed_code(store, plan.sweep, rerun)
@@ -571,11 +572,12 @@ def _launch(spec: LoadedSpec, results: str | Path, address: str | None, num_cpus
 
                     problems = verify.verify(store, plan.sweep)
                     fixed = verify.repair(store, plan.sweep, verify.damaged_units(store, plan.sweep, problems),
-                                          problems=problems, reconstruct=True)
-                    if fixed.rebuilt:
+                                          problems=problems)
+                    if fixed.compare:
                         emit("message", {"level": "note", "line": (
-                            f"rebuilt the ledger rows of {len(fixed.rebuilt)} unit(s) from their committed result "
-                            f"files (e.g. {fixed.rebuilt[0]}); damaged ledger files kept under {fixed.quarantine}")})
+                            f"{len(fixed.compare)} unit(s) had result files but no intact ledger entry (e.g. "
+                            f"{fixed.compare[0]}): nothing vouches for those files, so they are set aside under "
+                            f"{fixed.quarantine}, the units recomputed and compared with them")})
                 write_sweep_record(store, spec, plan)
                 prereg.write_registrations(store, plan.sweep, prereg_rows)
                 ledger = store.read_ledger(plan.sweep)  # damaged entries: not done, recomputed, named
@@ -592,6 +594,8 @@ def _launch(spec: LoadedSpec, results: str | Path, address: str | None, num_cpus
                     conn = _connect(connect, address, num_cpus, connect_timeout_s, stop)
                     emit("cluster", conn.info())
                 _run_launch(spec, plan, store, pending, str(results), summary, emit, conn, stop)
+            if fixed is not None and fixed.compare:
+                _compare_recomputed(store, plan.sweep, fixed, emit)
             summary.seconds = time.perf_counter() - t0
         finally:
             lock.release()
@@ -601,6 +605,39 @@ def _launch(spec: LoadedSpec, results: str | Path, address: str | None, num_cpus
         raise _interrupted(stop.signum, committed_line(store, plan))
     emit("end", {"summary": summary})
     return summary
+
+
+def _compare_recomputed(store: ResultStore, sweep: str, fixed: Any, emit: Callable[[str, dict[str, Any]], None]) -> None:
+    """After ``--repair`` recomputed units whose result files had lost their ledger entry: whether those
+    files held what the units compute (storage.verify.compare_with_aside), one line each way."""
+    from storage import verify
+
+    done = store.done_units(sweep)
+    same: list[str] = []
+    differ: list[tuple[str, str]] = []
+    missing: list[str] = []
+    for unit in fixed.compare:
+        if unit not in done:
+            missing.append(unit)
+            continue
+        why = verify.compare_with_aside(store, sweep, unit, fixed.quarantine)
+        if why is None:
+            same.append(unit)
+        else:
+            differ.append((unit, why))
+    if same:
+        emit("message", {"level": "note", "line": (
+            f"{len(same)} recomputed unit(s) equal the result files set aside (every column but "
+            f"{', '.join(sorted(verify.RUN_VARYING))}): those files were as committed")})
+    for unit, why in differ:
+        emit("message", {"level": "warning", "line": (
+            f"unit {unit}: the result files that had lost their ledger entry DIFFER from its recomputation "
+            f"({why}): they were damaged or forged; the recomputed rows stand, the old files are kept under "
+            f"{fixed.quarantine}")})
+    if missing:
+        emit("message", {"level": "warning", "line": (
+            f"{len(missing)} unit(s) set aside for comparison did not finish (e.g. {missing[0]}): not compared; "
+            f"their old files are under {fixed.quarantine}")})
 
 
 def _connect(connect: Callable[..., Any], address: str | None, num_cpus: int | None, timeout_s: float,

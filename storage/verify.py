@@ -44,9 +44,14 @@ must be exactly what the store writes for that row (``checksum``: a changed byte
 the footer or its statistics; checked when this pyarrow wrote it, as its unit's result files say);
 a file missing while its unit's result files are complete is ``missing``. Each result file of a
 unit carries the unit's ledger row in its metadata (``storage.schemas.LEDGER_ROW_KEY``): the ledger
-row and its files must agree both ways (``mismatch``). The remedy of a damaged ledger file is
-``reconstruct`` when its unit's result files are all present, intact and carry the row (repair
-rebuilds the ledger file from them, bit for bit), else ``recompute``.
+row and its files must agree both ways (``mismatch``). The remedy of a damaged or lost ledger file is
+``recompute and compare`` when its unit's result files are all present, look intact and carry the
+row, else ``recompute``. Either way the unit is recomputed: a file cannot vouch for itself (issue
+#36: a result file rewritten through this very writer, with the genuine ledger row in its metadata
+and every value changed, is indistinguishable from the committed one). With ``recompute and
+compare`` the files are set aside first and, once the unit is recomputed, compared with its new rows
+(:func:`compare_with_aside`, every column but ``RUN_VARYING``): equal, they are confirmed; not
+equal, the recomputation stands and the launch says which rows differed.
 
 A duplicate or a second ledger file of a unit under another name (``table=units``) is reported on
 the file that is not the unit's own. Call :func:`repair` only while no launch of the sweep is
@@ -87,7 +92,10 @@ __all__ = ["Problem", "Repaired", "damaged_units", "present_sweeps", "quick_chec
 
 #: Tables written by the launcher rather than by units: never orphans, never recorded in ``files``.
 
-RECOMPUTE, RECONSTRUCT, SET_ASIDE, NONE = "recompute", "reconstruct", "set aside", "none"
+RECOMPUTE, COMPARE, SET_ASIDE, NONE = "recompute", "recompute and compare", "set aside", "none"
+
+#: Columns that say where and how long a unit ran, not what it computed: left out of comparisons.
+RUN_VARYING = frozenset({"seconds_a", "seconds_b", "seconds_reference", "host", "pid"})
 
 
 @dataclass(frozen=True)
@@ -119,7 +127,9 @@ class Repaired:
     units: list[str] = field(default_factory=list)
     moved: list[str] = field(default_factory=list)
     quarantine: str = ""
-    rebuilt: list[str] = field(default_factory=list)  # units whose ledger file was rebuilt from their files
+    #: Units whose result files (their ledger file lost or damaged) were set aside to be compared with
+    #: their recomputation (:func:`compare_with_aside`).
+    compare: list[str] = field(default_factory=list)
 
 
 def _rel(table: str, sweep: str, name: str) -> str:
@@ -503,8 +513,8 @@ def _verify_sweep(store: ResultStore, sweep: str, tables: list[str]) -> list[Pro
             problems += orphans  # not the complete files of a committed unit: strays
             continue
         problems.append(Problem(sweep, unit, "units", _rel("units", sweep, unit), "missing",
-                                "no ledger file, but the unit's result files are complete and carry its ledger row "
-                                "(`launch --repair` rebuilds it)", RECONSTRUCT))
+                                "no ledger file, but the unit's result files are complete and carry its ledger row",
+                                RECOMPUTE))
     problems += _launcher_records(store, sweep)
     return _remedies(store, sweep, tables, problems)
 
@@ -560,20 +570,61 @@ def _cross_check(sweep: str, read: _Ledger, seen: dict[str, list[tuple[str, _See
 
 
 def _remedies(store: ResultStore, sweep: str, tables: list[str], problems: list[Problem]) -> list[Problem]:
-    """A unit whose only damage is its ledger file gets remedy ``reconstruct`` when its result files
-    can rebuild the row (:func:`rebuild_ledger_row`); the detail says which remedy and why."""
+    """A unit whose only damage is its ledger file gets remedy ``recompute and compare`` when its result
+    files look as committed and carry its row (:func:`rebuild_ledger_row`); the detail says which
+    remedy and why."""
     other = {p.unit_id for p in problems if p.remedy == RECOMPUTE and p.table != "units"}
     out = []
     for p in problems:
         if p.table == "units" and p.remedy == RECOMPUTE and p.unit_id is not None:
             row, why_not = (None, "other files of the unit are damaged too") if p.unit_id in other \
                 else rebuild_ledger_row(store, sweep, p.unit_id, tables)
-            p = dataclasses.replace(p, remedy=RECONSTRUCT, detail=f"{p.detail}; its result files carry its ledger "
-                                    "row: `launch --repair` rebuilds it") if row is not None \
+            p = dataclasses.replace(p, remedy=COMPARE, detail=(
+                f"{p.detail}; its result files look as committed and carry its ledger row, but without the ledger "
+                "entry nothing vouches for their values: `launch --repair` sets them aside, recomputes the unit "
+                "and compares")) if row is not None \
                 else dataclasses.replace(p, detail=f"{p.detail}; `launch --repair` recomputes the unit "
-                                         f"(the row cannot be rebuilt: {why_not})")
+                                         f"(its files cannot stand in for the ledger row: {why_not})")
         out.append(p)
     return out
+
+
+def _canonical_rows(t: pa.Table) -> list[str]:
+    """Each row of ``t`` but its ``RUN_VARYING`` columns, as exact text (floats by their shortest
+    round-trip repr, so -0.0, NaN and every bit of a value count)."""
+    keep = [c for c in t.column_names if c not in RUN_VARYING]
+    return [json.dumps(r, sort_keys=True, default=repr) for r in t.select(keep).to_pylist()]
+
+
+def compare_with_aside(store: ResultStore, sweep: str, unit: str, aside: str) -> str | None:
+    """None when the unit's committed result rows equal those of its files set aside under ``aside``
+    (every column but ``RUN_VARYING``), else what differs, in one line."""
+    tables = sorted(set(store.table_partitions()) - UNMANAGED_TABLES)
+    diffs = []
+    for table in tables:
+        rel = _rel(table, sweep, unit)
+        now, before = store.size(rel) is not None, store.size(f"{aside}/{rel}") is not None
+        if not now and not before:
+            continue
+        if now != before:
+            diffs.append(f"table {table}: {'only the recomputation' if now else 'only the set-aside files'} "
+                         "has a file")
+            continue
+        (_, new, err_new), (_, old, err_old) = _read(store, rel), _read(store, f"{aside}/{rel}")
+        if new is None or old is None:
+            diffs.append(f"table {table}: unreadable ({err_new or err_old})")
+            continue
+        a, b = _canonical_rows(old), _canonical_rows(new)
+        if a == b:
+            continue
+        if len(a) != len(b):
+            diffs.append(f"table {table}: {len(a)} rows set aside, {len(b)} recomputed")
+            continue
+        differ = [i for i in range(len(a)) if a[i] != b[i]]
+        keep = [c for c in new.column_names if c not in RUN_VARYING]
+        cols = [c for c in keep if old.column(c).to_pylist() != new.column(c).to_pylist()]
+        diffs.append(f"table {table}: {len(differ)} of {len(a)} rows differ (columns {', '.join(cols)})")
+    return "; ".join(diffs) or None
 
 
 def present_sweeps(store: ResultStore) -> list[str]:
@@ -624,12 +675,12 @@ def quick_check(store: ResultStore, sweep: str) -> list[str]:
 
 def damaged_units(store: ResultStore, sweep: str, problems: Iterable[Problem] | None = None) -> set[str]:
     """The units of ``sweep`` whose committed results are damaged (remedy ``recompute`` or
-    ``reconstruct``: a unit whose ledger file alone is damaged and can be rebuilt).
+    ``recompute and compare``: a unit whose ledger file alone is damaged or lost).
 
     ``problems`` is :func:`verify`'s list when the caller has it already (it is computed otherwise).
     """
     found = verify(store, sweep) if problems is None else problems
-    return {p.unit_id for p in found if p.remedy in (RECOMPUTE, RECONSTRUCT) and p.sweep == sweep and p.unit_id is not None}
+    return {p.unit_id for p in found if p.remedy in (RECOMPUTE, COMPARE) and p.sweep == sweep and p.unit_id is not None}
 
 
 def quarantine_folder(label: str = "") -> str:
@@ -638,7 +689,7 @@ def quarantine_folder(label: str = "") -> str:
 
 
 def repair(store: ResultStore, sweep: str, units: Iterable[str], *, strays: bool = True,
-           problems: Iterable[Problem] | None = None, reconstruct: bool = False,
+           problems: Iterable[Problem] | None = None,
            aside: str | None = None) -> Repaired:
     """Move ``units``' ledger rows and result files, and (``strays``) the sweep's stray files, aside.
 
@@ -652,22 +703,21 @@ def repair(store: ResultStore, sweep: str, units: Iterable[str], *, strays: bool
     ``_quarantine/<UTC time>-<id>/<same relative path>``; nothing is deleted. Call it only while no
     launch of the sweep is running (a running unit's files look like orphans).
 
-    With ``reconstruct`` (what ``launch --repair`` does), a unit whose problems all have remedy
-    ``reconstruct`` (its ledger file alone is damaged or lost) keeps its result files: its damaged
-    ledger file moves aside and the row rebuilt from the files (:func:`rebuild_ledger_row`, checked
-    again now) is written in its place, atomically; it stays done (``Repaired.rebuilt``). When the
-    row cannot be rebuilt after all, the unit is moved aside and recomputed as above.
+    A unit whose problems all have remedy ``recompute and compare`` (its ledger file alone is damaged
+    or lost) is moved aside the same way and listed in ``Repaired.compare``: once it is recomputed,
+    :func:`compare_with_aside` says whether the files set aside held what it computes (nothing is
+    rebuilt from files that vouch for themselves).
     A damaged ledger file's records are followed only for its own unit's files (a row of another
     unit in it never moves that unit's files). ``aside``: the folder to move into (default a new
     ``_quarantine/<UTC time>-<id>``); moving a file already moved is a no-op, so a repair cut short
     can be run again with the same ``aside``.
     """
-    found = list(verify(store, sweep) if problems is None else problems) if strays or reconstruct else []
+    found = list(verify(store, sweep) if problems is None else problems)
     done = Repaired(quarantine=aside or quarantine_folder())
     tables = sorted(set(store.table_partitions()) - UNMANAGED_TABLES)
     remedies: dict[str, set[str]] = {}
     for p in found:
-        if p.sweep == sweep and p.unit_id is not None and p.remedy in (RECOMPUTE, RECONSTRUCT):
+        if p.sweep == sweep and p.unit_id is not None and p.remedy in (RECOMPUTE, COMPARE):
             remedies.setdefault(p.unit_id, set()).add(p.remedy)
 
     def move(rel: str) -> None:
@@ -681,13 +731,8 @@ def repair(store: ResultStore, sweep: str, units: Iterable[str], *, strays: bool
 
     for unit in sorted(set(units)):
         ledger_file = _rel("units", sweep, unit)
-        if reconstruct and remedies.get(unit) == {RECONSTRUCT}:
-            row, _why = rebuild_ledger_row(store, sweep, unit, tables)
-            if row is not None:
-                move(ledger_file)  # the damaged file is kept as evidence
-                store.record_unit(sweep, row)
-                done.rebuilt.append(unit)
-                continue
+        if remedies.get(unit) == {COMPARE}:
+            done.compare.append(unit)
         try:
             rows = store.read_table(f"{store.base}/{ledger_file}", schema=UNITS).to_pylist()
         except Exception:  # noqa: BLE001 - absent or unreadable: no recorded files to follow

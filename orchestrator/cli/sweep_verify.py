@@ -25,7 +25,8 @@ def verify(results: ResultsOpt = DEFAULT_RESULTS, sweep: SweepOpt = None, fmt: F
     killed writer left. Rows written before integrity records are listed as `unverifiable` (a
     notice: exit 0). Exit 0 when nothing is damaged, 1 with the table of problems otherwise;
     `swapcheck sweep launch --repair` recomputes exactly the damaged units (a unit whose only damage is
-    its ledger file, with every result file intact, gets its ledger row rebuilt from those files).
+    its ledger file is recomputed too, and its old result files compared with the recomputation: a file
+    cannot vouch for itself).
 
     Example: swapcheck sweep verify --results results --sweep kdepth-demo --format json
     """
@@ -49,9 +50,10 @@ def verify(results: ResultsOpt = DEFAULT_RESULTS, sweep: SweepOpt = None, fmt: F
         emit_rows(rows, fmt, title="integrity problems")
     if fmt is not TableFormat.json:
         recompute = {(p.sweep, p.unit_id) for p in damage if p.remedy == "recompute"}
-        rebuild = {(p.sweep, p.unit_id) for p in damage if p.remedy == "reconstruct"} - recompute
-        summary = (f"{len(damage)} problem(s), {len(recompute) + len(rebuild)} damaged unit(s) "
-                   f"({len(recompute)} to recompute, {len(rebuild)} ledger row(s) to rebuild from their files): "
+        compare = {(p.sweep, p.unit_id) for p in damage if p.remedy == "recompute and compare"} - recompute
+        summary = (f"{len(damage)} problem(s), {len(recompute) + len(compare)} damaged unit(s) "
+                   f"({len(recompute)} to recompute, {len(compare)} to recompute and compare with their unvouched "
+                   "result files): "
                    f"`swapcheck sweep launch SPEC --results {results} --repair` fixes them" if damage
                    else "clean: every recorded file is as committed")
         err.print(summary, highlight=False)

@@ -1,4 +1,5 @@
-"""Issue #24, item 2: the ledger is verified like the data, rebuilt or recomputed, never a stack dump.
+"""Issue #24, item 2: the ledger is verified like the data, recomputed, never a stack dump; issue #36: a
+result file never vouches for itself.
 
 A real kdepth sweep (6 units, the worker's own commit path) is computed once; each case damages ONE
 ledger file (``table=units/sweep=ledg/<unit>.parquet``) in one way: truncated, emptied, garbage,
@@ -7,18 +8,19 @@ the footer: its schema, created_by, Arrow schema and statistics, its length) or 
 offsets, a row of another unit, two rows, no row, a foreign or changed schema, a well-formed row
 with altered values, a rewrite without page checksums, deleted. Then, per case:
 
-* ``sweep verify`` flags the damaged unit (0 missed), and only it, with remedy ``reconstruct``: the
-  unit's result files are intact and carry its ledger row;
+* ``sweep verify`` flags the damaged unit (0 missed), and only it, with remedy ``recompute and
+  compare``: the unit's result files look intact and carry its ledger row, but nothing vouches for them;
 * the ledger reads never raise: a damaged entry is not done and is named; a file that still parses
   is trusted only when its row is exactly the committed one (no silent wrong row);
-* ``repair(..., reconstruct=True)`` (what ``launch --repair`` runs) rebuilds the ledger file from
-  the result files: the tree is then byte-identical to the undisturbed run (ledger files included),
-  and the damaged file is kept under ``_quarantine/``.
+* ``repair`` (what ``launch --repair`` runs) sets the unit's files aside under ``_quarantine/``; once
+  recomputed, the unit equals the undisturbed run and the files set aside compare equal to it. A
+  result file forged through this very writer (the genuine ledger row in its metadata, values changed)
+  is recomputed the same way, the true rows served and the difference named.
 
 With Ray: ``launch`` without ``--repair`` over a damaged ledger exits 0, names the file and
 ``sweep verify`` in one warning and recomputes the unit (results equal to the undisturbed run but
 for the timing columns; the recomputed ledger row differs only in its run columns ``VOLATILE``);
-``launch --repair`` rebuilds instead. The subprocess checks (exit code, no ``Traceback``) are slow.
+``launch --repair`` recomputes and compares. The subprocess checks (exit code, no ``Traceback``) are slow.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from orchestrator.worker import execute_unit
 from storage.catalog import read_only_query
 from storage.schemas import UNITS
 from storage.store import ResultStore
-from storage.verify import damaged_units, repair, verify
+from storage.verify import compare_with_aside, damaged_units, repair, verify
 from tests.conftest import REPO, tiny_spec_text
 
 SWEEP = "ledg"
@@ -305,7 +307,7 @@ def test_there_are_many_cases() -> None:
     assert len(CASES) >= 40
 
 
-def test_verify_flags_the_unit_reads_never_raise_and_repair_rebuilds_it_bit_for_bit(
+def test_verify_flags_the_unit_reads_never_raise_and_repair_recomputes_and_compares_it(
         pristine: tuple[Path, Path], damaged: tuple[Path, str, str], fault_outcome: Any) -> None:
     root, unit, case = damaged
     clean_files, clean_ledger = _files(pristine[1]), ResultStore(pristine[1]).ledger_records(SWEEP)
@@ -314,7 +316,7 @@ def test_verify_flags_the_unit_reads_never_raise_and_repair_rebuilds_it_bit_for_
     flagged = [p for p in problems if p.damage]
     assert flagged, f"{case}: verify missed it"
     assert {p.unit_id for p in flagged} == {unit}, (case, flagged)
-    remedy = "recompute" if case in RECOMPUTED else "reconstruct"
+    remedy = "recompute" if case in RECOMPUTED else "recompute and compare"
     assert all(p.remedy == remedy for p in flagged), flagged
     if case not in RECOMPUTED:
         assert all(p.table == "units" and p.path == f"table=units/sweep={SWEEP}/{unit}.parquet" for p in flagged), flagged
@@ -337,19 +339,17 @@ def test_verify_flags_the_unit_reads_never_raise_and_repair_rebuilds_it_bit_for_
     for u in set(read.rows) - {unit}:
         assert read.rows[u] == clean_ledger[u]
 
-    # launch --repair's repair: rebuilt from the result files, the tree as the undisturbed run left it.
-    done = repair(store, SWEEP, damaged_units(store, SWEEP, problems), problems=problems, reconstruct=True)
+    # launch --repair's repair: the unit set aside, then (what the relaunch does) recomputed and compared.
+    done = repair(store, SWEEP, damaged_units(store, SWEEP, problems), problems=problems)
     if case != "deleted":
         assert (root / done.quarantine / f"table=units/sweep={SWEEP}/{unit}.parquet").is_file()  # evidence kept
-    if case in RECOMPUTED:  # what the relaunch then does: run the unit again
-        assert done.rebuilt == [] and done.units == [unit] and unit not in store.done_units(SWEEP)
-        _recompute(pristine[0], root, unit)
-        assert _rows(root) == _rows(pristine[1]) and _ledger_rows(root) == _ledger_rows(pristine[1])
-        after = {k: v for k, v in _files(root).items() if unit not in k}
-        clean_files = {k: v for k, v in clean_files.items() if unit not in k}
-    else:
-        assert done.rebuilt == [unit] and done.units == []
-        after = _files(root)
+    assert unit not in store.done_units(SWEEP) and done.compare == ([] if case in RECOMPUTED else [unit])
+    _recompute(pristine[0], root, unit)
+    assert _rows(root) == _rows(pristine[1]) and _ledger_rows(root) == _ledger_rows(pristine[1])
+    if case not in RECOMPUTED:  # the files set aside were as committed: they compare equal
+        assert compare_with_aside(store, SWEEP, unit, done.quarantine) is None
+    after = {k: v for k, v in _files(root).items() if unit not in k}
+    clean_files = {k: v for k, v in clean_files.items() if unit not in k}
     lost = len(set(clean_files) - set(after))
     assert after == clean_files, f"{case}: the tree differs from the undisturbed run after repair"
     assert verify(store, SWEEP) == [] and store.done_units(SWEEP) == set(_units(pristine[1]))
@@ -362,8 +362,8 @@ def _recompute(spec_path: Path, root: Path, unit: str) -> None:
     assert execute_unit({**u.to_payload(), "description": u.describe()}, str(root), SWEEP, spec.sha256)["status"] == "ok"
 
 
-def test_a_unit_whose_data_is_damaged_too_is_recomputed_not_rebuilt(tree: Path) -> None:
-    """Two faults on one unit: its ledger file and its result file. No rebuild from damaged data."""
+def test_a_unit_whose_data_is_damaged_too_is_recomputed_not_compared(tree: Path) -> None:
+    """Two faults on one unit: its ledger file and its result file. Nothing to compare with."""
     unit = _units(tree)[0]
     _truncate(_ledger_file(tree, unit), unit, unit)
     _flip(tree / f"table=kdepth/sweep={SWEEP}/{unit}.parquet", -20)  # the result file's footer
@@ -371,15 +371,67 @@ def test_a_unit_whose_data_is_damaged_too_is_recomputed_not_rebuilt(tree: Path) 
     problems = verify(store, SWEEP)
     assert {p.unit_id for p in problems if p.damage} == {unit}
     assert all(p.remedy == "recompute" for p in problems if p.damage), problems
-    done = repair(store, SWEEP, damaged_units(store, SWEEP, problems), problems=problems, reconstruct=True)
-    assert done.rebuilt == [] and done.units == [unit]
+    done = repair(store, SWEEP, damaged_units(store, SWEEP, problems), problems=problems)
+    assert done.compare == [] and done.units == [unit]
     assert sorted(done.moved) == sorted([f"table=units/sweep={SWEEP}/{unit}.parquet",
                                          f"table=kdepth/sweep={SWEEP}/{unit}.parquet"])
     assert unit not in store.done_units(SWEEP) and verify(store, SWEEP) == []
 
 
+def _forge(tree: Path, unit: str) -> int:
+    """Issue #36's forged file: the unit's ledger file deleted, its kdepth result file rewritten through
+    the store's own writer with the genuine ledger row in its metadata and ``differing = 999``. Returns
+    its row count."""
+    from storage.schemas import LEDGER_ROW_KEY, TABLES
+    from storage.store import parquet_bytes
+
+    result = tree / f"table=kdepth/sweep={SWEEP}/{unit}.parquet"
+    carried = pq.ParquetFile(result).metadata.metadata[LEDGER_ROW_KEY.encode()].decode()
+    t = pq.read_table(result).cast(TABLES["kdepth"])
+    i = t.column_names.index("differing")
+    t = t.set_column(i, "differing", pa.array([999] * t.num_rows, t.schema.field(i).type))
+    result.write_bytes(bytes(parquet_bytes(t, {LEDGER_ROW_KEY: carried})))
+    _ledger_file(tree, unit).unlink()
+    return t.num_rows
+
+
+def test_a_result_file_forged_through_this_writer_is_recomputed_and_the_truth_served(
+        pristine: tuple[Path, Path], tree: Path, fault_outcome: Any) -> None:
+    """Verify cannot tell the forged file from a committed one, so it does not trust it: remedy recompute
+    and compare; repair sets it aside, the recomputation serves the true rows, the comparison names it."""
+    unit = _units(tree)[0]
+    n = _forge(tree, unit)
+    store = ResultStore(tree)
+    problems = verify(store, SWEEP)
+    assert [(p.unit_id, p.remedy) for p in problems if p.damage] == [(unit, "recompute and compare")], problems
+    forged_sum = read_only_query(tree, f"SELECT sum(differing)::BIGINT AS d FROM kdepth WHERE unit_id = '{unit}'")
+    assert forged_sum.to_pylist() == [{"d": None}]  # no ledger entry: not served (the old repair rebuilt one)
+    done = repair(store, SWEEP, damaged_units(store, SWEEP, problems), problems=problems)
+    assert done.compare == [unit] and unit not in store.done_units(SWEEP)
+    _recompute(pristine[0], tree, unit)
+    assert _rows(tree) == _rows(pristine[1])  # the true rows
+    why = compare_with_aside(store, SWEEP, unit, done.quarantine)
+    assert why is not None and f"table kdepth: {n} of {n} rows differ (columns differing)" in why, why
+    assert verify(store, SWEEP) == []
+    fault_outcome(lost=0, duplicated=0, silent_wrong=0, detected=True, stage="ledger-repair", case="forged-result-file")
+
+
+@pytest.mark.slow  # a real in-process `launch --repair`
+def test_launch_repair_over_a_forged_result_file_serves_the_truth_and_says_so(
+        ray_local: object, pristine: tuple[Path, Path], tree: Path) -> None:
+    spec, clean = pristine
+    unit = _units(tree)[-1]
+    n = _forge(tree, unit)
+    fixed = _launch(spec, tree, "--repair")
+    assert fixed.exit_code == 0, fixed.output
+    out = " ".join(fixed.output.split())
+    assert f"unit {unit}: the result files that had lost their ledger entry DIFFER from its recomputation " \
+           f"(table kdepth: {n} of {n} rows differ (columns differing))" in out, out
+    assert _rows(tree) == _rows(clean) and verify(ResultStore(tree), SWEEP) == []
+
+
 def test_a_row_of_another_unit_never_moves_that_units_files(tree: Path) -> None:
-    """repair without rebuilding (the API's default): the copied row's records are not followed."""
+    """repair: the copied row's records are not followed."""
     units = _units(tree)
     a, b = units[0], units[1]
     _other_unit(_ledger_file(tree, a), a, b)
@@ -430,16 +482,18 @@ def test_launch_over_a_damaged_ledger_warns_and_recomputes_the_unit(ray_local: o
 
 @pytest.mark.slow  # a real in-process `launch` then `launch --repair` per case
 @pytest.mark.parametrize("case", LAUNCH_CASES)
-def test_launch_repair_rebuilds_the_ledger_bit_identical(ray_local: object, pristine: tuple[Path, Path],
-                                                        tree: Path, case: str) -> None:
+def test_launch_repair_recomputes_the_unit_and_confirms_its_old_files(ray_local: object, pristine: tuple[Path, Path],
+                                                                      tree: Path, case: str) -> None:
     spec, clean = pristine
     unit, other = _units(tree)[-1], _units(tree)[0]
     CASES[case](_ledger_file(tree, unit), unit, other)
     fixed = _launch(spec, tree, "--repair")
     assert fixed.exit_code == 0, fixed.output
-    assert "0 ok" in fixed.output and "rebuilt the ledger rows of 1 unit" in fixed.output, fixed.output
-    assert _files(tree) == {k: v for k, v in _files(clean).items() if not k.startswith("table=launches")} | {
-        k: v for k, v in _files(tree).items() if k.startswith("table=launches")}
+    out = " ".join(fixed.output.split())
+    assert "1 ok" in out and "1 recomputed unit(s) equal the result files set aside" in out, out
+    assert _rows(tree) == _rows(clean) and _ledger_rows(tree) == _ledger_rows(clean)
+    keep = {k: v for k, v in _files(clean).items() if not k.startswith("table=launches") and unit not in k}
+    assert {k: v for k, v in _files(tree).items() if not k.startswith("table=launches") and unit not in k} == keep
     assert verify(ResultStore(tree), SWEEP) == []
 
 
@@ -456,7 +510,8 @@ def test_cli_launch_and_repair_never_dump_a_stack(pristine: tuple[Path, Path], t
     unit, other = _units(tree)[0], _units(tree)[-1]
     CASES[case](_ledger_file(tree, unit), unit, other)
     found = _subprocess("sweep", "verify", "--results", str(tree), "--sweep", SWEEP)
-    assert found.returncode == 1 and "reconstruct" in found.stdout and "Traceback" not in found.stderr, found
+    assert found.returncode == 1 and "recompute and compare" in " ".join(found.stderr.split()), found
+    assert "Traceback" not in found.stderr
     plain = _subprocess("sweep", "launch", str(spec), "--results", str(tree), "--no-progress", "--num-cpus", "1")
     assert plain.returncode == 0 and "Traceback" not in plain.stderr, plain.stderr
     if case != "flip-footer-stats-unit_id":  # a file that still reads is trusted as done (verify finds it)
@@ -464,6 +519,6 @@ def test_cli_launch_and_repair_never_dump_a_stack(pristine: tuple[Path, Path], t
     _truncate(_ledger_file(tree, unit), unit, other)  # damaged again, now for --repair
     fixed = _subprocess("sweep", "launch", str(spec), "--results", str(tree), "--no-progress", "--repair", "--num-cpus", "1")
     assert fixed.returncode == 0 and "Traceback" not in fixed.stderr, fixed.stderr
-    assert "rebuilt the ledger rows of 1 unit" in fixed.stderr, fixed.stderr
+    assert "equal the result files set aside" in " ".join(fixed.stderr.split()), fixed.stderr
     assert _subprocess("sweep", "verify", "--results", str(tree), "--sweep", SWEEP).returncode == 0
     assert _rows(tree) == _rows(clean) and _ledger_rows(tree) == _ledger_rows(clean)
