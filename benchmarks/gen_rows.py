@@ -42,6 +42,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from orchestrator.worker import ledger_row  # noqa: E402
+from storage.catalog import ensure_cache_key  # noqa: E402
 from storage.store import FileRecord, ResultStore, utcnow  # noqa: E402
 
 __all__ = ["ARMS", "DEFAULT_DIR", "SWEEP", "ensure_rows", "generate"]
@@ -243,6 +244,7 @@ def generate(root: Path, rows: int, seed: int = 0) -> dict[str, Any]:
         "spec_sha256": "bench-spec", "question": "synthetic rows for the read benchmarks",
         "spec_path": "benchmarks/gen_rows.py", "spec_toml": "", "n_units": len(units), "unit_ids": units,
         "created_at": utcnow()}])
+    ensure_cache_key(store)  # as a launch does: readers' verified-files caches are signed with it
     return {"rows": rows, "version": VERSION, "seed": seed, "schemas": schemas_key(), "units": len(units), "sweep": SWEEP}
 
 
@@ -254,6 +256,7 @@ def ensure_rows(directory: Path, rows: int, seed: int = 0) -> Path:
     if marker.exists() and root.exists():
         have = json.loads(marker.read_text())
         if all(have.get(k) == v for k, v in want.items()):
+            ensure_cache_key(ResultStore(root))  # a tree cached before trees had one
             return root
     marker.unlink(missing_ok=True)
     directory.mkdir(parents=True, exist_ok=True)

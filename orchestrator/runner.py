@@ -520,6 +520,7 @@ def _launch(spec: LoadedSpec, results: str | Path, address: str | None, num_cpus
             stop: StopSignals) -> LaunchSummary:
     from orchestrator import prereg
     from orchestrator.cluster import Connection, connect, resolve_address
+    from storage.catalog import ensure_cache_key
     from storage.lock import LaunchLock
 
     emit = on_event or (lambda kind, info: None)
@@ -579,6 +580,7 @@ def _launch(spec: LoadedSpec, results: str | Path, address: str | None, num_cpus
                             f"{fixed.compare[0]}): nothing vouches for those files, so they are set aside under "
                             f"{fixed.quarantine}, the units recomputed and compared with them")})
                 write_sweep_record(store, spec, plan)
+                ensure_cache_key(store)  # the secret that signs readers' verified-files caches
                 prereg.write_registrations(store, plan.sweep, prereg_rows)
                 ledger = store.read_ledger(plan.sweep)  # damaged entries: not done, recomputed, named
                 for line in ledger.warnings(str(results)):

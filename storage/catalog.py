@@ -267,7 +267,18 @@ class VerifiedFiles:
     match an entry is bound without opening it (no hash, no footer read): the checks cost one
     ``stat`` per file. The file is keyed by the declared schemas too (``schemas``), so a swapcheck
     whose tables changed checks every file again.
+
+    Each entry is signed (``mac``: HMAC-SHA256 of its path and contents) with a secret kept beside the
+    results (``_state/verified-files.key``, 32 random bytes, written by the first open that can write
+    there). An entry written by anyone without that secret -- e.g. a forged one giving a changed file's
+    identity with the ledger's SHA-256 (issue #36: ``query`` then served the changed rows) -- does not
+    verify and is ignored with one warning; its file is hashed. The secret is written by the writers
+    of the tree (``sweep launch``: :func:`ensure_cache_key`), never by a reader; where there is none
+    (a tree no launch of this version wrote) or it cannot be read, the cache is not used: every file
+    is hashed.
     """
+
+    KEY = "_state/verified-files.key"
 
     VERSION = 2
     #: Entries older than this many seconds (since their file was last really read) are not trusted:
@@ -287,6 +298,10 @@ class VerifiedFiles:
         # home directory do not discard each other's entries at every open.
         name = f"{key}.v{self.VERSION}-{_SCHEMAS_KEY[:8]}.json"
         self.path = folder / "verified" / name if folder is not None else None
+        self._key = self._secret() if self.path is not None else None
+        if self._key is None:
+            self.path = None  # no secret: nothing could be trusted, so nothing is kept
+        self.forged = 0  # entries whose signature did not verify (counted as they are met)
         self._old = self._load()
         self._new: dict[str, dict[str, Any]] = {}
         self._now = time.time_ns()
@@ -322,6 +337,27 @@ class VerifiedFiles:
             return {}
         return files
 
+    def _secret(self) -> bytes | None:
+        return self._secret_of(self.store)
+
+    @classmethod
+    def _secret_of(cls, store: ResultStore) -> bytes | None:
+        """The results tree's signing secret (:func:`ensure_cache_key` writes it), or None."""
+        try:
+            text = store.read_bytes(cls.KEY).decode("ascii").strip()
+            return bytes.fromhex(text) if len(text) == 64 else None
+        except (OSError, UnicodeDecodeError, ValueError, StorageError, PathEscape):
+            return None
+
+    def _mac(self, rel: str, entry: dict[str, Any]) -> str:
+        import hmac
+        import json
+
+        assert self._key is not None
+        body = json.dumps([rel, {k: v for k, v in entry.items() if k != "mac"}], sort_keys=True,
+                          separators=(",", ":"), default=str)
+        return hmac.new(self._key, body.encode(), hashlib.sha256).hexdigest()
+
     def identity(self, rel: str, info: pafs.FileInfo | None) -> list[Any] | None:
         """What must not have changed since a file was hashed for that hash to still be its content."""
         import os
@@ -344,8 +380,15 @@ class VerifiedFiles:
 
     def _entry(self, rel: str, identity: list[Any] | None) -> dict[str, Any] | None:
         """``rel``'s entry if its identity is ``identity`` and it is fresh (read within the rehash age)."""
+        import hmac
+
         entry = self._old.get(rel)
-        if identity is None or not isinstance(entry, dict) or entry.get("identity") != identity:
+        if identity is None or self._key is None or not isinstance(entry, dict) or entry.get("identity") != identity:
+            return None
+        mac = entry.get("mac")
+        if not isinstance(mac, str) or not hmac.compare_digest(mac, self._mac(rel, entry)):
+            with self._lock:
+                self.forged += 1
             return None
         read_ns = entry.get("read_ns")
         return entry if isinstance(read_ns, int) and self._fresh_ns <= read_ns <= self._now else None
@@ -353,10 +396,12 @@ class VerifiedFiles:
     def add(self, rel: str, identity: list[Any] | None, sha256: str, rows: int | None, exact: bool) -> None:
         """Keep ``rel``'s entry (``read_ns``: when its bytes were last really read, kept from an entry
         that vouched for it)."""
-        if identity is not None:
+        if identity is not None and self._key is not None:
+            entry = {"identity": identity, "sha256": sha256, "rows": rows, "exact": exact,
+                     "read_ns": self._read_ns(rel, identity)}
+            entry["mac"] = self._mac(rel, entry)
             with self._lock:
-                self._new[rel] = {"identity": identity, "sha256": sha256, "rows": rows, "exact": exact,
-                                  "read_ns": self._read_ns(rel, identity)}
+                self._new[rel] = entry
 
     def _read_ns(self, rel: str, identity: list[Any]) -> int:
         entry = self._entry(rel, identity)
@@ -369,10 +414,11 @@ class VerifiedFiles:
         return _row_from_json(row) if isinstance(row, dict) else None
 
     def add_ledger(self, rel: str, identity: list[Any] | None, row: dict[str, Any]) -> None:
-        if identity is not None:
+        if identity is not None and self._key is not None:
+            entry = {"identity": identity, "ledger": _row_to_json(row), "read_ns": self._read_ns(rel, identity)}
+            entry["mac"] = self._mac(rel, entry)
             with self._lock:
-                self._new[rel] = {"identity": identity, "ledger": _row_to_json(row),
-                                  "read_ns": self._read_ns(rel, identity)}
+                self._new[rel] = entry
 
     def save(self) -> None:
         """Keep what this open verified (files no longer bound are dropped); never raises."""
@@ -399,6 +445,21 @@ class VerifiedFiles:
                     os.unlink(tmp)
                 except OSError:
                     pass
+
+
+def ensure_cache_key(store: ResultStore) -> None:
+    """Write the results tree's verified-files signing secret (:class:`VerifiedFiles`) when it has none:
+    32 random bytes, hex, readable by the owner only on a local tree (a reader without it hashes every
+    file). Called by writers of the tree; a racing writer's secret may win (entries signed with the
+    other are then hashed again once)."""
+    import os
+    import secrets
+
+    if VerifiedFiles._secret_of(store) is not None:
+        return
+    where = store.put_bytes(VerifiedFiles.KEY, (secrets.token_hex(32) + "\n").encode())
+    if store.local:
+        os.chmod(where, 0o600)
 
 
 #: The declared schemas the verified-files cache was checked against (a cache of other schemas is ignored).
@@ -727,6 +788,11 @@ class _Binder:
             legacy = [t for _, t in good if t is not None]  # no SHA-256 to identify them: read whole now
             if legacy:
                 self.out.memory[table] = _concat(legacy, TABLES[table].append(pa.field("sweep", pa.string())))
+        if self.cache.forged:
+            self.out.warnings.append(
+                f"the verified-files cache {self.cache.path}: {self.cache.forged} entr"
+                f"{'y does' if self.cache.forged == 1 else 'ies do'} not carry this results tree's signature "
+                f"({VerifiedFiles.KEY}): ignored, their files hashed again; the cache is rewritten")
         self.cache.save()
         self.out.native = native_scan(self.store, self.out)
         return self.out

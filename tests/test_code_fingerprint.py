@@ -203,6 +203,8 @@ def test_an_edited_kernel_reruns_its_units_and_the_report_changes(tmp_path: Path
     first = swapcheck("sweep", "launch", str(spec), "--results", str(results), "--no-progress")
     assert first.returncode == 0, first.stderr[-3000:]
     assert differing() == 0  # FACTOR = 1.0: the same bits as int8-cutlass-order
+    key = results / "_state" / "verified-files.key"  # the launch wrote the secret that signs readers' caches
+    assert key.is_file() and key.stat().st_mode & 0o777 == 0o600
     again = swapcheck("sweep", "launch", str(spec), "--results", str(results), "--no-progress")
     assert again.returncode == 0 and "code changed" not in again.stderr + again.stdout
     (tmp_path / "fp_pkg_c" / "helpers.py").write_text("FACTOR = 1.01\n")  # 1 % wrong

@@ -78,8 +78,12 @@ def uid(table: str, j: int) -> str:
 
 
 def build(root: Path, legacy: bool = False) -> None:
-    """Two committed units per result table, a spec record, a launch, a pre-registration."""
+    """Two committed units per result table, a spec record, a launch, a pre-registration, and (as a
+    launch writes it) the secret that signs the verified-files cache."""
+    from storage.catalog import ensure_cache_key
+
     store = ResultStore(root)
+    ensure_cache_key(store)
     store.write("sweeps", SWEEP, "spec", [{"spec_sha256": "x", "question": "q", "spec_path": "s.toml", "spec_toml": "",
                                            "n_units": 2 * len(RESULT_TABLES), "unit_ids": [],
                                            "created_at": datetime(2025, 1, 1, tzinfo=UTC)}])
@@ -503,6 +507,44 @@ def test_a_cache_entry_never_trusts_bytes_the_ledger_did_not_record(root: Path, 
     monkeypatch.delenv(VerifiedFiles.REHASH_ENV)
     res = _cli("sweep", "verify", "--results", str(root))
     assert res.exit_code != 0 and victim.name in res.output, res.output
+
+
+def test_a_cache_entry_written_without_the_trees_secret_is_not_trusted(root: Path, _own_cache: Path) -> None:
+    """Issue #36: an entry forged in the cache file itself -- the changed file's identity with the ledger's
+    SHA-256 and row count, fresh -- made ``query`` serve the changed rows without a word. Entries are
+    signed with the tree's secret: the forged one does not verify, one warning says so, the file is
+    hashed and the damage named."""
+    import json
+
+    victim = _part(root, "kdepth") / f"{uid('kdepth', 0)}.parquet"
+    rel = victim.relative_to(root).as_posix()
+    with Catalog(root) as cat:  # a genuine open: every file hashed, the signed cache written
+        assert cat.hashed > 0 and not cat.warnings
+    (path,) = (_own_cache / "swapcheck" / "verified").iterdir()
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x5A
+    victim.write_bytes(bytes(data))
+    cache = json.loads(path.read_text())
+    entry = cache["files"][rel]
+    entry["identity"] = VerifiedFiles(ResultStore(root)).identity(rel, None)  # the changed file's, as a forger sets it
+    path.write_text(json.dumps(cache))
+    with Catalog(root) as cat:
+        assert cat.hashed == 1, cat.hashed  # that file alone: hashed, not trusted
+        text = "\n".join(cat.warnings)
+        assert "1 entry does not carry this results tree's signature" in text and victim.name in text, text
+
+
+def test_a_tree_without_the_secret_is_hashed_at_every_open_and_never_written(root: Path, _own_cache: Path) -> None:
+    """A reader never writes the secret (``query`` changes nothing in the tree); without one the cache
+    is not used."""
+    (root / VerifiedFiles.KEY).unlink()
+    before = sorted(p.relative_to(root).as_posix() for p in root.rglob("*"))
+    hashed = []
+    for _ in range(2):
+        with Catalog(root) as cat:
+            hashed.append(cat.hashed)
+    assert hashed[0] == hashed[1] > 0
+    assert sorted(p.relative_to(root).as_posix() for p in root.rglob("*")) == before
 
 
 # -- a file replaced while the catalog opens ----------------------------------------------------------------
