@@ -14,6 +14,11 @@ attr                 downgrade
                      rounded to bf16 (sequential over K, fused multiply-add)
 ``fp16_accumulate``  exact products, accumulated in fp16 over K-chunks of 64 (each chunk's sum
                      rounded to fp16 after every addition), the chunks then summed in fp16
+``bf16_result``      accumulates exactly (fp32 would too here), then rounds the result to bf16 before
+                     the fp32 store: a bf16-internal epilogue, not a bf16 accumulator
+``ragged_n_zeroed``  exact, but the last ``N % 16`` columns (a ragged N tail) are left zero: an edge
+                     bug, not precision (issue #36: it had been called a precision downgrade)
+``one_off``          exact but for output (0, 0), one too large: wrong for no reason a check can name
 ===================  ==============================================================================
 """
 
@@ -60,3 +65,24 @@ def bf16_compute(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 @kernel_function
 def fp16_accumulate(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return _narrow_sequential(a, b, torch.float16, CHUNK).to(a.dtype)
+
+
+@kernel_function
+def bf16_result(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return (a.double() @ b.double()).float().bfloat16().to(a.dtype)
+
+
+@kernel_function
+def ragged_n_zeroed(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    out = (a.double() @ b.double()).to(a.dtype)
+    tail = out.shape[1] % 16
+    if tail:
+        out[:, out.shape[1] - tail:] = 0
+    return out
+
+
+@kernel_function
+def one_off(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    out = (a.double() @ b.double()).to(a.dtype)
+    out[0, 0] += 1
+    return out

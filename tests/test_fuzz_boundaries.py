@@ -167,6 +167,13 @@ def test_fuzz_finds_the_far_defects_and_the_artifact_replays(attr: str, tmp_path
     (fail,) = result.failures
     r = fail.shrunk.judged.result
     assert CONDITION[attr](r.m, r.k, r.n) and CONDITION[attr](fail.original.plan.m, fail.original.plan.k, 1)
+    # The diagnosis names what K says (issue #36: split-K defects were found and shrunk but not named)
+    assert fail.k_note is not None and f"K: {fail.k_note}" in result.text(), result.text()
+    if attr == "pow2_k_8192_drop_tail8":
+        assert fail.k_note.startswith(f"fails at K = {r.k} but passes at K = {r.k - 1} and {r.k + 1}")
+    else:
+        boundary = 4096 if attr == "split_k_4096_half_partials" else 8192
+        assert fail.k_note.startswith(f"passes at K = {boundary}, fails at K = {r.k}") and "split-K" in fail.k_note
     assert fail.artifact is not None
     rep = replay(fail.artifact)
     assert rep.reproduced and rep.same_output and rep.verdict == r.verdict.value

@@ -201,3 +201,38 @@ def test_earlier_planted_defects_are_diagnosed_for_what_they_are() -> None:
     for attr, want in EARLIER_PLANTED.items():
         r = run_precision(load_subject(f"_planted_kernels:{attr}"), [(64, 300, 48)], torch.float32, trials=1)
         assert r.verdict is want, (attr, r.text())
+
+
+def test_each_diagnosis_names_the_cause_it_has_evidence_for() -> None:
+    """Issue #36: zeroed last columns had read as a precision downgrade ("bf16, fp16 or tf32
+    accumulation"), a bf16-internal result as a bf16 accumulator."""
+    r = run_precision(load_subject("_downgrade_planted:ragged_n_zeroed"), [(8, 300, 20)], torch.float32, trials=1)
+    assert r.verdict is Verdict.INCORRECT, r.text()
+    assert "the last 4 of 20 columns are wrong in every row, every other output exact: an N-edge bug" in r.text()
+    assert "accumulation" not in r.text()
+    r = run_precision(load_subject("_downgrade_planted:bf16_result"), [(8, 300, 6)], torch.float32, trials=1)
+    assert r.verdict is Verdict.PRECISION_DOWNGRADE, r.text()
+    finding = r.settings["about_finding"]
+    assert "the result is rounded to bf16 before the store, the accumulator keeps fp32" in finding, finding
+    assert "inputs and accumulator" not in finding and "accumulator or result" not in finding
+    # a bf16 accumulator is still named as one (absorb fails)
+    r = run_precision(load_subject("_downgrade_planted:bf16_compute"), [(8, 300, 6)], torch.float32, trials=1)
+    assert "the accumulator keeps fp32" not in r.settings["about_finding"]
+
+
+def test_a_wrong_output_without_evidence_of_a_cause_says_so() -> None:
+    from tasks.checks.precision import where_wrong
+
+    bad = np.zeros((4, 6), dtype=bool)
+    bad[1, 2] = bad[3, 0] = True  # scattered: no structure
+    assert where_wrong(bad) is None
+    bad[:, 4:] = True
+    bad[1, 2] = bad[3, 0] = False
+    assert where_wrong(bad).startswith("the last 2 of 6 columns are wrong in every row")
+    bad = np.zeros((4, 6), dtype=bool)
+    bad[1, :] = True
+    assert where_wrong(bad).startswith("1 whole row of 4 is wrong (e.g. row 1)")
+    r = run_precision(load_subject("_downgrade_planted:one_off"), [(8, 300, 6)], torch.float32, trials=1)
+    assert r.verdict is Verdict.INCORRECT
+    assert r.settings["about_finding"].startswith("INCORRECT, cause unknown"), r.text()
+    assert {t.info["problem"] for t in r.results} == {"incorrect, cause unknown: 1 of 48 exact integers wrong"}

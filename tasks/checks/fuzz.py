@@ -503,6 +503,33 @@ def shrink(subject: Subject, run: Run, seed: int, settings: FuzzSettings, alg: A
     return best, tried
 
 
+def k_dependence(subject: Subject, run: Run, seed: int, settings: FuzzSettings, alg: Any = None) -> str | None:
+    """What the K of a shrunk failure says about its cause, from at most three more runs of the same
+    trial at the same M and N: failing at a power-of-two K alone (K - 1 and K + 1 pass), or only past
+    a power of two P >= 256 below K (K = P passes): the K boundaries where kernels split K. None when
+    neither holds (no evidence about K) or K is small."""
+    k = run.plan.k
+
+    def passes(kk: int) -> bool | None:
+        try:
+            subject.preflight(run.plan.m, run.plan.n, kk)
+        except CheckInputError:
+            return None
+        return run_check(subject, run.check, run.plan.at(run.plan.m, kk, run.plan.n), seed, settings,
+                         alg).verdict.passed  # fmt: skip
+
+    if k <= 256:
+        return None
+    if k & (k - 1) == 0 and passes(k - 1) and passes(k + 1):
+        return (f"fails at K = {k} but passes at K = {k - 1} and {k + 1}: a path this power-of-two K alone "
+                "takes (a K-specific tile or split configuration)")
+    p = 1 << ((k - 1).bit_length() - 1)  # the largest power of two below K
+    if p >= 256 and passes(p):
+        return (f"passes at K = {p}, fails at K = {k}: the defect is past K = {p}, where kernels split K "
+                "(split-K partials or a K-tail chunk)")
+    return None
+
+
 @dataclass
 class TrialRecord:
     """One trial, as a row: its plan, both checks' verdicts, and the failure it found (if any)."""
@@ -527,6 +554,8 @@ class Failure:
     shrunk: Run
     shrink_runs: int
     artifact: str | None = None
+    #: What K says about the cause (:func:`k_dependence`), or None.
+    k_note: str | None = None
 
 
 @dataclass
@@ -584,7 +613,7 @@ class FuzzResult:
                          "scales": f.shrunk.info.get("scales"),
                          "original_shape": o.shape, "shape": s.shape, "shrink_runs": f.shrink_runs,
                          "first": r.first.to_dict() if r.first else None, "error": r.error,
-                         "problem": r.info.get("problem"), "artifact": f.artifact})  # fmt: skip
+                         "problem": r.info.get("problem"), "k_note": f.k_note, "artifact": f.artifact})  # fmt: skip
         return rows
 
     def to_dict(self) -> dict[str, Any]:
@@ -628,6 +657,8 @@ class FuzzResult:
                 lines.append(f"      first failing element: {r.first.describe()}")
             elif r.error or r.info.get("problem"):
                 lines.append(f"      {r.error or r.info.get('problem')}")
+            if f["k_note"]:
+                lines.append(f"      K: {f['k_note']}")
             if f["artifact"]:
                 lines.append(f"      artifact: {f['artifact']}")
                 lines.append(f"      replay:   swapcheck check replay {f['artifact']}")
@@ -712,7 +743,8 @@ def fuzz(
         failing = next((r for r in runs if not r.verdict.passed), None)
         if failing is not None:
             shrunk, tried = shrink(subject, failing, seed, settings, alg)
-            fail = Failure(failing.check, failing, shrunk, tried)
+            fail = Failure(failing.check, failing, shrunk, tried,
+                           k_note=k_dependence(subject, shrunk, seed, settings, alg))
             if save is not None:
                 fail.artifact = save(fail)
             rec.failure = fail
