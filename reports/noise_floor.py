@@ -141,9 +141,20 @@ def _threads(r: dict[str, Any]) -> Any:
     return r["threads"] if r.get("threads") is not None else "(not recorded)"
 
 
+def verdict_with_ratio(r: dict[str, Any]) -> str:
+    """The verdict as a person reads it: "varies within bound" says little alone (at fp32 output an
+    algorithm's bound can be tens of thousands of spacings wide, issue #36), so the largest
+    |batch - alone| as a fraction of the bound's width goes beside it, with the largest distance in
+    spacings. The JSON ``verdict`` stays the bare verdict; the ratio is ``max_bound_ratio``."""
+    verdict = str(r["verdict"])
+    if _judged(r) and r["cells_bitwise_equal"] != r["cells"]:
+        return f"{verdict}: max |batch - alone| {r['max_bound_ratio']:.3g} of the bound width, {r['max_spacing']} spacings"
+    return verdict
+
+
 def kernel_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One line per kernel, output dtype and thread count: its verdict and the counts behind it."""
-    return [{**_sweep(rows, r), "kernel": r["kernel"], "verdict": r["verdict"],
+    return [{**_sweep(rows, r), "kernel": r["kernel"], "verdict": verdict_with_ratio(r),
              "operands": f"{r['dtype']} -> {r['out_dtype']}, {r['scale_mode']} scales",
              "K x N": f"{r['k']} x {r['n']}", "M": f"{r['min_m']}..{r['max_m']} ({r['batch_sizes']} sizes)",
              "threads": _threads(r), "cells bit-identical to M=1": f"{r['cells_bitwise_equal']}/{r['cells']}",
@@ -330,10 +341,10 @@ def _kernel_phrase(r: dict[str, Any]) -> str:
         return (f"{r['kernel']}: {r['verdict']} ({r['cells_bitwise_equal']}/{r['cells']} cells bit-identical, "
                 f"B {r['min_batch']}..{r['max_batch']}, max {r['max_spacing']} sp, logsumexp max "
                 f"{r['lse_max_spacing']} sp)")
-    bound = f", max |batch - alone| {r['max_bound_ratio']:.3g} of the bound width" if _judged(r) else ""
+    bound = f"max |batch - alone| {r['max_bound_ratio']:.3g} of the bound width; " if _judged(r) else ""
     where = f"{r['out_dtype']} out" + (f", {r['threads']} threads" if r.get("threads") is not None else "")
-    return (f"{r['kernel']}: {r['verdict']} ({where}; {r['cells_bitwise_equal']}/{r['cells']} cells bit-identical, "
-            f"M {r['min_m']}..{r['max_m']}, max {r['max_spacing']} sp{bound})")
+    return (f"{r['kernel']}: {r['verdict']} ({bound}{where}; {r['cells_bitwise_equal']}/{r['cells']} cells "
+            f"bit-identical, M {r['min_m']}..{r['max_m']}, max {r['max_spacing']} sp)")
 
 
 def evidence_cells(section: dict[str, Any] | None, scale_mode: str, pairs: list[dict[str, Any]]) -> dict[str, str]:

@@ -103,6 +103,17 @@ def test_correct_m_dependent_order_varies_within_the_bound(results: Path) -> Non
         assert r["positions"] == ["first", "last", "middle", "random"]
 
 
+def test_within_bound_is_printed_with_its_ratio_to_the_bound(results: Path) -> None:
+    """Issue #36: "varies within bound" says little alone (an fp32 bound can be ~42,000 spacings wide):
+    the table's verdict cell and the certificate's phrase carry the ratio beside it."""
+    r = _kernels(results)[(GOOD, "fp32", 1)]
+    (row,) = [x for x in nf.kernel_table([r])]
+    assert row["verdict"] == (f"varies within bound (any, fp32): max |batch - alone| {r['max_bound_ratio']:.3g} "
+                              f"of the bound width, {r['max_spacing']} spacings")
+    assert f"varies within bound (any, fp32) (max |batch - alone| {r['max_bound_ratio']:.3g} of the bound width;" \
+        in nf._kernel_phrase(r)
+
+
 def test_bf16_partials_above_m8_vary_beyond_the_bound(results: Path) -> None:
     for out in ("bf16", "fp32"):
         r = _kernels(results)[(BAD, out, 1)]
