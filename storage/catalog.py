@@ -93,6 +93,8 @@ __all__ = [
     "named_query",
     "open_catalog",
     "query_names",
+    "QueryLimits",
+    "guarded",
     "read_only_query",
     "run_named",
     "view_definitions",
@@ -115,13 +117,129 @@ _T = TypeVar("_T")
 _R = TypeVar("_R")
 
 
-def _arrow(result: Any) -> pa.Table:
-    """The result as an Arrow table (DuckDB 2 calls it ``to_arrow_table``, 1.x ``fetch_arrow_table``)."""
+def _arrow(result: Any, most_mb: float = 0.0) -> pa.Table:
+    """The result as an Arrow table (DuckDB 2 calls it ``to_arrow_table``, 1.x ``fetch_arrow_table``).
+    ``most_mb`` (0: no limit): read batch by batch, and a result larger than that many megabytes
+    raises :class:`QueryError` before the rest is read."""
     if result is None:  # a statement without a result set
         return pa.table({})
+    if most_mb:
+        stream = getattr(result, "to_arrow_reader", None) or getattr(result, "fetch_record_batch", None)
+        reader = stream(65_536) if stream is not None else result.arrow()
+        if isinstance(reader, pa.Table):
+            reader = reader.to_reader()
+        batches, size = [], 0
+        for batch in reader:
+            size += batch.nbytes
+            if size > most_mb * 2**20:
+                raise QueryError(f"the result is larger than {most_mb:,.0f} MB ({QUERY_RESULT_ENV}): aggregate, "
+                                 "filter or add a LIMIT, or raise the limit")
+            batches.append(batch)
+        return pa.Table.from_batches(batches, schema=reader.schema)
     fetch = getattr(result, "to_arrow_table", None) or result.arrow
     table = fetch()
     return table if isinstance(table, pa.Table) else table.read_all()
+
+
+#: Limits of one query of a catalog (:func:`guarded`): wall seconds, the process's resident memory,
+#: and (``swapcheck query``) the size of the result.
+QUERY_TIMEOUT_ENV = "SWAPCHECK_QUERY_TIMEOUT_S"
+QUERY_MEMORY_ENV = "SWAPCHECK_QUERY_MEMORY_MB"
+QUERY_RESULT_ENV = "SWAPCHECK_QUERY_RESULT_MB"
+#: ``swapcheck query``'s own defaults (reports have no time limit unless the variable sets one).
+QUERY_TIMEOUT_DEFAULT_S = 900.0
+QUERY_RESULT_DEFAULT_MB = 1024.0
+
+
+def _physical_mb() -> float:
+    import os
+
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20
+    except (ValueError, OSError, AttributeError):
+        return 0.0
+
+
+def _rss_mb() -> float | None:
+    """This process's resident memory (Linux ``/proc/self/statm``), None where it cannot be read."""
+    import os
+
+    try:
+        with open("/proc/self/statm", "rb") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+@dataclass(frozen=True)
+class QueryLimits:
+    """Wall seconds (0: none) and resident megabytes (0: none) one query may take, and the result's
+    megabytes (0: none). :meth:`from_env` reads the variables, each checked (exit 2 naming it)."""
+
+    timeout_s: float = 0.0
+    memory_mb: float = 0.0
+    result_mb: float = 0.0
+
+    @classmethod
+    def from_env(cls, timeout_s: float = 0.0, result_mb: float = 0.0) -> QueryLimits:
+        """The limits set by the environment, else the defaults given (memory: three quarters of the
+        machine's physical memory, above DuckDB's own half (:func:`default_memory_limit`), which does not
+        count what pyarrow and Python hold: stopped with a message before the kernel's OOM killer)."""
+        year = 365 * 86_400.0
+        return cls(seconds_from_env(QUERY_TIMEOUT_ENV, timeout_s, 0.0, year, StorageError, unit="seconds (0: no limit)"),
+                   seconds_from_env(QUERY_MEMORY_ENV, round(_physical_mb() * 0.75), 0.0, 2.0**40, StorageError,
+                                    unit="megabytes (0: no limit)"),
+                   seconds_from_env(QUERY_RESULT_ENV, result_mb, 0.0, 2.0**40, StorageError,
+                                    unit="megabytes (0: no limit)"))
+
+
+def guarded(con: duckdb.DuckDBPyConnection, work: Callable[[], _T], limits: QueryLimits) -> _T:
+    """``work()`` (DuckDB calls on ``con``) on a thread of its own while this one watches: past
+    ``limits.timeout_s`` seconds or ``limits.memory_mb`` of resident memory the query is interrupted
+    (``con.interrupt()``) and fails with :class:`QueryError` naming the limit and its variable. This
+    thread stays in Python meanwhile, so a signal's handler runs at once (a query had answered
+    SIGTERM after 4 min 24 s, with a stack dump): the query is interrupted and the exception the
+    handler raised (``Terminated``) propagates; if DuckDB does not stop within 2 s (one long string
+    operation cannot be interrupted midway) it is marked ``hard`` so that the CLI exits at once."""
+    import threading
+
+    out: list[_T] = []
+    failed: list[BaseException] = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            out.append(work())
+        except BaseException as exc:  # noqa: BLE001 - handed to the watching thread
+            failed.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="swapcheck-query", daemon=True).start()
+    start = time.monotonic()
+    why = None
+    try:
+        while not done.wait(0.05):
+            if why is not None:
+                continue
+            if limits.timeout_s and time.monotonic() - start > limits.timeout_s:
+                why = f"ran past its time limit of {limits.timeout_s:g} s ({QUERY_TIMEOUT_ENV})"
+            elif limits.memory_mb and (_rss_mb() or 0.0) > limits.memory_mb:
+                why = (f"took the process past its memory limit of {limits.memory_mb:,.0f} MB of resident memory "
+                       f"({QUERY_MEMORY_ENV})")
+            if why is not None:
+                con.interrupt()
+    except BaseException as exc:  # a signal's handler raised here: stop the query, then propagate it
+        con.interrupt()
+        if not done.wait(2.0):
+            exc.hard = True  # type: ignore[attr-defined]
+        raise
+    if failed:
+        if why is not None:
+            raise QueryError(f"the query {why}; it was interrupted and nothing was returned. Aggregate, filter or "
+                             "add a LIMIT, or raise the limit") from None
+        raise failed[0]
+    return out[0]
 
 
 def sql_params(sql: str) -> list[str]:
@@ -1133,29 +1251,38 @@ class Catalog:
         rows: list[dict[str, Any]] = self.named_arrow(name, **params).to_pylist()
         return rows
 
-    def named_arrow(self, name: str, **params: Any) -> pa.Table:
+    def named_arrow(self, name: str, *, limits: QueryLimits | None = None, **params: Any) -> pa.Table:
         """``named`` as an Arrow table. Binds exactly the placeholders the SQL uses (missing ones as NULL)."""
         sql = named_query(name)
         bound = {p: params.get(p) for p in sql_params(sql)}
+        con = self._views_of(sql)
         try:
-            return self._unchanged(_arrow(self._views_of(sql).sql(sql, params=bound or None)))
+            return self._unchanged(guarded(con, lambda: _arrow(con.sql(sql, params=bound or None)),
+                                           limits or QueryLimits.from_env()))
         except duckdb.Error as exc:
             raise self._failed(f"named query {name!r} failed: ", exc) from None
 
-    def query(self, sql: str, **params: Any) -> pa.Table:
+    def query(self, sql: str, *, limits: QueryLimits | None = None, **params: Any) -> pa.Table:
         """Run user ``sql`` (SELECT / EXPLAIN / DESCRIBE / SHOW / SUMMARIZE only); return an Arrow table.
 
         Several statements run in order and the last one's result is returned. ``params`` bind the
-        ``$name`` placeholders of the last statement (values, never SQL text).
+        ``$name`` placeholders of the last statement (values, never SQL text). ``limits`` (default
+        :meth:`QueryLimits.from_env`): the query's wall time and the process's memory (:func:`guarded`),
+        and the result's size: a larger result fails naming the limit, before any of it is converted.
         """
         statements = check_read_only(sql)
         con = self.con
-        try:
+        limits = limits or QueryLimits.from_env()
+
+        def work() -> pa.Table:
             for st in statements[:-1]:
                 con.execute(st.query).fetchall()
             last = statements[-1].query
             bound = {p: params.get(p) for p in sql_params(last)}
-            return self._unchanged(_arrow(con.sql(last, params=bound or None)))
+            return _arrow(con.sql(last, params=bound or None), limits.result_mb)
+
+        try:
+            return self._unchanged(guarded(con, work, limits))
         except duckdb.Error as exc:
             raise self._failed("", exc) from None
 
@@ -1196,7 +1323,10 @@ class Catalog:
 
     def close(self) -> None:
         if self._con is not None:
-            self._con.close()
+            try:
+                self._con.close()
+            except duckdb.Error:  # still busy with a query a signal interrupted (guarded): the process exits
+                pass
             self._con = None
             self._bound = None
         if self._spill is not None:

@@ -9,7 +9,7 @@ from swapcheck_common.errors import InputError
 
 
 def seconds_from_env(name: str, default: float, low: float, high: float,
-                     error: type[Exception] = InputError) -> float:
+                     error: type[Exception] = InputError, unit: str = "seconds") -> float:
     """``$name`` as seconds in ``[low, high]``; ``default`` when unset or empty. Anything else (not a
     number, NaN, out of range) raises ``error`` (an exit-2 class) naming the variable, its value and what is
     allowed: a bound that silently fell back to its default would hide the mistake."""
@@ -21,5 +21,5 @@ def seconds_from_env(name: str, default: float, low: float, high: float,
     except ValueError:
         value = math.nan
     if not low <= value <= high:  # NaN fails both comparisons
-        raise error(f"{name}={raw!r}: give seconds between {low:g} and {high:g} (default {default:g})")
+        raise error(f"{name}={raw!r}: give {unit} between {low:g} and {high:g} (default {default:g})")
     return value

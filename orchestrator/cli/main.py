@@ -26,6 +26,12 @@ class _App(typer.Typer):
             return super().__call__(*args, **kwargs)
         except Terminated as term:  # outside a launch (which reports its own stop, with its count)
             common.err.print(f"error: {signal.Signals(term.signum).name}: stopped.", highlight=False, markup=False)
+            if getattr(term, "hard", False):  # a DuckDB call that does not stop: do not wait for it at exit
+                import os
+
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(128 + term.signum)
             sys.exit(128 + term.signum)
         except Exception as exc:
             code = exit_code_for(exc)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
 
 from orchestrator.cli.common import (
@@ -13,6 +15,9 @@ from orchestrator.cli.common import (
     user_errors,
 )
 from orchestrator.cli.reading import OutputOpt, output_to
+
+if TYPE_CHECKING:
+    from storage.catalog import QueryLimits
 
 
 def _params(pairs: list[str], allowed: list[str], name: str) -> dict[str, str]:
@@ -27,6 +32,14 @@ def _params(pairs: list[str], allowed: list[str], name: str) -> dict[str, str]:
             raise UsageError(f"--param {key}: {name} takes {', '.join('$' + p for p in allowed) or 'no parameters'}")
         out[key] = value
     return out
+
+
+def limits() -> QueryLimits:
+    """``swapcheck query``'s limits: 900 s, three quarters of physical memory, a 1,024 MB result (each
+    set by its variable: docs/duckdb.md)."""
+    from storage.catalog import QUERY_RESULT_DEFAULT_MB, QUERY_TIMEOUT_DEFAULT_S, QueryLimits
+
+    return QueryLimits.from_env(timeout_s=QUERY_TIMEOUT_DEFAULT_S, result_mb=QUERY_RESULT_DEFAULT_MB)
 
 
 def query(
@@ -70,10 +83,10 @@ def query(
                 raise UsageError(f"--named {named}: no such query; available: {', '.join(known)}")
             bound = _params(param, known[named], named)
             with catalog(results, bound.get("sweep")) as cat, output_to(output):
-                emit_rows(cat.named(named, **bound), fmt)
+                emit_rows(cat.named_arrow(named, limits=limits(), **bound).to_pylist(), fmt)
             return
         check_read_only(sql)  # refuse before listing the results tree
         with catalog(results) as cat:  # prints the catalog's warnings first
-            rows = cat.query(sql).to_pylist()
+            rows = cat.query(sql, limits=limits()).to_pylist()
         with output_to(output):
             emit_rows(rows, fmt)
