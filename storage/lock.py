@@ -196,8 +196,10 @@ class LaunchLock:
                 for path in (claim, claim[: -len(".json")] + ".beat"):
                     try:
                         self.fs.delete_file(path)
-                    except OSError:
-                        pass  # absent, or an unreachable store: the lease expires by itself
+                    except Exception:  # noqa: BLE001 - absent, an unreachable store, or pyarrow's S3
+                        # finalized under this daemon thread as the process exits (seen: a thread
+                        # traceback after the launch's own error line): the lease expires by itself
+                        return
 
             # A frozen store must not hold the launch up: the deletes get a few seconds, then the
             # lease is left to expire by itself.
