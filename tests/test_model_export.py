@@ -52,6 +52,8 @@ def test_export_round_trips_bit_for_bit_with_its_manifest(tmp_path: Path) -> Non
     assert manifest["model_safetensors_sha256"] == manifest["files"]["model.safetensors"]
     assert check_export(out, "answer-qwen3") == manifest
 
+    # vLLM picks the model class from architectures: null made it serve Qwen3Model as a pooling model
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["Qwen3ForCausalLM"]
     ckpt = read_checkpoint(out)
     assert ckpt.quantized and ckpt.quantization_config is not None
     assert ckpt.quantization_config["quant_method"] == "compressed-tensors"
@@ -103,7 +105,7 @@ def test_a_vllm_arm_on_a_shipped_name_runs_the_checked_cached_export(
     monkeypatch.setenv("SWAPCHECK_MODEL_CACHE", str(tmp_path / "cache"))
     first = exported_model_dir("answer-qwen3")
     sha = check_manifest(shipped_model_dir("answer-qwen3"))["model_safetensors_sha256"]  # type: ignore[index]
-    assert first == tmp_path / "cache" / f"answer-qwen3@{sha[:16]}-w8a8"
+    assert first == tmp_path / "cache" / f"answer-qwen3@{sha[:16]}-w8a8-r2"
     stamp = (first / "model.safetensors").stat().st_mtime_ns
     assert vllm_model("answer-qwen3") == str(first) and (first / "model.safetensors").stat().st_mtime_ns == stamp
     assert vllm_model("/models/Qwen3-8B-W8A8") == "/models/Qwen3-8B-W8A8"  # a path is passed as it is

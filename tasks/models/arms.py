@@ -36,12 +36,13 @@ def build_vllm_engine(params: dict[str, Any]) -> Any:
     arm = params["arm"]
     prompts = params["prompts"]
     longest = (max(len(p) for p in prompts["tokens"]) if "tokens" in prompts else prompts["synthetic"]["length"])
-    env = dict(arm["env"])
-    if arm.get("attention") is not None:  # a vLLM attention backend, selected through the environment
-        from tasks.attention.vllm import backend_env
+    attention = None
+    if arm.get("attention") is not None:  # a vLLM attention backend: LLM(attention_backend=...), then checked
+        from tasks.attention.vllm import BACKENDS
 
-        env.update(backend_env(arm["attention"]["name"]))
-    return VllmEngine(vllm_model(params["model"]), kernel=arm["kernel"], seed=params["model_seed"], env=env,
+        attention = BACKENDS[arm["attention"]["name"]]
+    return VllmEngine(vllm_model(params["model"]), kernel=arm["kernel"], seed=params["model_seed"],
+                      env=dict(arm["env"]), attention_backend=attention,
                       max_model_len=longest + params["max_new_tokens"] + 1)
 
 

@@ -281,6 +281,20 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
     return Checkpoint(root, config, tensors, qc is not None, qc)
 
 
+def causal_lm_architecture(model_type: str | None) -> str:
+    """The causal-LM class transformers maps ``model_type`` to (``qwen3`` -> ``Qwen3ForCausalLM``), which
+    a checkpoint's ``config.json`` must name in ``architectures``: vLLM picks the model class from it,
+    and with ``null`` there (what ``save_compressed`` wrote before issue #37) vLLM 0.32 falls back to
+    transformers' *base* model (``Qwen3Model``), which it serves as a pooling model, so
+    ``LLM.generate`` refuses it."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(str(model_type))
+    if name is None:
+        raise ValueError(f"model_type {model_type!r} has no causal-LM class in transformers")
+    return str(name)
+
+
 def save_compressed(model: W8A8Model, path: str | Path) -> Path:
     """Write ``model`` as a compressed-tensors W8A8 INT8 checkpoint directory (module docstring)."""
     from safetensors.torch import save_file
@@ -303,6 +317,7 @@ def save_compressed(model: W8A8Model, path: str | Path) -> Path:
         tensors.pop("lm_head.weight", None)
     save_file(tensors, str(root / "model.safetensors"), metadata={"format": "pt"})
     cfg = model.hf.config.to_dict()
+    cfg["architectures"] = [causal_lm_architecture(cfg.get("model_type"))]
     cfg["quantization_config"] = json.loads(json.dumps(COMPRESSED_TENSORS_W8A8))
     cfg.pop("_attn_implementation_autoset", None)
     (root / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True, default=str) + "\n")

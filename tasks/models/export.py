@@ -21,6 +21,9 @@ __all__ = ["EXPORT_FORMAT", "check_export", "export_compressed", "exported_model
 
 #: ``MANIFEST.json``'s ``format`` in a directory written by :func:`export_compressed`.
 EXPORT_FORMAT = "swapcheck-compressed-export"
+#: What an export writes, as a number in the cache's directory names: 2 since config.json names the
+#: causal-LM class in ``architectures`` (issue #37: ``null`` made vLLM serve a pooling model).
+EXPORT_REVISION = 2
 
 
 def _sha256(path: Path) -> str:
@@ -98,7 +101,7 @@ def check_export(root: Path, name: str | None = None) -> dict[str, Any]:
 def exported_model_dir(name: str, cache: str | Path | None = None) -> Path:
     """The compressed-tensors export of the shipped model ``name`` in the cache directory (``cache``,
     else ``$SWAPCHECK_MODEL_CACHE``, else ``~/.cache/swapcheck/models``), as
-    ``<name>@<first 16 hex of its weights' sha256>-w8a8``: written on first use, checked on every use
+    ``<name>@<first 16 hex of its weights' sha256>-w8a8-r<EXPORT_REVISION>``: written on first use, checked on every use
     (:func:`check_export`).  Two processes exporting at once both write complete copies and one rename
     wins (the other's identical export is discarded)."""
     import os
@@ -108,7 +111,8 @@ def exported_model_dir(name: str, cache: str | Path | None = None) -> Path:
     if src is None:
         raise ManifestError(f"the shipped model {name!r} has no MANIFEST.json")
     base = Path(cache or os.environ.get("SWAPCHECK_MODEL_CACHE") or Path.home() / ".cache" / "swapcheck" / "models")
-    root = base / f"{name}@{str(src['model_safetensors_sha256'])[:16]}-w8a8"
+    # r2: config.json names the causal-LM class (issue #37); an r1 export in the cache is not reused
+    root = base / f"{name}@{str(src['model_safetensors_sha256'])[:16]}-w8a8-r{EXPORT_REVISION}"
     if not root.exists():
         staging = base / f".{root.name}.{os.getpid()}"
         shutil.rmtree(staging, ignore_errors=True)

@@ -59,6 +59,7 @@ from .vllm_selection import (
     layer_gemm_shapes,
     layer_kernels,
     merge_env,
+    parse_attention_log,
     parse_selection_log,
     predicted_fallbacks,
     quantized_kernel,
@@ -121,6 +122,23 @@ class _LogCollector(logging.Handler):
 _PROCESS_ENGINES: list[dict[str, str]] = []
 
 
+def configure_vllm_logging() -> bool:
+    """Apply vLLM's own logging configuration now, as ``LLM.__init__`` would on its first call in a
+    process (vLLM 0.32: entrypoints/llm.py calls ``configure_logging_if_needed(engine_args.
+    create_logging_config())``, whose first call runs ``logging.config.dictConfig`` with a config that
+    names the ``vllm`` logger -- and ``dictConfig`` removes the handlers a logger it configures already
+    has). Done before a handler is attached, ``LLM()`` then finds the same config active and leaves it
+    (and the handler) alone. Returns whether it was applied: vLLM before ``configure_logging_if_needed``
+    configured its logging at import, which has happened by then."""
+    try:
+        configure = importlib.import_module("vllm.logger").configure_logging_if_needed
+        from vllm.config.logging import LoggingConfig
+    except (ImportError, AttributeError):
+        return False
+    configure(LoggingConfig())
+    return True
+
+
 def runtime_reason() -> str | None:
     """Why :class:`VllmEngine` cannot run here (CUDA, vLLM 0.29-0.32), or None."""
     reasons = [r for r in (cuda_reason(), vllm_reason()) if r]
@@ -173,6 +191,9 @@ class VllmEngine:
         mechanism: how to force (:func:`forcing`).
         max_model_len, gpu_memory_utilization: passed to ``LLM``.
         llm_kwargs: further ``LLM``/``EngineArgs`` keyword arguments (override the defaults).
+        attention_backend: vLLM's attention backend (an ``AttentionBackendEnum`` name, e.g.
+            ``FLASH_ATTN``) passed as ``LLM(attention_backend=...)``; the backend vLLM logs using must
+            be it (:meth:`require_evidence`). None: vLLM's own choice, recorded.
 
     Raises:
         VllmEngineError: no CUDA, no vLLM 0.29-0.32, a second engine with other kernel env in this
@@ -193,6 +214,7 @@ class VllmEngine:
         max_model_len: int | None = None,
         gpu_memory_utilization: float = 0.85,
         llm_kwargs: Mapping[str, Any] | None = None,
+        attention_backend: str | None = None,
     ) -> None:
         reason = runtime_reason()
         if reason:
@@ -208,7 +230,10 @@ class VllmEngine:
         self.forced = forcing(kernel, version, mechanism)
         self.env = merge_env(self.forced, env)
         self.env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process: hooks see the model (§4)
+        self.attention_backend = attention_backend
         selecting = {k: v for k, v in self.env.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+        if attention_backend is not None:  # vLLM caches its attention choice per process too
+            selecting["attention_backend"] = attention_backend
         if _PROCESS_ENGINES and _PROCESS_ENGINES[0] != selecting:
             raise VllmEngineError(
                 f"a vLLM engine with other kernel-selecting env ({_PROCESS_ENGINES[0]}) was already built in "
@@ -231,12 +256,14 @@ class VllmEngine:
             "enable_prefix_caching": False,  # every unit computes every position
             "skip_tokenizer_init": True,  # prompts are token ids
             **self.forced["llm_kwargs"],
+            **({"attention_backend": attention_backend} if attention_backend is not None else {}),
         }
         if max_model_len is not None:
             kwargs["max_model_len"] = int(max_model_len)
             kwargs.setdefault("max_num_batched_tokens", int(max_model_len))  # no chunked prefill
         kwargs.update(dict(llm_kwargs or {}))
         self.llm_kwargs = {k: v for k, v in kwargs.items() if k != "model"}
+        configure_vllm_logging()  # what LLM() does first: done now, it does not redo it and drop our handler
         logger = logging.getLogger("vllm")
         collector = _LogCollector()
         logger.addHandler(collector)
@@ -244,6 +271,11 @@ class VllmEngine:
             logger.setLevel(logging.INFO)
         try:
             self.llm = vllm.LLM(**kwargs)
+            if collector not in logger.handlers:
+                raise VllmEngineError(
+                    "vLLM configured its logging again while the engine was built and removed swapcheck's log "
+                    "collector: the kernel-selection lines are lost (a logging_config or log_level in llm_kwargs "
+                    "that differs from vLLM's default?)")
         finally:
             logger.removeHandler(collector)
         _PROCESS_ENGINES.append(selecting)
@@ -307,6 +339,8 @@ class VllmEngine:
             hooks_missing=self._ops.missing,
             shapes=self.shapes,
             require_log=self.require_log,
+            attention=self.attention_backend,
+            attention_log=parse_attention_log("\n".join(self.log_lines)),
         )
         ev["env"] = dict(self.env)
         ev["llm_kwargs"] = {k: v for k, v in self.llm_kwargs.items() if _jsonable(v)}

@@ -40,6 +40,8 @@ __all__ = [
     "layer_kernels",
     "merge_env",
     "parse_selection_log",
+    "parse_attention_log",
+    "attention_problems",
     "predicted_fallbacks",
     "quantized_kernel",
     "require_evidence",
@@ -260,6 +262,34 @@ def parse_selection_log(text: str) -> list[tuple[str, str]]:
     return list(seen)
 
 
+#: vLLM 0.32's attention selection lines (platforms/cuda.py): ``Using %s backend.`` with the selected
+#: ``AttentionBackendEnum`` member (its str: ``AttentionBackendEnum.FLASH_ATTN``) when one was asked
+#: for, ``Using %s attention backend out of potential backends: %s.`` with its name otherwise.
+_ATTENTION = re.compile(r"\bUsing\s+(?:AttentionBackendEnum\.)?([A-Z][A-Z0-9_]*)\s+(?:attention\s+)?backend\b")
+
+
+def parse_attention_log(text: str) -> list[str]:
+    """The attention backends vLLM logged choosing (``FLASH_ATTN``, ...), first-seen order, no repeats."""
+    seen: dict[str, None] = {}
+    for m in _ATTENTION.finditer(_ANSI.sub("", text)):
+        seen.setdefault(m.group(1), None)
+    return list(seen)
+
+
+def attention_problems(configured: str | None, observed: Sequence[str] | None, require_log: bool) -> list[str]:
+    """What is wrong with the attention evidence: a configured backend (``LLM(attention_backend=...)``)
+    that is not the one vLLM logged using, or no such line where one is required. An arm without a
+    configured backend only records what ran."""
+    if configured is None or observed is None:
+        return []
+    if not observed:
+        return [f"attention backend {configured} was configured, but vLLM logged no 'Using ... backend' line "
+                "(was the log level above INFO?)"] if require_log else []
+    if set(observed) != {configured}:
+        return [f"attention backend {configured} was configured, but vLLM logged using {', '.join(observed)}"]
+    return []
+
+
 # ---------------------------------------------------------------------------------------------
 # per-layer kernel classes (§1.3)
 
@@ -439,6 +469,8 @@ def check_evidence(
     hooks_missing: Sequence[str] = (),
     shapes: Mapping[str, tuple[int, int]] | None = None,
     require_log: bool = True,
+    attention: str | None = None,
+    attention_log: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Compare the forcing (:func:`forcing`) with the three sources of evidence (§1.3, §7.2).
 
@@ -452,6 +484,8 @@ def check_evidence(
         shapes: :func:`layer_gemm_shapes`, to name the layers where CUTLASS falls back.
         require_log: a missing selection line is a problem (vLLM logs it once per process with
             ``info_once``, so a second engine in one process sees none).
+        attention: the attention backend the arm configured (``LLM(attention_backend=...)``), or None.
+        attention_log: :func:`parse_attention_log` of the engine's log (None: not collected).
 
     Returns:
         ``{"configured", "expected_classes", "expected_op", "log", "layer_kernels" (class ->
@@ -510,8 +544,10 @@ def check_evidence(
                 text += (f"; K or N not a multiple of {ALIGNMENT}{where} makes cutlass_scaled_mm run "
                          "triton_scaled_mm (§1.2 Pitfall 1)")
             problems.append(text)
+    problems += attention_problems(attention, attention_log, require_log)
     return {
         "configured": forced["family"],
+        "attention": {"configured": attention, "observed": None if attention_log is None else list(attention_log)},
         "vllm": forced.get("vllm"),
         "expected_classes": expected,
         "expected_op": op,
