@@ -575,9 +575,9 @@ def ensure_cache_key(store: ResultStore) -> None:
 
     if VerifiedFiles._secret_of(store) is not None:
         return
-    where = store.put_bytes(VerifiedFiles.KEY, (secrets.token_hex(32) + "\n").encode())
-    if store.local:
-        os.chmod(where, 0o600)
+    store.put_bytes(VerifiedFiles.KEY, (secrets.token_hex(32) + "\n").encode())
+    if store.local:  # base: the local path, also of a file:// results URI
+        os.chmod(f"{store.base}/{VerifiedFiles.KEY}", 0o600)
 
 
 #: The declared schemas the verified-files cache was checked against (a cache of other schemas is ignored).
