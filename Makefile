@@ -18,7 +18,7 @@ UV     := $(BIN)/uv
 LOCK_FLAGS := --python-version 3.11 --python-platform x86_64-manylinux_2_28 --generate-hashes \
               --custom-compile-command "make lock" --quiet
 
-.PHONY: demo kdepth-demo test test-slow test-gpu test-latest lint install lock lock-upgrade clean docs bench bench-quick fault-report
+.PHONY: demo kdepth-demo test test-slow test-gpu test-latest vllm-contract lint install lock lock-upgrade clean docs bench bench-quick fault-report
 
 # The venv gets uv at the lock's version and hashes (with pip, the one installer a new venv has), then
 # everything else from the lock with uv, which prints its progress, compiled to bytecode at install
@@ -114,6 +114,13 @@ lock: $(STAMP)
 
 lock-upgrade:
 	$(MAKE) lock UPGRADE=--upgrade
+
+# The contract with vLLM (issue #37): every vLLM symbol, argument, variable, class, backend and log
+# format swapcheck relies on, checked in the source of each wheel the `vllm` extra allows (fetched
+# without dependencies, no GPU; cached in ~/.cache/swapcheck/vllm-wheels) and reported for the newer
+# releases; exit 1 names the call site that breaks. Run with the nightly (docs/development.md).
+vllm-contract: $(STAMP)
+	$(BIN)/python tools/vllm_contract.py --newer
 
 # The nightly check against upstream (not CI's gate): resolve the newest versions pyproject.toml allows
 # into a separate venv, run the default suite there and report which pins moved and what broke.

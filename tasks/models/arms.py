@@ -58,8 +58,33 @@ def vllm_model(model: str) -> str:
     return str(exported_model_dir(model)) if model in SHIPPED_MODELS else model
 
 
+#: Synthetic prompt ids of a vLLM arm stay below this (and below the model's vocabulary).
+SYNTHETIC_ID_BOUND = 1000
+
+
+def checkpoint_vocab_size(model: str) -> int | None:
+    """``vocab_size`` from a checkpoint directory's ``config.json`` (or its ``text_config``); None for a
+    name that is not a local directory."""
+    import json
+    from pathlib import Path
+
+    cfg_path = Path(model) / "config.json"
+    if not cfg_path.is_file():
+        return None
+    cfg = json.loads(cfg_path.read_text())
+    size = cfg.get("vocab_size") or (cfg.get("text_config") or {}).get("vocab_size")
+    return int(size) if size else None
+
+
 def vllm_prompts(params: dict[str, Any], vocab_size: int | None = None) -> list[list[int]]:
+    """The arm's prompts as token ids. Synthetic ids stay below :data:`SYNTHETIC_ID_BOUND` and below
+    the model's vocabulary (``vocab_size``, else read from the checkpoint's ``config.json``): vLLM
+    does not check prompt ids when it skips the tokenizer, and answer-qwen3 has 16 tokens, so ids up to
+    999 had reached its embedding (issue #37). Given ids outside the vocabulary are refused."""
     from tasks.prompts import prompts_from_payload
 
-    # Synthetic ids stay below 1000 for vLLM checkpoints: every real vocabulary is larger.
-    return prompts_from_payload(params["prompts"], vocab_size or 1000)
+    vocab = vocab_size or checkpoint_vocab_size(vllm_model(params["model"]))
+    bound = min(SYNTHETIC_ID_BOUND, vocab) if vocab else SYNTHETIC_ID_BOUND
+    if "tokens" in params["prompts"] and vocab:
+        bound = vocab
+    return prompts_from_payload(params["prompts"], bound)
