@@ -10,7 +10,12 @@ from typing import Any
 
 import pytest
 
-from tasks.models.vllm_selection import attention_problems, check_evidence, forcing, parse_attention_log
+from tasks.models.vllm_selection import (
+    attention_problems,
+    check_evidence,
+    forcing,
+    parse_attention_log,
+)
 
 SELECTED = "INFO 12-05 01:02:03 [cuda.py:446] Using AttentionBackendEnum.FLASHINFER backend."
 CHOSEN = ("INFO 12-05 01:02:03 [cuda.py:507] Using FLASH_ATTN attention backend out of potential backends: "
