@@ -145,7 +145,9 @@ def _fake_vllm(monkeypatch, down_k: int = 2 * HIDDEN) -> types.SimpleNamespace:
             runner = types.SimpleNamespace(get_model=lambda: self.model)
             worker = types.SimpleNamespace(model_runner=runner)
             self.llm_engine = types.SimpleNamespace(model_executor=types.SimpleNamespace(
-                driver_worker=types.SimpleNamespace(worker=worker)))
+                driver_worker=types.SimpleNamespace(worker=worker)),
+                model_config=types.SimpleNamespace(get_vocab_size=lambda: VOCAB))
+            self.logprobs_mode = kwargs.get("logprobs_mode", "raw_logprobs")
 
         def generate(self, reqs, sp, use_tqdm=True):
             outs = []
@@ -154,7 +156,9 @@ def _fake_vllm(monkeypatch, down_k: int = 2 * HIDDEN) -> types.SimpleNamespace:
                 prompt_rows = self.model.compute_logits(self.model.hidden(seq))  # all positions
                 pl = None
                 if getattr(sp, "prompt_logprobs", None):
-                    lsm = torch.log_softmax(self.model.compute_logits(self.model.hidden(seq)[:-1]), -1)
+                    # vLLM's runners score prompts "respecting logprobs_mode": raw logits under raw_logits
+                    rows = self.model.compute_logits(self.model.hidden(seq)[:-1])
+                    lsm = rows if self.logprobs_mode == "raw_logits" else torch.log_softmax(rows, -1)
                     pl = [None] + [entry(lsm[i - 1], sp.prompt_logprobs, seq[i]) for i in range(1, len(seq))]
                 toks, lps = [], []
                 last = prompt_rows[-1:]
@@ -229,7 +233,9 @@ def test_engine_scores_with_raw_logits_like_the_cpu_engine(monkeypatch, gpu_torc
     assert lists(by_logits.topk_ids) == lists(want.topk_ids) and lists(by_logits.margins) == lists(want.margins)
     assert lists(by_logits.argmax) == lists(by_logprobs.argmax)
     assert by_logits.argmax[0][2:6].tolist() == gen.tokens[0]  # teacher forcing reproduces greedy decoding
-    assert by_logprobs.info["values"] == "logprobs" and by_logits.info["values"] == "raw_logits"
+    # values="logprobs" reads vLLM's prompt entries, which follow the engine's logprobs_mode: raw logits,
+    # labelled so (issue #37: they had been labelled "logprobs")
+    assert by_logprobs.info["values"] == "raw_logits" and by_logits.info["values"] == "raw_logits"
 
 
 def test_engine_capture_replays_bit_for_bit(monkeypatch, gpu_torch):

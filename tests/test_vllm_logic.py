@@ -397,7 +397,9 @@ def test_score_rows_from_prompt_logprobs_and_from_logits_agree():
     assert a.targets[0].tolist() == [11, 42, 0, 7, -1] and a.target_logits[0][0] == float(logits[0][0, 11])
     am, tk, _, mg = predict(logits[0], top_k)  # the CPU engine's ranking, row for row
     assert b.argmax[0].tolist() == am and b.topk_ids[0].tolist() == tk and b.margins[0].tolist() == mg
-    assert a.info["values"] == "logprobs" and b.info["values"] == "raw_logits"
+    # the engine's logprobs_mode is raw_logits, and vLLM's prompt scores follow it: raw logits, so labelled
+    assert a.info["values"] == "raw_logits" and b.info["values"] == "raw_logits"
+    assert score_from_prompt_logprobs(seqs, outs, top_k, prompt_values="logprobs").info["values"] == "logprobs"
     assert len(a.rows()) == 7
 
 
@@ -419,11 +421,11 @@ def test_assemble_logits_finds_prompt_and_last_rows_in_any_order():
     out = _teacher_forced_output(seq, lg, 3, log_softmax=True)
     gen = out.outputs[0].token_ids[0]
     for caps in ([lg[3:], lg[:3]], [lg[:3], lg[3:]], [lg]):
-        assert torch.equal(assemble_logits(caps, 4, gen, out.prompt_logprobs), lg)
+        assert torch.equal(assemble_logits(caps, 4, gen, out.prompt_logprobs, prompt_values="logprobs"), lg)
     with pytest.raises(VllmEngineError, match=r"row counts \[2\]"):
-        assemble_logits([lg[:2]], 4, gen, out.prompt_logprobs)
+        assemble_logits([lg[:2]], 4, gen, out.prompt_logprobs, prompt_values="logprobs")
     with pytest.raises(VllmEngineError, match="argmax"):
-        assemble_logits([lg[:3], -lg[3:]], 4, gen, out.prompt_logprobs)
+        assemble_logits([lg[:3], -lg[3:]], 4, gen, out.prompt_logprobs, prompt_values="logprobs")
 
 
 def test_assemble_logits_two_tokens_disambiguated_by_logprobs():
@@ -432,7 +434,20 @@ def test_assemble_logits_two_tokens_disambiguated_by_logprobs():
     out = _teacher_forced_output(seq, lg, 3, log_softmax=True)
     gen = out.outputs[0].token_ids[0]
     for caps in ([lg[1:], lg[:1]], [lg[:1], lg[1:]]):  # two one-row captures
+        assert torch.equal(assemble_logits(caps, 2, gen, out.prompt_logprobs, prompt_values="logprobs"), lg)
+
+
+def test_assemble_logits_two_tokens_disambiguated_by_raw_logit_prompt_entries():
+    """Issue #37: under the engine's logprobs_mode="raw_logits", vLLM's prompt entries are raw logits
+    (both runners, 0.29-0.32); comparing them with a log-softmax had rejected every candidate."""
+    seq = [4, 9]
+    lg = _logits(2, seed=3)
+    out = _teacher_forced_output(seq, lg, 3, log_softmax=False)
+    gen = out.outputs[0].token_ids[0]
+    for caps in ([lg[1:], lg[:1]], [lg[:1], lg[1:]]):
         assert torch.equal(assemble_logits(caps, 2, gen, out.prompt_logprobs), lg)
+    with pytest.raises(VllmEngineError, match="could not find the logits"):
+        assemble_logits([lg[1:], lg[:1]], 2, gen, out.prompt_logprobs, prompt_values="logprobs")
 
 
 # -- evidence ----------------------------------------------------------------------------------------
@@ -693,3 +708,16 @@ def test_gpu_smoke_degrades_without_cuda(tmp_path: Path):
     assert res.returncode == 0, res.stderr
     assert "skipped" in res.stdout and "CUDA not available" in res.stdout
     assert "skipped" in out.read_text()
+
+
+def test_assemble_logits_joins_the_1024_row_prompt_chunks_of_a_long_sequence():
+    """Issue #37: vLLM 0.32's V2 runner computes prompt logits 1024 rows at a time, so a 2,500-token
+    sequence is captured as rows 1024, 1024, 451 and the sampled position's 1 row."""
+    n = 2500
+    lg = _logits(n, vocab=12, seed=5)
+    seq = [int(t) for t in torch.randint(0, 12, (n,), generator=torch.Generator().manual_seed(1))]
+    out = _teacher_forced_output(seq, lg, 3)
+    gen = out.outputs[0].token_ids[0]
+    chunks = [lg[0:1024], lg[1024:2048], lg[2048:n - 1]]
+    for caps in ([*chunks, lg[n - 1:]], [lg[n - 1:], *chunks]):
+        assert torch.equal(assemble_logits(caps, n, gen, out.prompt_logprobs), lg)

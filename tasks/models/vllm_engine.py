@@ -263,6 +263,9 @@ class VllmEngine:
             kwargs.setdefault("max_num_batched_tokens", int(max_model_len))  # no chunked prefill
         kwargs.update(dict(llm_kwargs or {}))
         self.llm_kwargs = {k: v for k, v in kwargs.items() if k != "model"}
+        #: What vLLM's prompt "logprobs" hold: its runners follow logprobs_mode for prompt scores too.
+        mode = str(kwargs["logprobs_mode"])
+        self.prompt_values = mode if mode in ("raw_logits", "processed_logits") else "logprobs"
         configure_vllm_logging()  # what LLM() does first: done now, it does not redo it and drop our handler
         logger = logging.getLogger("vllm")
         collector = _LogCollector()
@@ -435,7 +438,7 @@ class VllmEngine:
         if values == "logprobs":
             with self._ops:
                 outs = self.llm.generate(reqs, sp, use_tqdm=False)
-            res = score_from_prompt_logprobs(seqs, outs, top_k)
+            res = score_from_prompt_logprobs(seqs, outs, top_k, prompt_values=self.prompt_values)
         else:
             # One sequence at a time, its [L, V] logits reduced to the rows' arrays (and the target
             # log-probabilities) before the next: never every sequence's full logits at once.
@@ -444,7 +447,8 @@ class VllmEngine:
                 captured: list[torch.Tensor] = []
                 with self._ops, self._logits_hook(captured):
                     out = self.llm.generate([req], sp, use_tqdm=False)[0]
-                lg = assemble_logits(captured, len(seq), int(out.outputs[0].token_ids[0]), out.prompt_logprobs)
+                lg = assemble_logits(captured, len(seq), int(out.outputs[0].token_ids[0]), out.prompt_logprobs,
+                                     prompt_values=self.prompt_values)
                 one = score_from_logits([seq], [lg], top_k)
                 res.append(one.argmax[0], one.topk_ids[0], one.topk_logits[0], one.margins[0], one.targets[0],
                            one.target_logits[0])

@@ -128,6 +128,7 @@ def score_from_prompt_logprobs(
     outputs: Sequence[Any],
     top_k: int,
     last_values: str = "raw_logits",
+    prompt_values: str = "raw_logits",
 ) -> ScoreResult:
     """A :class:`ScoreResult` from ``LLM.generate(..., SamplingParams(max_tokens=1,
     prompt_logprobs=k, logprobs=k))`` outputs, one per sequence (§5 teacher-forced replay).
@@ -137,16 +138,20 @@ def score_from_prompt_logprobs(
     ``i + 1`` and its target logit is entry ``i + 1``'s value of ``seq[i + 1]``.  The last position
     comes from the one generated step (``outputs[0].logprobs[0]``; target -1, NaN).
 
-    Prompt logprobs are log-probabilities whatever ``logprobs_mode`` is (vLLM's runner takes
-    ``compute_logprobs`` of the prompt logits); ``info["values"]`` says so and
-    ``info["last_position_values"]`` names the last position's kind.  A log-softmax shifts every
-    value by one fp32 subtraction, which can merge two logits a few spacings apart into a tie:
-    where near-ties matter, :func:`score_from_logits` (the engine's default) is exact.
+    What the prompt entries hold follows the engine's ``logprobs_mode`` (``prompt_values``): in every
+    vLLM the extra allows (0.29-0.32), both model runners compute prompt scores "respecting
+    logprobs_mode" -- raw logits under ``raw_logits``, the engine's mode (v1/worker/gpu/sample/
+    prompt_logprob.py, gpu_model_runner.py; `make vllm-contract` checks it) -- so ``info["values"]``
+    is ``prompt_values`` (``raw_logits``), not "logprobs" (issue #37: raw logits had been labelled
+    log-probabilities). ``info["last_position_values"]`` names the last position's kind. Under a
+    log-probability mode a log-softmax shifts every value by one fp32 subtraction, which can merge two
+    logits a few spacings apart into a tie: where near-ties matter, :func:`score_from_logits` (the
+    engine's default) is exact.
     """
     if len(outputs) != len(sequences):
         raise VllmEngineError(f"{len(outputs)} outputs for {len(sequences)} sequences")
     res = ScoreResult([list(s) for s in sequences],
-                      info={"engine": "vllm", "values": "logprobs", "last_position_values": last_values})
+                      info={"engine": "vllm", "values": prompt_values, "last_position_values": last_values})
     for s, (seq, ro) in enumerate(zip(sequences, outputs, strict=True)):
         pl = ro.prompt_logprobs
         if pl is None or len(pl) != len(seq):
@@ -192,6 +197,7 @@ def assemble_logits(
     generated_token: int,
     prompt_logprobs: Sequence[Any] | None = None,
     atol: float = 1e-3,
+    prompt_values: str = "raw_logits",
 ) -> torch.Tensor:
     """The ``[n_tokens, V]`` logits of one teacher-forced sequence from the ``compute_logits``
     outputs recorded while vLLM scored it (one request, ``max_tokens=1``, no chunked prefill).
@@ -199,8 +205,9 @@ def assemble_logits(
     vLLM computes the logits of the sampled position (1 row) and, for ``prompt_logprobs``, of the
     prompt positions ``0 .. n-2`` (``n - 1`` rows), in either order; a runner that computes all
     ``n`` rows at once is accepted too.  Which capture is which is decided by row counts, and,
-    when they are ambiguous (``n == 2``), by checking ``log_softmax`` of the candidate prompt rows
-    against the returned ``prompt_logprobs`` (within ``atol``).  The last row must have the
+    when they are ambiguous (``n == 2``), by checking the candidate prompt rows against the returned
+    ``prompt_logprobs`` (within ``atol``): the rows themselves when the entries are raw logits
+    (``prompt_values``, the engine's ``logprobs_mode``), their ``log_softmax`` when log-probabilities.  The last row must have the
     generated token as its argmax.
 
     Raises:
@@ -218,7 +225,7 @@ def assemble_logits(
         prompt_cands = [c for c in captures if c.shape[0] == n_tokens - 1]
         last_cands = [c for c in captures if c.shape[0] == 1]
         if prompt_logprobs is not None:
-            prompt_cands = [c for c in prompt_cands if _matches_logprobs(c, prompt_logprobs, atol)]
+            prompt_cands = [c for c in prompt_cands if _matches_prompt_entries(c, prompt_logprobs, atol, prompt_values)]
         for p in prompt_cands:
             for last in last_cands:
                 if last is p:
@@ -229,6 +236,17 @@ def assemble_logits(
                 break
         if found is None and full:
             found = full[-1]
+        if found is None and last_cands:
+            # vLLM 0.32's V2 runner computes prompt logits in chunks of 1024 rows (v1/worker/gpu/sample/
+            # prompt_logprob.py, CHUNK_SIZE): a longer prompt is several captures, in order, besides the
+            # sampled position's one row (issue #37: such sequences had failed here)
+            for last in reversed(last_cands):
+                chunks = [c for c in captures if c is not last]
+                if chunks and sum(int(c.shape[0]) for c in chunks) == n_tokens - 1:
+                    joined = torch.cat([c.to(last.dtype) for c in chunks], dim=0)
+                    if prompt_logprobs is None or _matches_prompt_entries(joined, prompt_logprobs, atol, prompt_values):
+                        found = torch.cat([joined, last], dim=0)
+                        break
     if found is None:
         raise VllmEngineError(
             f"could not find the logits of a {n_tokens}-token sequence among the compute_logits calls "
@@ -243,11 +261,14 @@ def assemble_logits(
     return found
 
 
-def _matches_logprobs(rows: torch.Tensor, prompt_logprobs: Sequence[Any], atol: float) -> bool:
-    """``log_softmax(rows[i])[t] ~ prompt_logprobs[i + 1][t]`` for every returned entry."""
+def _matches_prompt_entries(rows: torch.Tensor, prompt_logprobs: Sequence[Any], atol: float,
+                            prompt_values: str = "raw_logits") -> bool:
+    """``rows[i][t] ~ prompt_logprobs[i + 1][t]`` for every returned entry, ``rows`` taken as they are
+    for raw or processed logits, through ``log_softmax`` for log-probabilities."""
     import torch
 
-    lsm = torch.log_softmax(rows.float(), dim=-1).cpu()
+    logits = prompt_values in ("raw_logits", "processed_logits")
+    lsm = (rows.float() if logits else torch.log_softmax(rows.float(), dim=-1)).cpu()
     for i in range(int(rows.shape[0])):
         entry = prompt_logprobs[i + 1] if i + 1 < len(prompt_logprobs) else None
         if entry is None:
