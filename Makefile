@@ -9,6 +9,9 @@ STAMP  := $(VENV)/.swapcheck-installed
 RESULTS ?= results
 LOCK   := requirements/cpu.lock
 GPU_LOCK := requirements/gpu.lock
+# The Docker image's lock: the vLLM release image runs CPython 3.12 (vLLM 0.32 needs setuptools < 81
+# there), so its dependencies are resolved for that Python (infra/docker/Dockerfile checks it).
+DOCKER_LOCK := requirements/docker.lock
 # Where the CPU build of torch 2.13.0 comes from: this machine keeps its wheel in /opt/wheels; elsewhere
 # PyTorch's CPU index serves the same file (the lock checks its hash either way).
 TORCH_CPU_WHEELS ?= /opt/wheels
@@ -108,6 +111,8 @@ lock: $(STAMP)
 	    --find-links $(TORCH_CPU_WHEELS) $(LOCK_FLAGS) $(UPGRADE) -o $(LOCK)
 	$(UV) pip compile pyproject.toml --extra vllm --extra dev -c requirements/gpu-constraints.txt \
 	    $(LOCK_FLAGS) $(UPGRADE) -o $(GPU_LOCK)
+	$(UV) pip compile pyproject.toml --extra vllm -c requirements/gpu-constraints.txt \
+	    $(subst 3.11,3.12,$(LOCK_FLAGS)) $(UPGRADE) -o $(DOCKER_LOCK)
 	@{ echo '# Every exact pin of requirements/cpu.lock, without hashes, written by `make lock` (never by hand):'; \
 	   echo '# `pip install -c constraints.txt ...` puts swapcheck'"'"'s tested versions into an environment of your own.'; \
 	   sed -n 's/^\([A-Za-z0-9_.+-]*==[^ ]*\).*/\1/p' $(LOCK); } > constraints.txt

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 import train_answer_model as tam  # noqa: E402
 
-MANIFEST = json.loads((ROOT / "models" / "answer-qwen3" / "MANIFEST.json").read_text())
+MANIFEST = json.loads((ROOT / "tasks" / "models" / "shipped" / "answer-qwen3" / "MANIFEST.json").read_text())
 
 
 @pytest.mark.slow

@@ -1,6 +1,6 @@
 """Train ``answer-qwen3``: a small Qwen3 that adds two 3-digit numbers, deterministically, on CPU.
 
-    .venv/bin/python tools/train_answer_model.py --out models/answer-qwen3
+    .venv/bin/python tools/train_answer_model.py --out tasks/models/shipped/answer-qwen3
 
 The task (token ids, vocabulary :data:`VOCAB_SIZE` = 16)::
 
@@ -322,7 +322,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    ap.add_argument("--out", default="models/answer-qwen3", help="checkpoint directory to write")
+    ap.add_argument("--out", default="tasks/models/shipped/answer-qwen3", help="checkpoint directory to write")
     ap.add_argument("--name", default="answer-qwen3", help="the model's name in MANIFEST.json (its models/ directory)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--steps", type=int, default=800)

@@ -56,7 +56,9 @@ __all__ = [
 #: Checkpoints shipped in the repository's ``models/`` directory, loaded by name.
 SHIPPED_MODELS = ("answer-qwen3",)
 #: Where they live: ``<repository>/models/<name>``.
-MODELS_DIR = Path(__file__).resolve().parents[2] / "models"
+#: The shipped checkpoints: package data of ``tasks.models`` (issue #37: a ``models/`` directory at the
+#: repository root was missing from every installed wheel, so ``answer-qwen3`` worked from a checkout only).
+MODELS_DIR = Path(__file__).resolve().parent / "shipped"
 
 
 class ManifestError(ValueError):

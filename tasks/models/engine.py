@@ -401,7 +401,7 @@ def build_model(
 
     Args:
         model: ``"tiny-qwen3"`` (seeded weights, :data:`tasks.models.checkpoint.TINY_QWEN3`), a
-            shipped model by name (``"answer-qwen3"``: ``models/answer-qwen3``, its sha256 checked
+            shipped model by name (``"answer-qwen3"``: ``tasks/models/shipped/answer-qwen3``, its sha256 checked
             against its MANIFEST.json; :data:`tasks.models.checkpoint.SHIPPED_MODELS`), or a
             local checkpoint directory (config.json + *.safetensors): a float checkpoint is
             quantized on load, a compressed-tensors W8A8 INT8 checkpoint is loaded as is.
