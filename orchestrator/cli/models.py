@@ -76,3 +76,39 @@ def export(
         rows = [{"file": f, "sha256": h} for f, h in manifest["files"].items()]
         emit_rows(rows, fmt, title=f"{out_dir}: {manifest['name']} from {name} "
                                    f"(sha256 {manifest['source']['model_safetensors_sha256'][:16]}...)")
+
+
+@app.command("quantize")
+def quantize(
+    src: Path = typer.Option(..., "--from", help="A local float Hugging Face checkpoint directory (Qwen3 or Llama)."),
+    out_dir: Path = typer.Option(..., "--out", help="Directory to write; must not exist or be empty."),
+    fmt: FormatOpt = TableFormat.table,
+) -> None:
+    """Turn a local float checkpoint into the compressed-tensors W8A8 INT8 checkpoint vLLM 0.32 loads.
+
+    Weights: int8, symmetric, one scale per output channel (fl(absmax / 127)); activations: dynamic
+    per token -- what the CPU engine computes from the same float weights on load, so the written
+    checkpoint's logits on the CPU engine equal those of the float checkpoint quantized in memory,
+    bit for bit. config.json names the causal-LM class (vLLM picks the model from it) and carries the
+    quantization_config; MANIFEST.json records the sha256 of every source and written file. No hub:
+    the source is a directory on disk (a real checkpoint on the cluster's storage).
+
+    Example: swapcheck model quantize --from /ckpt/Qwen3-1.7B --out /ckpt/Qwen3-1.7B-w8a8
+    """
+    with user_errors():
+        from tasks.models.export import quantize_checkpoint
+
+        if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+            raise UsageError(f"--out {out_dir}: exists and is not an empty directory; give a new directory")
+        try:
+            manifest = quantize_checkpoint(src, out_dir)
+        except ValueError as exc:
+            raise UsageError(f"--from {src}: {exc}") from None
+        if fmt is TableFormat.json:
+            import json
+            import sys
+
+            sys.stdout.write(json.dumps({"out": str(out_dir), **manifest}, indent=1) + "\n")
+            return
+        rows = [{"file": f, "sha256": h} for f, h in manifest["files"].items()]
+        emit_rows(rows, fmt, title=f"{out_dir}: {manifest['name']} (compressed-tensors W8A8) from {src}")

@@ -37,6 +37,21 @@ def export_compressed(name: str, out: str | Path) -> dict[str, Any]:
     sha256 (checked first), and the sha256 of each written file; ``model_safetensors_sha256`` makes
     :func:`read_checkpoint` check the written weights on every load.  Written into a sibling
     temporary directory and renamed into place, so ``out`` is complete or absent.  Returns the manifest."""
+    from .engine import build_model
+
+    src = shipped_model_dir(name)
+    source = check_manifest(src)
+    if source is None:
+        raise ManifestError(f"{src}: the shipped model {name!r} has no MANIFEST.json")
+    return _write_export(build_model(name), out, name=f"{name}-w8a8",
+                         source={"model": name, "model_safetensors_sha256": source["model_safetensors_sha256"],
+                                 "manifest_sha256": _sha256(src / "MANIFEST.json")},
+                         written_by="swapcheck model export (tasks.models.export.export_compressed)")
+
+
+def _write_export(model: Any, out: str | Path, *, name: str, source: dict[str, Any], written_by: str) -> dict[str, Any]:
+    """``model`` as a compressed-tensors directory ``out`` (new or empty) with its MANIFEST.json, written
+    into a sibling temporary directory and renamed into place, so ``out`` is complete or absent."""
     import os
     import shutil
     import tempfile
@@ -44,28 +59,20 @@ def export_compressed(name: str, out: str | Path) -> dict[str, Any]:
     import torch
     import transformers
 
-    from .engine import build_model
-
-    src = shipped_model_dir(name)
-    source = check_manifest(src)
-    if source is None:
-        raise ManifestError(f"{src}: the shipped model {name!r} has no MANIFEST.json")
     root = Path(out)
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
         raise ValueError(f"{root}: exists and is not an empty directory; give a new directory")
     root.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=root.parent))
     try:
-        save_compressed(build_model(name), tmp)
+        save_compressed(model, tmp)
         files = {f.name: _sha256(f) for f in sorted(tmp.iterdir())}
         manifest = {
-            "format": EXPORT_FORMAT, "version": 1, "name": f"{name}-w8a8",
-            "source": {"model": name, "model_safetensors_sha256": source["model_safetensors_sha256"],
-                       "manifest_sha256": _sha256(src / "MANIFEST.json")},
+            "format": EXPORT_FORMAT, "version": 1, "name": name, "source": source,
             "model_safetensors_sha256": files["model.safetensors"], "files": files,
             "quantization": "compressed-tensors W8A8 INT8: weights int8 per output channel, symmetric, "
                             "scale fl(absmax / 127) (the CPU engine's real scales); activations dynamic per token",
-            "written_by": "swapcheck model export (tasks.models.export.export_compressed)",
+            "written_by": written_by,
             "torch": torch.__version__, "transformers": transformers.__version__,
         }
         (tmp / "MANIFEST.json").write_text(json.dumps(manifest, indent=2) + "\n")
@@ -76,6 +83,42 @@ def export_compressed(name: str, out: str | Path) -> dict[str, Any]:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return manifest
+
+
+#: The families ``swapcheck model quantize`` takes: decoder layers with ``self_attn.{q,k,v,o}_proj`` and
+#: ``mlp.{gate,up,down}_proj``, which vLLM 0.32 serves as W8A8 compressed-tensors checkpoints (tested here
+#: on tiny checkpoints of each that transformers saved).
+QUANTIZE_FAMILIES = ("qwen3", "llama")
+
+
+def quantize_checkpoint(src: str | Path, out: str | Path) -> dict[str, Any]:
+    """Turn a local float Hugging Face checkpoint ``src`` (``config.json`` + ``*.safetensors``, a model
+    type of :data:`QUANTIZE_FAMILIES`) into the compressed-tensors W8A8 INT8 checkpoint vLLM 0.32 loads,
+    in the directory ``out`` (new, or empty): symmetric per-output-channel int8 weights with scale
+    ``fl(absmax / 127)`` and dynamic per-token int8 activations -- the quantization the CPU engine makes
+    of the same weights on load, so ``build_model(out)`` computes bit for bit what ``build_model(src)``
+    computes. Written as :func:`export_compressed` writes (a sibling temporary directory renamed into
+    place), with a ``MANIFEST.json`` holding the sha256 of every source file and of every written one.
+    No hub: the checkpoint must be on disk. Raises ``ValueError`` naming what is wrong with ``src``."""
+    from .checkpoint import read_checkpoint
+    from .engine import build_model
+
+    root_src = Path(src)
+    cfg_path = root_src / "config.json"
+    if not root_src.is_dir() or not cfg_path.is_file() or not list(root_src.glob("*.safetensors")):
+        raise ValueError(f"{root_src}: not a local checkpoint directory (config.json and *.safetensors)")
+    cfg = json.loads(cfg_path.read_text())
+    if cfg.get("quantization_config") is not None:
+        raise ValueError(f"{cfg_path}: already quantized ({cfg['quantization_config'].get('quant_method')}); "
+                         "give the float checkpoint")
+    if cfg.get("model_type") not in QUANTIZE_FAMILIES:
+        raise ValueError(f"{cfg_path}: model_type {cfg.get('model_type')!r}; quantize takes "
+                         f"{', '.join(QUANTIZE_FAMILIES)}")
+    read_checkpoint(root_src)  # its own checks (a tensor in two files, a manifest that does not match)
+    files = {f.name: _sha256(f) for f in sorted(root_src.iterdir()) if f.suffix in (".json", ".safetensors")}
+    source = {"path": str(root_src.resolve()), "model_type": cfg["model_type"], "files": files}
+    return _write_export(build_model(str(root_src)), out, name=f"{root_src.name}-w8a8", source=source,
+                         written_by="swapcheck model quantize (tasks.models.export.quantize_checkpoint)")
 
 
 def check_export(root: Path, name: str | None = None) -> dict[str, Any]:
