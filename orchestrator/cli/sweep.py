@@ -69,6 +69,11 @@ def plan(
             for u in p.units
         ]
         emit_rows(rows, fmt, title=f"sweep {p.sweep}: {plural(len(rows), 'unit')}")
+        if fmt is TableFormat.table:
+            from orchestrator.gpu_time import estimate
+
+            for line in estimate(p).lines():  # the GPU units' expected time on one H200, with its assumptions
+                err.print(line, highlight=False, markup=False)
 
 
 @app.command("launch")
