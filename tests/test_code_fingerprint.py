@@ -240,3 +240,53 @@ def test_an_edited_kernel_reruns_its_units_and_the_report_changes(tmp_path: Path
     quiet = swapcheck("sweep", "launch", str(spec), "--results", str(results), "--no-progress")
     assert quiet.returncode == 0 and "code changed" not in quiet.stderr + quiet.stdout
     assert "6 already done, 0 to run" in " ".join((quiet.stdout + quiet.stderr).split())
+
+
+QUANT_AND_ATTENTION = '''
+import torch
+from tasks.quantizers.per_token import Int8PerToken
+from {pkg}.helpers import FACTOR
+
+
+class MyQuant(Int8PerToken):
+    """vllm-int8 (FACTOR unused by the numerics here: an edit of the package is what matters)."""
+
+
+def my_attention(q, k, v, attn_mask=None, scale=None, causal=False):
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal)
+    return out * FACTOR, None
+'''
+
+
+def test_a_users_quantizer_and_attention_kernel_put_their_code_into_the_unit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue #36: quantizers and attention kernels of a user's package are fingerprinted like kernels
+    (an edit reruns their units); the built-ins keep their pinned payloads."""
+    from tasks.attention import registry as areg
+    from tasks.attention.fields import attention_payload
+    from tasks.attention.registry import AttentionKernel
+    from tasks.kinds.fields import QuantizerRef, quantizer_payload
+    from tasks.quantizers import registry as qreg
+
+    d = _package(tmp_path, "fp_pkg_q")
+    (d / "extras.py").write_text(textwrap.dedent(QUANT_AND_ATTENTION.format(pkg="fp_pkg_q")))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    qreg.register_quantizer("fp-user-quant", "fp_pkg_q.extras:MyQuant")
+    import fp_pkg_q.extras as extras
+
+    areg.register_attention(AttentionKernel(name="fp-user-attn", device="cpu", compute=extras.my_attention,
+                                            description="user", logsumexp="none"))
+    try:
+        q1 = quantizer_payload(QuantizerRef(quantizer="fp-user-quant"))
+        a1 = attention_payload("fp-user-attn")
+        assert q1["code"] and q1["kernel"] == "fp-user-quant" and a1["code"] and a1["kernel"] == "fp-user-attn"
+        (d / "helpers.py").write_text("FACTOR = 1.01\n")  # an edit of the package
+        q2 = quantizer_payload(QuantizerRef(quantizer="fp-user-quant"))
+        a2 = attention_payload("fp-user-attn")
+        assert q2["code"] != q1["code"] and a2["code"] != a1["code"]
+        # built-ins: no code, the payload as pinned
+        assert "code" not in quantizer_payload(QuantizerRef(quantizer="vllm-int8"))
+        assert "code" not in attention_payload("sdpa-math")
+    finally:
+        qreg._unregister("fp-user-quant")
+        areg._unregister("fp-user-attn")

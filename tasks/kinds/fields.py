@@ -406,6 +406,12 @@ def quantizer_payload(ref: QuantizerRef) -> dict[str, Any]:
     """A quantizer as unit parameters: its version is part of the unit id."""
     from tasks.quantizers import get_quantizer
 
+    from tasks.kernels.fingerprint import code_fingerprint
+
     q = get_quantizer(ref.quantizer, **ref.params)
-    return {"name": ref.name, "quantizer": ref.quantizer, "params": dict(sorted(ref.params.items())),
-            "version": q.version}
+    payload = {"name": ref.name, "quantizer": ref.quantizer, "params": dict(sorted(ref.params.items())),
+               "version": q.version}
+    code = code_fingerprint(q, ref.quantizer.partition(":")[0] if ":" in ref.quantizer else None)
+    if code is not None:  # a user's quantizer: its code enters the unit id (issue #36); built-ins: pinned
+        payload.update(kernel=ref.quantizer, code=code)
+    return payload
