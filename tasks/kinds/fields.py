@@ -404,9 +404,8 @@ def quantizer_problem(where: str, ref: QuantizerRef) -> str | None:
 
 def quantizer_payload(ref: QuantizerRef) -> dict[str, Any]:
     """A quantizer as unit parameters: its version is part of the unit id."""
-    from tasks.quantizers import get_quantizer
-
     from tasks.kernels.fingerprint import code_fingerprint
+    from tasks.quantizers import get_quantizer
 
     q = get_quantizer(ref.quantizer, **ref.params)
     payload = {"name": ref.name, "quantizer": ref.quantizer, "params": dict(sorted(ref.params.items())),
