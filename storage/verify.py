@@ -513,7 +513,7 @@ def _verify_sweep(store: ResultStore, sweep: str, tables: list[str]) -> list[Pro
             problems += orphans  # not the complete files of a committed unit: strays
             continue
         problems.append(Problem(sweep, unit, "units", _rel("units", sweep, unit), "missing",
-                                "no ledger file, but the unit's result files are complete and carry its ledger row",
+                                "no ledger file, but the unit's result files are complete",
                                 RECOMPUTE))
     problems += _launcher_records(store, sweep)
     return _remedies(store, sweep, tables, problems)
