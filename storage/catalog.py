@@ -398,7 +398,7 @@ class VerifiedFiles:
 
     KEY = "_state/verified-files.key"
 
-    VERSION = 2
+    VERSION = 3  # 3: entries signed (mac); a v2 cache of an older swapcheck is not read (no false alarm)
     #: Entries older than this many seconds (since their file was last really read) are not trusted:
     #: the file is hashed and checked again, so bit rot under an unchanged identity is found within a
     #: day by reads too (``sweep verify`` finds it at once). 0: every file is hashed at every open.
