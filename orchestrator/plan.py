@@ -70,8 +70,30 @@ class CodeChange:
     units: int  # planned units that equal a recorded one but for this kernel's code
 
     def line(self) -> str:
-        return (f"the code of kernel {self.kernel} changed since this sweep ran it (fingerprint "
+        what = self.kernel if self.kernel.startswith("kind ") else f"kernel {self.kernel}"
+        return (f"the code of {what} changed since this sweep ran it (fingerprint "
                 f"{', '.join(self.before)} -> {', '.join(self.now)}): {self.units} unit(s) are new work")
+
+
+def kind_code_changes(planned: list[Unit], recorded: Mapping[str, Mapping[str, Any]]) -> list[CodeChange]:
+    """When every planned unit equals a recorded one in kind and parameters (its id changed all the
+    same) and each such kind is a user's or a plugin's (``tasks.kinds.kind_code``): the kinds whose
+    code changed, one :class:`CodeChange` each (the earlier fingerprint is not recorded: "earlier").
+    Else []."""
+    from tasks.kinds import kind_code
+
+    before = set()
+    for row in recorded.values():
+        try:
+            before.add(_code_free_key(row.get("kind"), json.loads(row.get("params_json") or "{}")))
+        except ValueError:
+            continue
+    counts: dict[str, int] = {}
+    for u in planned:
+        if _code_free_key(u.kind, u.params) not in before or kind_code(u.kind) is None:
+            return []
+        counts[u.kind] = counts.get(u.kind, 0) + 1
+    return [CodeChange(f"kind {k}", ("earlier",), (str(kind_code(k)),), n) for k, n in sorted(counts.items())]
 
 
 def _code_free_key(kind: str | None, params: Any) -> str:

@@ -43,7 +43,7 @@ from orchestrator.errors import (
     Terminated,
     UsageError,
 )
-from orchestrator.plan import CodeChange, Plan, Unit, code_changes, make_plan
+from orchestrator.plan import CodeChange, Plan, Unit, code_changes, kind_code_changes, make_plan
 from orchestrator.spec import LoadedSpec
 from storage.errors import StorageError
 from storage.store import ResultStore, open_store, utcnow
@@ -339,8 +339,9 @@ def check_sweep_identity(store: ResultStore, plan: Plan, repair: bool = False) -
     old = set(record["unit_ids"] or [])
     if old != new:
         ledger = store.read_ledger(plan.sweep)
-        changes = code_changes([u for u in plan.units if u.id in new - old],
-                               {u: r for u, r in ledger.rows.items() if u in old - new}, only=True)
+        planned = [u for u in plan.units if u.id in new - old]
+        recorded = {u: r for u, r in ledger.rows.items() if u in old - new}
+        changes = code_changes(planned, recorded, only=True) or kind_code_changes(planned, recorded)
         if changes:
             return CodeRerun(changes, sorted(old - new))
         raise UsageError(

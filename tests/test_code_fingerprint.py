@@ -289,3 +289,58 @@ def test_a_users_quantizer_and_attention_kernel_put_their_code_into_the_unit(
     finally:
         qreg._unregister("fp-user-quant")
         areg._unregister("fp-user-attn")
+
+
+USER_KIND = '''
+from typing import Any, Literal
+
+from tasks.kinds import Kind
+from tasks.kinds.fields import Strict
+from {pkg}.helpers import FACTOR
+
+
+class Exp(Strict):
+    kind: Literal["{name}"]
+    xs: list[int]
+
+
+def _run(params: dict[str, Any], ctx: Any = None) -> dict[str, list[dict[str, Any]]]:
+    return {{}}
+
+
+def _expand(experiment: str, exp: Exp) -> list[Any]:
+    return [KIND.unit(experiment, {{"x": x}}) for x in exp.xs]
+
+
+KIND = Kind(name="{name}", version="1", spec=Exp, tables=(), describe=lambda p: "x", run=_run, expand=_expand)
+'''
+
+
+def test_a_users_kind_puts_its_code_into_the_unit_id_and_an_edit_is_a_rerun(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue #36: a kind from a user's package (or a plugin) is fingerprinted too: an edit of its package
+    changes its units' ids, and the planner names it as a code change (rerun in place), not another spec."""
+    from orchestrator.plan import kind_code_changes
+    from tasks import kinds
+
+    d = _package(tmp_path, "fp_pkg_k")
+    (d / "kind.py").write_text(textwrap.dedent(USER_KIND.format(pkg="fp_pkg_k", name="fpkind")))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    kinds.register_kind("fp_pkg_k.kind:KIND", name="fpkind")
+    try:
+        first = kinds.kind_code("fpkind")
+        assert first is not None and kinds.kind_version("fpkind") == f"1+code.{first}"
+        assert kinds.kind_code("kdepth") is None and kinds.kind_version("kdepth") == kinds.get_kind("kdepth").version
+        old = kinds.unit_id("fpkind", {"x": 1})
+        recorded = {old: {"kind": "fpkind", "params_json": canonical_json({"x": 1})}}
+        (d / "helpers.py").write_text("FACTOR = 1.01\n")  # an edit of the package
+        kinds._KIND_CODES.clear()  # a new process
+        second = kinds.kind_code("fpkind")
+        new = kinds.unit_id("fpkind", {"x": 1})
+        assert second not in (None, first) and new != old
+        (change,) = kind_code_changes([Unit(new, "fpkind", "e", {"x": 1}, Resources())], recorded)
+        assert change.line().startswith(f"the code of kind fpkind changed since this sweep ran it (fingerprint earlier -> {second})")
+        assert kind_code_changes([Unit(new, "fpkind", "e", {"x": 2}, Resources())], recorded) == []  # new work
+    finally:
+        kinds.unregister_kind("fpkind")
+        kinds._KIND_CODES.clear()
