@@ -39,7 +39,7 @@ def make_plan(spec: LoadedSpec) -> Plan:
 
 
 def _without_code(value: Any) -> Any:
-    """``value`` with every ``code`` fingerprint (a user's kernel's, tasks/kernels/fingerprint.py) left out."""
+    """``value`` with every ``code`` fingerprint (a user's kernel's, tasks/fingerprint.py) left out."""
     if isinstance(value, dict):
         return {k: _without_code(v) for k, v in value.items() if k != "code"}
     if isinstance(value, list):

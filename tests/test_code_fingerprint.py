@@ -322,6 +322,7 @@ def test_a_users_kind_puts_its_code_into_the_unit_id_and_an_edit_is_a_rerun(
     changes its units' ids, and the planner names it as a code change (rerun in place), not another spec."""
     from orchestrator.plan import kind_code_changes
     from tasks import kinds
+    from tasks.kinds import base
 
     d = _package(tmp_path, "fp_pkg_k")
     (d / "kind.py").write_text(textwrap.dedent(USER_KIND.format(pkg="fp_pkg_k", name="fpkind")))
@@ -332,9 +333,10 @@ def test_a_users_kind_puts_its_code_into_the_unit_id_and_an_edit_is_a_rerun(
         assert first is not None and kinds.kind_version("fpkind") == f"1+code.{first}"
         assert kinds.kind_code("kdepth") is None and kinds.kind_version("kdepth") == kinds.get_kind("kdepth").version
         old = kinds.unit_id("fpkind", {"x": 1})
+        assert kinds.get_kind("fpkind").unit("e", {"x": 1}).id == old  # what a spec plans
         recorded = {old: {"kind": "fpkind", "params_json": canonical_json({"x": 1})}}
         (d / "helpers.py").write_text("FACTOR = 1.01\n")  # an edit of the package
-        kinds._KIND_CODES.clear()  # a new process
+        base._KIND_CODES.clear()  # a new process
         second = kinds.kind_code("fpkind")
         new = kinds.unit_id("fpkind", {"x": 1})
         assert second not in (None, first) and new != old
@@ -343,4 +345,4 @@ def test_a_users_kind_puts_its_code_into_the_unit_id_and_an_edit_is_a_rerun(
         assert kind_code_changes([Unit(new, "fpkind", "e", {"x": 2}, Resources())], recorded) == []  # new work
     finally:
         kinds.unregister_kind("fpkind")
-        kinds._KIND_CODES.clear()
+        base._KIND_CODES.clear()

@@ -832,7 +832,7 @@ def kernel_code(name: str) -> str | None:
     """The code fingerprint of a user's kernel (``package.module:attr``, an entry point, a lazily
     registered target: :mod:`.fingerprint`), None for a built-in one (its ``version`` covers it).
     Enters the ids of the units that run the kernel, so an edit of its code reruns them."""
-    from .fingerprint import code_fingerprint
+    from tasks.fingerprint import code_fingerprint
 
     if ":" in name:
         module_name = name.partition(":")[0]

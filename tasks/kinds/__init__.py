@@ -107,25 +107,12 @@ def unit_id(kind: str, params: dict[str, Any]) -> str:
     return content_id(kind, kind_version(kind), params)
 
 
-def kind_code(name: str) -> str | None:
-    """The code fingerprint of a user's or a plugin's kind (``tasks.kernels.fingerprint``: its defining
-    package's source, or its distribution's version); None for swapcheck's own kinds, whose ids are
-    pinned. Computed once per process and kind (issue #36: an edited kind reruns its units)."""
-    k = get_kind(name)
-    key = (name, id(k))
-    if key not in _KIND_CODES:
-        from tasks.kernels.fingerprint import code_fingerprint
-
-        _KIND_CODES[key] = code_fingerprint(k.run)
-    return _KIND_CODES[key]
-
-
 def kind_version(name: str) -> str:
-    """What enters a unit id as the kind's version: its ``version``, plus ``+code.<fingerprint>`` for a
-    user's or a plugin's kind (:func:`kind_code`)."""
-    code = kind_code(name)
-    version = get_kind(name).version
-    return version if code is None else f"{version}+code.{code}"
+    """What enters a unit id as kind ``name``'s version (:meth:`Kind.id_version`)."""
+    return get_kind(name).id_version()
 
 
-_KIND_CODES: dict[tuple[str, int], str | None] = {}
+def kind_code(name: str) -> str | None:
+    """The code fingerprint of a user's or a plugin's kind; None for swapcheck's own (issue #36)."""
+    version, k = kind_version(name), get_kind(name)
+    return version.split("+code.", 1)[1] if version != k.version else None

@@ -132,6 +132,23 @@ class Kind:
 
     def unit(self, experiment: str, params: dict[str, Any], resources: Resources | None = None,
              **options: Any) -> Unit:
-        """A unit of this kind with its content-addressed id."""
-        return Unit(content_id(self.name, self.version, params), self.name, experiment, params,
+        """A unit of this kind with its content-addressed id (:meth:`id_version`: the version, and for a
+        user's or a plugin's kind the fingerprint of its code)."""
+        return Unit(content_id(self.name, self.id_version(), params), self.name, experiment, params,
                     resources or Resources(), description=self.describe(params), **options)
+
+    def id_version(self) -> str:
+        """``version``, plus ``+code.<fingerprint>`` when the kind's ``run`` comes from a user's package
+        or a plugin (``tasks.fingerprint``; swapcheck's own kinds have none, their ids pinned):
+        an edit of such a kind's code makes its units new work (issue #36). Computed once per process."""
+        key = (self.name, id(self))
+        if key not in _KIND_CODES:
+            from tasks.fingerprint import code_fingerprint
+
+            _KIND_CODES[key] = code_fingerprint(self.run)
+        code = _KIND_CODES[key]
+        return self.version if code is None else f"{self.version}+code.{code}"
+
+
+#: (kind name, id of the Kind) -> its code fingerprint (None for swapcheck's own kinds).
+_KIND_CODES: dict[tuple[str, int], str | None] = {}

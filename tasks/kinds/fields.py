@@ -264,7 +264,7 @@ def memory_problem(field: str, what: str, estimate: int, resources: Resources) -
 
 def impl_payload(impl: Implementation) -> dict[str, Any]:
     """An implementation as unit parameters: its kernel's version is part of the unit id, and for a
-    user's kernel the fingerprint of its code (``code``, tasks/kernels/fingerprint.py: an edit reruns
+    user's kernel the fingerprint of its code (``code``, tasks/fingerprint.py: an edit reruns
     its units; built-ins have none, so their ids are unchanged)."""
     from tasks.kernels import get_kernel
     from tasks.kernels.registry import kernel_code
@@ -409,7 +409,7 @@ def attention_unit_payload(name: str) -> dict[str, Any]:
     pinned ids."""
     from tasks.attention import get_attention
     from tasks.attention.fields import attention_payload
-    from tasks.kernels.fingerprint import code_fingerprint
+    from tasks.fingerprint import code_fingerprint
 
     payload = attention_payload(name)
     kernel = get_attention(name)
@@ -421,7 +421,7 @@ def attention_unit_payload(name: str) -> dict[str, Any]:
 
 def quantizer_payload(ref: QuantizerRef) -> dict[str, Any]:
     """A quantizer as unit parameters: its version is part of the unit id."""
-    from tasks.kernels.fingerprint import code_fingerprint
+    from tasks.fingerprint import code_fingerprint
     from tasks.quantizers import get_quantizer
 
     q = get_quantizer(ref.quantizer, **ref.params)

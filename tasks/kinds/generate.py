@@ -188,7 +188,7 @@ def arm_payload(name: str, arm: Arm) -> dict[str, Any]:
         from tasks.kernels.registry import kernel_code
 
         version = get_kernel(arm.kernel, **arm.params).version
-        code = kernel_code(arm.kernel)  # a user's kernel: its code's fingerprint (tasks/kernels/fingerprint.py)
+        code = kernel_code(arm.kernel)  # a user's kernel: its code's fingerprint (tasks/fingerprint.py)
     payload = {"name": name, "kernel": arm.kernel, "params": dict(sorted(arm.params.items())), "version": version,
                "scales": arm.scales, "engine": arm.engine, "env": dict(sorted(arm.env.items()))}
     if code is not None:  # only for a user's kernel: built-in arms keep their unit ids
