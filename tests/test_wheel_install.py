@@ -26,14 +26,24 @@ pytestmark = pytest.mark.slow
 
 
 def test_the_wheel_carries_the_shipped_model_and_runs_the_answer_demo_outside_the_checkout(tmp_path: Path) -> None:
+    # Built from a copy of the tree's files (tracked, and new ones not ignored): a checkout's own build/
+    # may hold files the tree no longer has, which setuptools would pack.
+    src = tmp_path / "src"
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                           capture_output=True, check=True).stdout.decode().split("\0")
+    for rel in filter(None, files):
+        if (REPO / rel).is_file():
+            (src / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / rel, src / rel)
     dist = tmp_path / "dist"
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                            "-w", str(dist), str(REPO)], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+                            "-w", str(dist), str(src)], capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert built.returncode == 0, built.stderr[-3000:]
     (wheel,) = dist.glob("swapcheck-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for f in ("config.json", "model.safetensors", "MANIFEST.json"):
         assert f"tasks/models/shipped/answer-qwen3/{f}" in names
+    assert "tasks/fingerprint.py" in names and "tasks/kernels/fingerprint.py" not in names
     assert any(n.startswith("storage/queries/") for n in names) and any(n.startswith("reports/templates/") for n in names)
 
     venv = tmp_path / "venv"
