@@ -128,7 +128,7 @@ def estimate(plan: Plan) -> Estimate:
             est.unknown.append(u.kind)
             continue
         seconds, terms = model(u.params)
-        if not u.fresh_process and u.experiment not in contexts:  # one CUDA context per worker process
+        if not u.fresh_process and u.experiment not in contexts:  # one CUDA context per experiment (its units share workers)
             contexts.add(u.experiment)
             seconds += _v("cuda_context_s")
             terms = [*terms, "cuda_context_s"]

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import (
     InfrastructureError,
@@ -48,6 +48,9 @@ from orchestrator.spec import LoadedSpec
 from storage.errors import StorageError
 from storage.store import ResultStore, open_store, utcnow
 from tasks.kinds import kind_ref
+
+if TYPE_CHECKING:
+    from storage.verify import Repaired
 
 log = logging.getLogger("swapcheck.runner")
 
@@ -610,7 +613,7 @@ def _launch(spec: LoadedSpec, results: str | Path, address: str | None, num_cpus
     return summary
 
 
-def _compare_recomputed(store: ResultStore, sweep: str, fixed: Any, emit: Callable[[str, dict[str, Any]], None]) -> None:
+def _compare_recomputed(store: ResultStore, sweep: str, fixed: Repaired, emit: Callable[[str, dict[str, Any]], None]) -> None:
     """After ``--repair`` recomputed units whose result files had lost their ledger entry: whether those
     files held what the units compute (storage.verify.compare_with_aside), one line each way."""
     from storage import verify

@@ -416,7 +416,7 @@ class VerifiedFiles:
         # home directory do not discard each other's entries at every open.
         name = f"{key}.v{self.VERSION}-{_SCHEMAS_KEY[:8]}.json"
         self.path = folder / "verified" / name if folder is not None else None
-        self._key = self._secret() if self.path is not None else None
+        self._key = self.secret(store) if self.path is not None else None
         if self._key is None:
             self.path = None  # no secret: nothing could be trusted, so nothing is kept
         self.forged = 0  # entries whose signature did not verify (counted as they are met)
@@ -455,11 +455,8 @@ class VerifiedFiles:
             return {}
         return files
 
-    def _secret(self) -> bytes | None:
-        return self._secret_of(self.store)
-
     @classmethod
-    def _secret_of(cls, store: ResultStore) -> bytes | None:
+    def secret(cls, store: ResultStore) -> bytes | None:
         """The results tree's signing secret (:func:`ensure_cache_key` writes it), or None."""
         try:
             text = store.read_bytes(cls.KEY).decode("ascii").strip()
@@ -573,7 +570,7 @@ def ensure_cache_key(store: ResultStore) -> None:
     import os
     import secrets
 
-    if VerifiedFiles._secret_of(store) is not None:
+    if VerifiedFiles.secret(store) is not None:
         return
     store.put_bytes(VerifiedFiles.KEY, (secrets.token_hex(32) + "\n").encode())
     if store.local:  # base: the local path, also of a file:// results URI

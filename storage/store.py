@@ -12,6 +12,8 @@ object store URI such as ``s3://bucket/prefix``)::
                                                     hold *.json markers, read the same)
     _state/code-changed/sweep=<sweep>.json          the journal of an edited kernel's units being set
                                                     aside (orchestrator.runner.retire_changed_code)
+    _state/verified-files.key                       the secret that signs readers' verified-files caches
+                                                    (storage.catalog.ensure_cache_key)
 
 Local and object stores are the same code: every access goes through a ``pyarrow.fs.FileSystem``
 (``LocalFileSystem`` for a path; for a URI :func:`storage.filesystems.filesystem_from_uri`: pyarrow's

@@ -621,8 +621,8 @@ def compare_with_aside(store: ResultStore, sweep: str, unit: str, aside: str) ->
             diffs.append(f"table {table}: {len(a)} rows set aside, {len(b)} recomputed")
             continue
         differ = [i for i in range(len(a)) if a[i] != b[i]]
-        keep = [c for c in new.column_names if c not in RUN_VARYING]
-        cols = [c for c in keep if old.column(c).to_pylist() != new.column(c).to_pylist()]
+        cols = [c for c in new.column_names if c not in RUN_VARYING  # compared as the rows were (NaN, -0.0)
+                and _canonical_rows(old.select([c])) != _canonical_rows(new.select([c]))]
         diffs.append(f"table {table}: {len(differ)} of {len(a)} rows differ (columns {', '.join(cols)})")
     return "; ".join(diffs) or None
 

@@ -263,8 +263,9 @@ def test_a_users_quantizer_and_attention_kernel_put_their_code_into_the_unit(
     """Issue #36: quantizers and attention kernels of a user's package are fingerprinted like kernels
     (an edit reruns their units); the built-ins keep their pinned payloads."""
     from tasks.attention import registry as areg
+    from tasks.attention.fields import attention_payload
     from tasks.attention.registry import AttentionKernel
-    from tasks.kinds.fields import QuantizerRef, attention_unit_payload, quantizer_payload
+    from tasks.kinds.fields import QuantizerRef, quantizer_payload
     from tasks.quantizers import registry as qreg
 
     d = _package(tmp_path, "fp_pkg_q")
@@ -277,15 +278,15 @@ def test_a_users_quantizer_and_attention_kernel_put_their_code_into_the_unit(
                                             description="user", logsumexp="none"))
     try:
         q1 = quantizer_payload(QuantizerRef(quantizer="fp-user-quant"))
-        a1 = attention_unit_payload("fp-user-attn")
+        a1 = attention_payload("fp-user-attn")
         assert q1["code"] and q1["kernel"] == "fp-user-quant" and a1["code"] and a1["kernel"] == "fp-user-attn"
         (d / "helpers.py").write_text("FACTOR = 1.01\n")  # an edit of the package
         q2 = quantizer_payload(QuantizerRef(quantizer="fp-user-quant"))
-        a2 = attention_unit_payload("fp-user-attn")
+        a2 = attention_payload("fp-user-attn")
         assert q2["code"] != q1["code"] and a2["code"] != a1["code"]
         # built-ins: no code, the payload as pinned
         assert "code" not in quantizer_payload(QuantizerRef(quantizer="vllm-int8"))
-        assert "code" not in attention_unit_payload("sdpa-math")
+        assert "code" not in attention_payload("sdpa-math")
     finally:
         qreg._unregister("fp-user-quant")
         areg._unregister("fp-user-attn")

@@ -151,3 +151,25 @@ def test_root_constraints_are_the_cpu_locks_pins() -> None:
     pins = re.findall(r"^([A-Za-z0-9_.+-]+==\S+)", lock, re.M)
     lines = [ln for ln in (REPO / "constraints.txt").read_text().splitlines() if not ln.startswith("#")]
     assert lines == pins and len(pins) > 100 and "torch==2.13.0+cpu" in pins
+
+
+def test_releasing_a_lease_whose_deletes_fail_in_any_way_ends_quietly(monkeypatch) -> None:
+    """Issue #36: over a frozen store, the release's deletes ran on when the process exited and pyarrow's
+    S3 was finalized under them: a thread traceback after the launch's one error line. A delete that
+    fails in any way (here a ValueError, as pyarrow's ArrowInvalid is) leaves the lease to expire."""
+    import threading
+
+    import pyarrow as pa
+
+    from storage.lock import LaunchLock
+
+    class Finalized:  # the one call release makes on an object store's file system
+        def delete_file(self, path: str) -> None:
+            raise pa.ArrowInvalid("S3 subsystem is finalized")
+
+    seen: list[BaseException] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: seen.append(args.exc_value))
+    lock = LaunchLock(Finalized(), "bucket/r", "s", local=False, ttl_s=12.0)  # type: ignore[arg-type]
+    lock._claim = "bucket/r/_state/locks/sweep=s/claim.json"
+    lock.release()
+    assert seen == [] and lock._claim is None

@@ -131,13 +131,14 @@ def _defined(rel: str, name: str) -> Callable[[Source], str | None]:
     return check
 
 
-def _fields(rel: str, cls: str, names: list[str]) -> Callable[[Source], str | None]:
+def _fields(rel: str, cls: str, names: list[str], noun: str = "field") -> Callable[[Source], str | None]:
+    """Each of ``names`` is a field, method or (``noun="member"``) enum member of class ``cls``."""
     def check(src: Source) -> str | None:
         have = src.class_fields(rel, cls)
         if not have:
             return f"class {cls} not found in {rel}"
         missing = [n for n in names if n not in have]
-        return f"{cls} has no field {', '.join(missing)}" if missing else None
+        return f"{cls} has no {noun} {', '.join(missing)}" if missing else None
     return check
 
 
@@ -164,16 +165,6 @@ def _env(names: list[str]) -> Callable[[Source], str | None]:
             return "vllm/envs.py not found"
         missing = [n for n in names if f'"{n}"' not in text]
         return f"vLLM reads no {', '.join(missing)}" if missing else None
-    return check
-
-
-def _enum_members(rel: str, cls: str, names: list[str]) -> Callable[[Source], str | None]:
-    def check(src: Source) -> str | None:
-        have = src.class_fields(rel, cls)
-        if not have:
-            return f"class {cls} not found in {rel}"
-        missing = [n for n in names if n not in have]
-        return f"{cls} has no member {', '.join(missing)}" if missing else None
     return check
 
 
@@ -237,13 +228,14 @@ def terms() -> list[Term]:
 
     classes = sorted(set(kernel_classes("0.32.0").values()))
     engine = "tasks/models/vllm_engine.py"
+    kwargs = _engine_kwargs()
     return [
         Term(f"{engine}:configure_vllm_logging", "vLLM's dictConfig runs at import, or in "
              "configure_logging_if_needed(LoggingConfig), which LLM.__init__ calls and swapcheck calls first",
              _logging_configured),
         Term(f"{engine}:VllmEngine.__init__", "vllm.LLM", _defined("vllm/entrypoints/llm.py", "LLM")),
-        Term(f"{engine}:VllmEngine.__init__", f"EngineArgs fields {', '.join(_engine_kwargs())}",
-             _fields("vllm/engine/arg_utils.py", "EngineArgs", _engine_kwargs())),
+        Term(f"{engine}:VllmEngine.__init__", f"EngineArgs fields {', '.join(kwargs)}",
+             _fields("vllm/engine/arg_utils.py", "EngineArgs", kwargs)),
         Term("tasks/models/vllm_rows.py:score_from_prompt_logprobs (prompt_values)",
              "prompt scores follow logprobs_mode (raw logits under raw_logits), V2 runner",
              _text("vllm/v1/worker/gpu/sample/prompt_logprob.py",
@@ -268,7 +260,7 @@ def terms() -> list[Term]:
         Term("tasks/models/vllm_selection.py:parse_selection_log", "log 'Selected %s for %s'",
              _anywhere('"Selected %s for %s')),
         Term("tasks/attention/vllm.py:BACKENDS", f"AttentionBackendEnum members {', '.join(BACKENDS.values())}",
-             _enum_members("vllm/v1/attention/backends/registry.py", "AttentionBackendEnum", list(BACKENDS.values()))),
+             _fields("vllm/v1/attention/backends/registry.py", "AttentionBackendEnum", list(BACKENDS.values()), "member")),
         Term("tasks/models/vllm_selection.py:parse_attention_log",
              "log 'Using %s attention backend out of potential backends' (platforms/cuda.py)",
              _text("vllm/platforms/cuda.py", "Using %s attention backend out of potential backends")),
@@ -302,7 +294,7 @@ def fetch(version: str) -> Path:
                                "-d", str(wheels), f"vllm=={version}"], capture_output=True, text=True)
         if done.returncode != 0:
             raise SystemExit(f"error: cannot fetch the vLLM {version} wheel: {done.stderr.strip().splitlines()[-1:]}")
-    (wheel,) = sorted(wheels.glob("vllm-*.whl"))[-1:]
+    wheel = sorted(wheels.glob("vllm-*.whl"))[-1]
     staging = base / "src.partial"
     shutil.rmtree(staging, ignore_errors=True)
     with zipfile.ZipFile(wheel) as z:

@@ -35,6 +35,14 @@ def attention_problem(field: str, name: str, engine: str = "cpu") -> str | None:
 
 
 def attention_payload(name: str) -> dict[str, Any]:
-    """The attention kernel as unit parameters: its version is part of the unit id. Kinds use
-    :func:`tasks.kinds.fields.attention_unit_payload`, which adds a user's kernel's code fingerprint."""
-    return dict(get_attention(name).identity)
+    """The attention kernel as unit parameters: its version is part of the unit id, and for a user's
+    kernel the fingerprint of its code (``code``, with ``kernel``: the name the code is reported
+    under; issue #36: an edited kernel reruns its units). Built-ins keep their pinned ids."""
+    from tasks.fingerprint import code_fingerprint
+
+    kernel = get_attention(name)
+    payload = dict(kernel.identity)
+    code = code_fingerprint(kernel.compute) if kernel.compute is not None else None
+    if code is not None:
+        payload.update(kernel=name, code=code)
+    return payload

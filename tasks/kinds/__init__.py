@@ -113,6 +113,5 @@ def kind_version(name: str) -> str:
 
 
 def kind_code(name: str) -> str | None:
-    """The code fingerprint of a user's or a plugin's kind; None for swapcheck's own (issue #36)."""
-    version, k = kind_version(name), get_kind(name)
-    return version.split("+code.", 1)[1] if version != k.version else None
+    """The code fingerprint of a user's or a plugin's kind; None for swapcheck's own (:meth:`Kind.code`)."""
+    return get_kind(name).code()

@@ -126,13 +126,13 @@ def problems(base: str, exp: AttentionReplayExperiment) -> list[str]:
 
 
 def expand(experiment: str, exp: AttentionReplayExperiment) -> list[Unit]:
-    from tasks.kinds.fields import attention_unit_payload
+    from tasks.attention.fields import attention_payload
 
     params = {
         "model": exp.model,
         "model_fingerprint": model_fingerprint(exp.model),
         "model_seed": exp.model_seed,
-        "pairs": [[attention_unit_payload(a), attention_unit_payload(b)] for a, b in exp.pairs],
+        "pairs": [[attention_payload(a), attention_payload(b)] for a, b in exp.pairs],
         "dtypes": list(exp.dtypes),
         "algorithms": dict(sorted(exp.algorithms.items())),
         "ulps": dict(sorted(exp.ulps.items())),

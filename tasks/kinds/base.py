@@ -137,16 +137,21 @@ class Kind:
         return Unit(content_id(self.name, self.id_version(), params), self.name, experiment, params,
                     resources or Resources(), description=self.describe(params), **options)
 
-    def id_version(self) -> str:
-        """``version``, plus ``+code.<fingerprint>`` when the kind's ``run`` comes from a user's package
-        or a plugin (``tasks.fingerprint``; swapcheck's own kinds have none, their ids pinned):
-        an edit of such a kind's code makes its units new work (issue #36). Computed once per process."""
+    def code(self) -> str | None:
+        """The fingerprint of the code behind ``run`` when it comes from a user's package or a plugin
+        (``tasks.fingerprint``); None for swapcheck's own kinds. Computed once per process."""
         key = (self.name, id(self))
         if key not in _KIND_CODES:
             from tasks.fingerprint import code_fingerprint
 
             _KIND_CODES[key] = code_fingerprint(self.run)
-        code = _KIND_CODES[key]
+        return _KIND_CODES[key]
+
+    def id_version(self) -> str:
+        """``version``, plus ``+code.<fingerprint>`` for a user's or a plugin's kind (:meth:`code`; the
+        ids of swapcheck's own kinds stay pinned): an edit of such a kind's code makes its units new
+        work (issue #36)."""
+        code = self.code()
         return self.version if code is None else f"{self.version}+code.{code}"
 
 

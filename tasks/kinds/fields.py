@@ -402,23 +402,6 @@ def quantizer_problem(where: str, ref: QuantizerRef) -> str | None:
     return None
 
 
-def attention_unit_payload(name: str) -> dict[str, Any]:
-    """The attention kernel as unit parameters (:func:`tasks.attention.fields.attention_payload`: its
-    version) and, for a user's kernel, the fingerprint of its code (``code``, with ``kernel``: the name
-    the code is reported under; issue #36: an edited kernel reruns its units). Built-ins keep their
-    pinned ids."""
-    from tasks.attention import get_attention
-    from tasks.attention.fields import attention_payload
-    from tasks.fingerprint import code_fingerprint
-
-    payload = attention_payload(name)
-    kernel = get_attention(name)
-    code = code_fingerprint(kernel.compute) if kernel.compute is not None else None
-    if code is not None:
-        payload.update(kernel=name, code=code)
-    return payload
-
-
 def quantizer_payload(ref: QuantizerRef) -> dict[str, Any]:
     """A quantizer as unit parameters: its version is part of the unit id."""
     from tasks.fingerprint import code_fingerprint

@@ -194,9 +194,9 @@ def arm_payload(name: str, arm: Arm) -> dict[str, Any]:
     if code is not None:  # only for a user's kernel: built-in arms keep their unit ids
         payload["code"] = code
     if arm.attention is not None:  # only when set: arms without it keep their unit ids
-        from tasks.kinds.fields import attention_unit_payload
+        from tasks.attention.fields import attention_payload
 
-        payload["attention"] = attention_unit_payload(arm.attention)
+        payload["attention"] = attention_payload(arm.attention)
     if arm.quantizer is not None:  # only when set: arms without it keep their unit ids
         from tasks.kinds.fields import QuantizerRef, quantizer_payload
 

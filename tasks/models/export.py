@@ -100,7 +100,6 @@ def quantize_checkpoint(src: str | Path, out: str | Path) -> dict[str, Any]:
     computes. Written as :func:`export_compressed` writes (a sibling temporary directory renamed into
     place), with a ``MANIFEST.json`` holding the sha256 of every source file and of every written one.
     No hub: the checkpoint must be on disk. Raises ``ValueError`` naming what is wrong with ``src``."""
-    from .checkpoint import read_checkpoint
     from .engine import build_model
 
     root_src = Path(src)
@@ -114,9 +113,9 @@ def quantize_checkpoint(src: str | Path, out: str | Path) -> dict[str, Any]:
     if cfg.get("model_type") not in QUANTIZE_FAMILIES:
         raise ValueError(f"{cfg_path}: model_type {cfg.get('model_type')!r}; quantize takes "
                          f"{', '.join(QUANTIZE_FAMILIES)}")
-    read_checkpoint(root_src)  # its own checks (a tensor in two files, a manifest that does not match)
     files = {f.name: _sha256(f) for f in sorted(root_src.iterdir()) if f.suffix in (".json", ".safetensors")}
     source = {"path": str(root_src.resolve()), "model_type": cfg["model_type"], "files": files}
+    # build_model reads the checkpoint once, with read_checkpoint's own checks (a tensor in two files, ...)
     return _write_export(build_model(str(root_src)), out, name=f"{root_src.name}-w8a8", source=source,
                          written_by="swapcheck model quantize (tasks.models.export.quantize_checkpoint)")
 

@@ -283,7 +283,7 @@ class VllmEngine:
             logger.removeHandler(collector)
         _PROCESS_ENGINES.append(selecting)
         #: The model's vocabulary (``ModelConfig.get_vocab_size``), for :meth:`_requests`.
-        self.vocab_size: int | None = int(self.llm.llm_engine.model_config.get_vocab_size())
+        self.vocab_size = int(self.llm.llm_engine.model_config.get_vocab_size())
         self.log_lines = collector.lines
         self.module = _find_model(self.llm)
         self.layers = layer_kernels(self.module)
@@ -370,13 +370,13 @@ class VllmEngine:
         check prompt ids when it skips the tokenizer (issue #37)."""
         if not token_lists:
             raise ValueError(f"{what} must be a non-empty list of token-id lists")
-        vocab = getattr(self, "vocab_size", None)
+        vocab = self.vocab_size
         out = []
         for i, toks in enumerate(token_lists):
             ids = [int(t) for t in toks]
             if not ids:
                 raise ValueError(f"{what}[{i}] is empty")
-            if vocab is not None and any(t < 0 or t >= vocab for t in ids):
+            if any(t < 0 or t >= vocab for t in ids):
                 raise ValueError(f"{what}[{i}] holds token ids outside the model's vocabulary of {vocab} "
                                  f"(e.g. {next(t for t in ids if t < 0 or t >= vocab)})")
             out.append({"prompt_token_ids": ids})

@@ -43,12 +43,12 @@ def problems(base: str, exp: BatchInvarianceExperiment, max_batch: int) -> list[
 def expand(exp: BatchInvarianceExperiment) -> list[tuple[dict[str, Any], Resources]]:
     """One unit per attention kernel and seed: its parameters and resources."""
     from tasks.attention import get_attention
-    from tasks.kinds.fields import attention_unit_payload
+    from tasks.attention.fields import attention_payload
 
     units: list[tuple[dict[str, Any], Resources]] = []
     # Their own parameters: the GEMM units keep theirs, and so their ids.
     for name, seed in itertools.product(exp.attention_kernels, exp.seed_values()):
-        params = {"level": "kernel", "attention": attention_unit_payload(name), "dtype": exp.attention_dtype,
+        params = {"level": "kernel", "attention": attention_payload(name), "dtype": exp.attention_dtype,
                   "m": axis_values(exp.m), "positions": exp.attention_positions(), "heads": exp.heads,
                   "seq_len": exp.seq_len, "head_dim": exp.head_dim, "seed": seed,
                   "tolerance_spacings": exp.tolerance_spacings}

@@ -48,9 +48,9 @@ def expand(exp: BatchInvarianceExperiment) -> list[tuple[dict[str, Any], Resourc
               "comparisons": list(exp.comparisons), "prompts": prompt_payload(exp.prompts),
               "new_tokens": exp.new_tokens}
     if exp.attention is not None:  # only when set: experiments without it keep their unit ids
-        from tasks.kinds.fields import attention_unit_payload
+        from tasks.attention.fields import attention_payload
 
-        common["attention"] = attention_unit_payload(exp.attention)
+        common["attention"] = attention_payload(exp.attention)
     return [({**common, "reductions": r, "batch": b}, exp.resources)
             for r, b in itertools.product(exp.reductions, axis_values(exp.batch_sizes))]
 
