@@ -27,6 +27,7 @@ when the process ends after a clean run and kept -- with a line saying where -- 
 from __future__ import annotations
 
 import atexit
+import importlib.util
 import logging
 import os
 import shutil
@@ -43,6 +44,8 @@ from orchestrator.errors import InfrastructureError, RayStartFailure, UsageError
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 EMBEDDED_ENV = {**LOOPBACK_ENV, "RAY_AUTH_MODE": "token"}
 ADDRESS_ENV = "RAY_ADDRESS"
+#: The address and source of an in-process launch (no Ray: :func:`in_process_connection`).
+IN_PROCESS = "in-process"
 #: Unix socket paths are limited to 107 bytes; Ray's longest under its temp dir is about
 #: ``/session_<date>_<time>_<us>_<pid>/sockets/plasma_store`` (at most 64 bytes).
 _SOCKET_TAIL = 64
@@ -69,6 +72,8 @@ class Connection:
     def describe(self) -> str:
         """One line: which Ray this is and what it has (the CLI prints it before submitting)."""
         what = f"{_n(self.nodes, 'alive node')}, {_n(self.num_cpus, 'CPU')}, {_n(self.num_gpus, 'GPU')}"
+        if self.source == IN_PROCESS:
+            return f"in this process, no Ray: {_n(self.num_cpus, 'CPU')}, {_n(self.num_gpus, 'GPU')}"
         if self.embedded:
             return f"embedded Ray instance at {self.address}: {what}"
         if self.requested and self.requested != self.address:
@@ -86,6 +91,16 @@ class Connection:
 def _n(x: float, word: str) -> str:
     v = int(x) if float(x).is_integer() else x
     return f"{v:g} {word}" if v == 1 else f"{v:g} {word}s"
+
+
+def in_process_connection() -> Connection:
+    """What an in-process launch (``runner.launch(in_process=True)``) runs on: this process, no Ray."""
+    gpus = 0
+    if "torch" in sys.modules or importlib.util.find_spec("torch") is not None:
+        import torch
+
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return Connection(False, IN_PROCESS, float(os.cpu_count() or 1), float(gpus), 1, source=IN_PROCESS)
 
 
 def resolve_address(address: str | None) -> tuple[str | None, str]:

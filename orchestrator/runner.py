@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.cluster import IN_PROCESS
 from orchestrator.errors import (
     InfrastructureError,
     Interrupted,
@@ -299,6 +300,8 @@ class LaunchSummary:
     n_unsettled: int = 0
     #: Ray tasks submitted (a task runs one unit, or a batch of tiny units: :class:`Batches`).
     n_tasks: int = 0
+    #: An in-process launch reached its ``budget_s`` before every unit had run (status ``budget``).
+    budget_reached: bool = False
     failures: list[tuple[str, str]] = field(default_factory=list)
 
 
@@ -414,7 +417,10 @@ def check_gpu_resources(pending: list[Unit], conn: Any, have_gpus: float | None 
     have = have_gpus
     if have > 0:
         return
-    missing = ["no GPU in the Ray cluster" + (" (the embedded local instance on this machine)" if conn.embedded else f" at {conn.address}")]
+    if conn.source == IN_PROCESS:
+        missing = ["no CUDA device in this process (an in-process launch runs its units here)"]
+    else:
+        missing = ["no GPU in the Ray cluster" + (" (the embedded local instance on this machine)" if conn.embedded else f" at {conn.address}")]
     import importlib.util
 
     for package in sorted({p for u in gpu_units for p in u.needs}):
@@ -496,8 +502,16 @@ def launch(
     *,
     repair: bool = False,
     connect_timeout_s: float = 30.0,
+    in_process: bool = False,
+    budget_s: float | None = None,
 ) -> LaunchSummary:
     """Plan ``spec``, skip finished units, run the rest on Ray, and return what happened.
+
+    ``in_process`` runs the units one after another in this process instead, with no Ray (a machine
+    that has none, such as a borrowed GPU: infra/gpu-kit); the same records, ledger and commits as a
+    Ray worker's (:func:`orchestrator.worker.execute_units`). Units that need a process of their own
+    (cold restarts) are refused there. ``budget_s`` (in-process only) starts no unit after that many
+    seconds; the launch then ends with status ``budget`` and a relaunch runs the rest.
 
     Everything that can refuse (the spec, its predictions, GPUs, units no node can hold, another
     launcher holding the sweep's lock) refuses before the first write. ``repair`` first moves the
@@ -512,7 +526,8 @@ def launch(
     stop = StopSignals()
     stop.install()  # from the start: a signal before Ray is up stops as cleanly as one after
     try:
-        return _launch(spec, results, address, num_cpus, on_event, repair, connect_timeout_s, stop)
+        return _launch(spec, results, address, num_cpus, on_event, repair, connect_timeout_s, stop,
+                       in_process=in_process, budget_s=budget_s)
     except Terminated as term:
         raise _interrupted(term.signum, stop.committed()) from None
     finally:
@@ -521,11 +536,11 @@ def launch(
 
 def _launch(spec: LoadedSpec, results: str | Path, address: str | None, num_cpus: int | None,
             on_event: Callable[[str, dict[str, Any]], None] | None, repair: bool, connect_timeout_s: float,
-            stop: StopSignals) -> LaunchSummary:
+            stop: StopSignals, *, in_process: bool = False, budget_s: float | None = None) -> LaunchSummary:
     from orchestrator import prereg
-    from orchestrator.cluster import Connection, connect, resolve_address
-    from storage.catalog import ensure_cache_key
+    from orchestrator.cluster import Connection, connect, in_process_connection, resolve_address
     from storage.lock import LaunchLock
+    from storage.store import ensure_cache_key
 
     emit = on_event or (lambda kind, info: None)
     stop_grace_s()  # a bad SWAPCHECK_STOP_GRACE_S is refused now, not when a stop needs it
@@ -538,19 +553,35 @@ def _launch(spec: LoadedSpec, results: str | Path, address: str | None, num_cpus
     prereg_rows = prereg.plan_registration(store, plan.sweep, spec.prereg_paths)
     done = store.done_units(plan.sweep)
     pending = [u for u in plan.units if u.id not in done]
-    if resolve_address(address)[0] is None and any(u.resources.num_gpus > 0 for u in pending):
+    if in_process:
+        if address is not None:
+            raise UsageError("an in-process launch runs no Ray: it takes no --address")
+        fresh = [u for u in pending if u.fresh_process]
+        if fresh:
+            raise UsageError(f"{len(fresh)} unit(s) need a process of their own (cold restarts, e.g. {fresh[0].describe()}): "
+                             "an in-process launch cannot give them one; launch this spec on Ray. Nothing was run.")
+        if budget_s is not None and budget_s <= 0:
+            raise UsageError(f"budget_s must be positive, got {budget_s}")
+
+        def connect(address: str | None = None, num_cpus: int | None = None, timeout_s: float = 0.0) -> Connection:
+            return in_process_connection()
+    elif budget_s is not None:
+        raise UsageError("budget_s applies to in-process launches only")
+    if (in_process or resolve_address(address)[0] is None) and any(u.resources.num_gpus > 0 for u in pending):
         import torch
 
         if not torch.cuda.is_available():
-            # The embedded instance has this machine's GPUs only: refuse before writing anything.
-            check_gpu_resources(pending, Connection(True, "embedded", 0), have_gpus=0)
+            # The embedded instance (or this process) has this machine's GPUs only: refuse before writing anything.
+            here = in_process_connection() if in_process else Connection(True, "embedded", 0)
+            check_gpu_resources(pending, here, have_gpus=0)
     conn = None
     try:
         if pending or repair or rerun is not None:
             conn = _connect(connect, address, num_cpus, connect_timeout_s, stop)
             emit("cluster", conn.info())
-            check_gpu_resources(pending, conn)
-            check_placeable(pending, _node_resources(), conn)
+            if not in_process:
+                check_gpu_resources(pending, conn)
+                check_placeable(pending, _node_resources(), conn)
 
         t0 = time.perf_counter()
         lock = LaunchLock(store.fs, store.base, plan.sweep, local=store.local, where=str(results))
@@ -599,7 +630,8 @@ def _launch(spec: LoadedSpec, results: str | Path, address: str | None, num_cpus
                 if conn is None:
                     conn = _connect(connect, address, num_cpus, connect_timeout_s, stop)
                     emit("cluster", conn.info())
-                _run_launch(spec, plan, store, pending, str(results), summary, emit, conn, stop)
+                deadline = None if budget_s is None else time.monotonic() + budget_s
+                _run_launch(spec, plan, store, pending, str(results), summary, emit, conn, stop, deadline)
             if fixed is not None and fixed.compare:
                 _compare_recomputed(store, plan.sweep, fixed, emit)
             summary.seconds = time.perf_counter() - t0
@@ -692,7 +724,7 @@ def _node_resources() -> list[dict[str, float]]:
 
 def _run_launch(spec: LoadedSpec, plan: Plan, store: ResultStore, pending: list[Unit], results: str,
                 summary: LaunchSummary, emit: Callable[[str, dict[str, Any]], None], conn: Any,
-                stop: StopSignals) -> None:
+                stop: StopSignals, deadline: float | None = None) -> None:
     """Run the pending units with a ``launches`` row that says how the launch ended."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -730,8 +762,16 @@ def _run_launch(spec: LoadedSpec, plan: Plan, store: ResultStore, pending: list[
             for stage in sorted({u.stage for u in pending}):
                 if stop.signum is not None:
                     break
-                _run_units(spec, plan, [u for u in pending if u.stage == stage], results, summary, emit, stop)
-            if stop.signum is None:
+                units = [u for u in pending if u.stage == stage]
+                if conn.source == IN_PROCESS:
+                    _run_units_here(spec, plan, units, results, summary, emit, stop, deadline)
+                else:
+                    _run_units(spec, plan, units, results, summary, emit, stop)
+                if summary.budget_reached:
+                    break
+            if summary.budget_reached and stop.signum is None:
+                status = "budget"
+            elif stop.signum is None:
                 status = "finished"
         except StorageFailure as exc:
             status = "storage-failure"
@@ -795,6 +835,40 @@ def _run_units(spec: LoadedSpec, plan: Plan, pending: list[Unit], results: str, 
         _drain(batches, in_flight, submit, spec, plan, results, summary, emit, stop)
     finally:
         summary.n_tasks += batches.n_tasks
+
+
+def _run_units_here(spec: LoadedSpec, plan: Plan, pending: list[Unit], results: str, summary: LaunchSummary,
+                    emit: Callable[[str, dict[str, Any]], None], stop: StopSignals, deadline: float | None) -> None:
+    """The units one after another in this process (``launch(in_process=True)``): each committed as a
+    Ray worker commits it (:func:`orchestrator.worker.execute_units`), counted when its commit returns.
+
+    A signal is recorded while a unit runs (the launch is inside :meth:`StopSignals.deferred`): that
+    unit finishes and commits, and no other starts. Past ``deadline`` no unit starts either."""
+    from orchestrator.worker import execute_units
+
+    refs = {kind: kind_ref(kind) for kind in {u.kind for u in pending}}
+    for unit in pending:
+        fault = stop.lease_lost()
+        if fault is not None:
+            raise fault
+        if stop.signum is not None:
+            return
+        if deadline is not None and time.monotonic() >= deadline:
+            summary.budget_reached = True
+            return
+        payload = {**unit.to_payload(), "description": unit.describe(), "kind_ref": refs[unit.kind]}
+        try:
+            outcome = execute_units([payload], results, plan.sweep, spec.sha256)[0]
+        except (OSError, StorageError) as exc:
+            cause = getattr(exc, "cause", None) or exc
+            first = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
+            raise StorageFailure(f"unit {unit.id} could not commit its results: {first}") from None
+        if outcome["status"] == "ok":
+            summary.n_ok += 1
+        else:
+            summary.n_failed += 1
+            summary.failures.append((unit.id, (outcome.get("error") or "").splitlines()[0]))
+        emit("unit", {"unit": unit, "result": outcome, "batch": 1})
 
 
 def _outcomes(refs: list[Any]) -> list[tuple[Any, Any, BaseException | None]]:

@@ -76,7 +76,14 @@ import pyarrow.parquet as pq
 from storage.errors import PathEscape, QueryError, StorageError
 from storage.schemas import TABLES, UNITS, UNMANAGED_TABLES
 from storage.schemas import fingerprint as schemas_fingerprint
-from storage.store import ResultStore, local_identity, object_identity, open_store
+from storage.store import (
+    CACHE_KEY,
+    ResultStore,
+    cache_key,
+    local_identity,
+    object_identity,
+    open_store,
+)
 from swapcheck_common.env import seconds_from_env
 
 if TYPE_CHECKING:
@@ -391,12 +398,12 @@ class VerifiedFiles:
     there). An entry written by anyone without that secret -- e.g. a forged one giving a changed file's
     identity with the ledger's SHA-256 (issue #36: ``query`` then served the changed rows) -- does not
     verify and is ignored with one warning; its file is hashed. The secret is written by the writers
-    of the tree (``sweep launch``: :func:`ensure_cache_key`), never by a reader; where there is none
+    of the tree (``sweep launch``: :func:`storage.store.ensure_cache_key`), never by a reader; where there is none
     (a tree no launch of this version wrote) or it cannot be read, the cache is not used: every file
     is hashed.
     """
 
-    KEY = "_state/verified-files.key"
+    KEY = CACHE_KEY
 
     VERSION = 3  # 3: entries signed (mac); a v2 cache of an older swapcheck is not read (no false alarm)
     #: Entries older than this many seconds (since their file was last really read) are not trusted:
@@ -458,11 +465,7 @@ class VerifiedFiles:
     @classmethod
     def secret(cls, store: ResultStore) -> bytes | None:
         """The results tree's signing secret (:func:`ensure_cache_key` writes it), or None."""
-        try:
-            text = store.read_bytes(cls.KEY).decode("ascii").strip()
-            return bytes.fromhex(text) if len(text) == 64 else None
-        except (OSError, UnicodeDecodeError, ValueError, StorageError, PathEscape):
-            return None
+        return cache_key(store)
 
     def _mac(self, rel: str, entry: dict[str, Any]) -> str:
         import hmac
@@ -560,21 +563,6 @@ class VerifiedFiles:
                     os.unlink(tmp)
                 except OSError:
                     pass
-
-
-def ensure_cache_key(store: ResultStore) -> None:
-    """Write the results tree's verified-files signing secret (:class:`VerifiedFiles`) when it has none:
-    32 random bytes, hex, readable by the owner only on a local tree (a reader without it hashes every
-    file). Called by writers of the tree; a racing writer's secret may win (entries signed with the
-    other are then hashed again once)."""
-    import os
-    import secrets
-
-    if VerifiedFiles.secret(store) is not None:
-        return
-    store.put_bytes(VerifiedFiles.KEY, (secrets.token_hex(32) + "\n").encode())
-    if store.local:  # base: the local path, also of a file:// results URI
-        os.chmod(f"{store.base}/{VerifiedFiles.KEY}", 0o600)
 
 
 #: The declared schemas the verified-files cache was checked against (a cache of other schemas is ignored).

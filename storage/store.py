@@ -13,7 +13,7 @@ object store URI such as ``s3://bucket/prefix``)::
     _state/code-changed/sweep=<sweep>.json          the journal of an edited kernel's units being set
                                                     aside (orchestrator.runner.retire_changed_code)
     _state/verified-files.key                       the secret that signs readers' verified-files caches
-                                                    (storage.catalog.ensure_cache_key)
+                                                    (storage.store.ensure_cache_key)
 
 Local and object stores are the same code: every access goes through a ``pyarrow.fs.FileSystem``
 (``LocalFileSystem`` for a path; for a URI :func:`storage.filesystems.filesystem_from_uri`: pyarrow's
@@ -76,7 +76,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from storage.errors import DamagedRecord, PathEscape, StorageFault
+from storage.errors import DamagedRecord, PathEscape, StorageError, StorageFault
 from storage.filesystems import filesystem_from_uri
 from storage.schemas import LEDGER_ROW_KEY, SWEEPS, TABLES, UNITS, UNMANAGED_TABLES
 
@@ -529,6 +529,33 @@ def _syncfs() -> Callable[[int], int] | None:
     fn.restype = ctypes.c_int
     found: Callable[[int], int] = fn
     return found
+
+
+#: The results tree's secret that signs readers' verified-files caches (storage.catalog.VerifiedFiles).
+CACHE_KEY = "_state/verified-files.key"
+
+
+def cache_key(store: ResultStore) -> bytes | None:
+    """The results tree's signing secret (:func:`ensure_cache_key` writes it), or None."""
+    try:
+        text = store.read_bytes(CACHE_KEY).decode("ascii").strip()
+        return bytes.fromhex(text) if len(text) == 64 else None
+    except (OSError, UnicodeDecodeError, ValueError, StorageError):
+        return None
+
+
+def ensure_cache_key(store: ResultStore) -> None:
+    """Write the results tree's verified-files signing secret (storage.catalog.VerifiedFiles) when it has
+    none: 32 random bytes, hex, readable by the owner only on a local tree (a reader without it hashes
+    every file). Called by writers of the tree (here, so a launch needs no DuckDB); a racing writer's
+    secret may win (entries signed with the other are then hashed again once)."""
+    import secrets
+
+    if cache_key(store) is not None:
+        return
+    store.put_bytes(CACHE_KEY, (secrets.token_hex(32) + "\n").encode())
+    if store.local:  # base: the local path, also of a file:// results URI
+        os.chmod(f"{store.base}/{CACHE_KEY}", 0o600)
 
 
 class ResultStore:

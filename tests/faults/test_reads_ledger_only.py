@@ -80,7 +80,7 @@ def uid(table: str, j: int) -> str:
 def build(root: Path, legacy: bool = False) -> None:
     """Two committed units per result table, a spec record, a launch, a pre-registration, and (as a
     launch writes it) the secret that signs the verified-files cache."""
-    from storage.catalog import ensure_cache_key
+    from storage.store import ensure_cache_key
 
     store = ResultStore(root)
     ensure_cache_key(store)
