@@ -172,6 +172,39 @@ def _optional_version(*names: str) -> str | None:
     return None
 
 
+def gpu_driver() -> str | None:
+    """The NVIDIA driver's version (``nvidia-smi``; 580.159.03), or None where it cannot be read."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = out.stdout.strip().splitlines()
+    return lines[0].strip() if out.returncode == 0 and lines else None
+
+
+def _cublaslt_runtime() -> int | None:
+    """``cublasLtGetVersion()`` of the cuBLASLt library this process loaded (torch loads it with CUDA;
+    e.g. 130100 for 13.1.0), or None where it cannot be found: the version that ran, whatever the
+    package metadata says."""
+    import ctypes
+    import ctypes.util
+
+    for name in ("libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so.11", ctypes.util.find_library("cublasLt")):
+        if not name:
+            continue
+        try:
+            lib = ctypes.CDLL(name, mode=os.RTLD_NOLOAD | os.RTLD_GLOBAL)
+        except OSError:
+            continue
+        fn = lib.cublasLtGetVersion
+        fn.restype = ctypes.c_size_t
+        return int(fn())
+    return None
+
+
 def torch_identity() -> dict[str, Any]:
     """The identity parts that need torch imported (module docs): libraries, threads, matmul settings,
     torch's CPU capability and, on CUDA, the GPU part."""
@@ -192,9 +225,13 @@ def torch_identity() -> dict[str, Any]:
                          cublas=_optional_version("nvidia-cublas-cu12", "nvidia-cublas-cu11", "nvidia-cublas"),
                          triton=_optional_version("triton", "pytorch-triton"),
                          cutlass=_optional_version("nvidia-cutlass", "cutlass"))
+        libraries.update(cublaslt_runtime=_cublaslt_runtime(), driver=gpu_driver())
         tactic = autotune_cache_hash(autotune_cache_dirs())
+        props = torch.cuda.get_device_properties(0)
         gpu = {"devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
                "capability": list(torch.cuda.get_device_capability(0)),
+               "multiprocessors": getattr(props, "multi_processor_count", None),
+               "memory_gib": round(props.total_memory / 2**30, 1),
                "autotune_cache_sha256": tactic or NOT_EXPOSED}
     return {"cpu_capability": torch.backends.cpu.get_cpu_capability(), "libraries": libraries,
             "threads": {"intra_op": torch.get_num_threads(), "inter_op": torch.get_num_interop_threads()},

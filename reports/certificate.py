@@ -635,7 +635,9 @@ def identity_line(prov: dict[str, Any], kernels: tuple[str, ...] = ()) -> str:
              f"allow_tf32 {mm.get('allow_tf32')}"]
     gpu = ident.get("gpu")
     if isinstance(gpu, dict):
-        parts.append(f"GPU {', '.join(gpu.get('devices') or [])} cuda {lib.get('cuda')} cuBLAS {lib.get('cublas')} "
+        runtime = f" (cuBLASLt runtime {lib['cublaslt_runtime']})" if lib.get("cublaslt_runtime") else ""
+        parts.append(f"GPU {', '.join(gpu.get('devices') or [])} (capability {'.'.join(map(str, gpu.get('capability') or []))}), "
+                     f"driver {lib.get('driver')}, cuda {lib.get('cuda')} cuBLAS {lib.get('cublas')}{runtime} cuDNN {lib.get('cudnn')} "
                      f"triton {lib.get('triton')} autotune cache {gpu.get('autotune_cache_sha256')}")
     exposed = ident.get("layout_path") or {}
     parts.append("layout path " + (", ".join(f"{k} {exposed.get(k, 'not exposed')}" for k in kernels)
