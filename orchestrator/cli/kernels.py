@@ -46,7 +46,7 @@ def attention(
     long: bool = typer.Option(False, "--long", "-l", help="Add each kernel's description (always in JSON)."),
 ) -> None:
     """Show each attention kernel (docs/attention.md): name, device, availability and why not, how its
-    logsumexp comes about, and the vLLM backend it selects.
+    logsumexp comes about, the vLLM backend it selects, and the algorithm whose bounds it is held to.
 
     Example: swapcheck kernels attention --available
     """
@@ -56,7 +56,7 @@ def attention(
         rows = [
             {"name": k["name"], "device": k["device"], "available": "yes" if k["available"] else "no",
              "reason": k.get("reason") or "", "logsumexp": k.get("logsumexp") or "",
-             "vllm backend": k.get("engine_backend") or "",
+             "vllm backend": k.get("engine_backend") or "", "algorithm": k.get("algorithm") or "",
              **({"description": k.get("description", "")} if long or fmt is TableFormat.json else {})}
             for k in list_attention()
             if all_ or k["available"]

@@ -21,8 +21,8 @@ differ.
 :func:`register_attention` adds an :class:`AttentionKernel` (or a lazy ``"module:attr"``), duplicate
 names are refused, :func:`get_attention` answers an unknown name with "did you mean" and the valid
 names, and :func:`list_attention` lists every entry with its availability -- an entry that cannot
-even be loaded is a row with the error as its reason.  The built-in entries are in :mod:`.cpu` and
-:mod:`.vllm` (docs/attention.md).
+even be loaded is a row with the error as its reason.  The built-in entries are in :mod:`.cpu`,
+:mod:`.sdpa` (PyTorch's SDPA backends, each forced) and :mod:`.vllm` (docs/attention.md).
 """
 
 from __future__ import annotations
@@ -107,7 +107,8 @@ class AttentionKernel:
 
     def info(self) -> dict[str, Any]:
         return {"name": self.name, "device": self.device, "description": self.description,
-                "logsumexp": self.logsumexp, "version": self.version, "engine_backend": self.engine_backend}
+                "logsumexp": self.logsumexp, "version": self.version, "engine_backend": self.engine_backend,
+                "algorithm": self.algorithm}
 
     def __repr__(self) -> str:
         return f"<AttentionKernel {self.name} v{self.version} ({self.device})>"
@@ -195,7 +196,7 @@ def _check_kernel(name: str, loaded: Any) -> None:
 #: name -> a kernel, or "module:attr" naming one (imported on first use).
 _REGISTRY: Registry[AttentionKernel] = Registry("attention kernel", error=AttentionError, validate=_check_kernel)
 #: Modules whose import registers the built-in entries.
-_BUILTINS = ("tasks.attention.cpu", "tasks.attention.vllm")
+_BUILTINS = ("tasks.attention.cpu", "tasks.attention.sdpa", "tasks.attention.vllm")
 _LOADED = False
 
 
@@ -238,12 +239,12 @@ def get_attention(name: str) -> AttentionKernel:
 
 
 def list_attention() -> list[dict[str, Any]]:
-    """One row per entry: name, device, available, reason, logsumexp, engine_backend, description,
-    version.  An entry that cannot be loaded is a row with available False and the error as reason."""
+    """One row per entry: name, device, available, reason, logsumexp, engine_backend, algorithm,
+    description, version.  An entry that cannot be loaded is a row with available False and the error as reason."""
     rows = []
     for name in attention_names():
         row: dict[str, Any] = {"name": name, "device": None, "available": False, "reason": None, "logsumexp": None,
-                               "engine_backend": None, "description": "", "version": None}
+                               "engine_backend": None, "algorithm": None, "description": "", "version": None}
         try:
             kernel = get_attention(name)
             ok, why = kernel.available()

@@ -52,10 +52,15 @@ __all__ = ["DEFAULT_ATTENTION_SHAPES", "INPUT_KINDS", "PRESETS", "draw", "parse_
 #: the weights rounded to the inputs' format before the product with V; ``weights`` is filled in per
 #: dtype). Without the block size the bound allows a rescale per key: at S = 1024 it is several times
 #: looser than the kernel needs and a 1/l computed in bf16 passes (tests/test_attention_preset_block.py).
+#: ``fused-general`` is the most general fused kernel the methods describe, for a kernel whose exact
+#: tiling is unknown (PyTorch's CUDA SDPA backends, :mod:`tasks.attention.sdpa`): a rescale allowed
+#: after every key (no block size), exp2 of base-2 logits, a rounded reciprocal, the weights rounded
+#: to the inputs' format; each of these only widens the bound.
 PRESETS: dict[str, dict[str, Any]] = {
     "plain": {},
     "flash": {"online_softmax": True, "block_size": 16, "weights": "bfloat16"},
     "flash-cpu": {"online_softmax": True, "block_size": 512, "reciprocal": True, "weights": "<dtype>"},
+    "fused-general": {"online_softmax": True, "exp2": True, "reciprocal": True, "weights": "<dtype>"},
 }
 INPUT_KINDS = ("randn", "causal", "alibi", "padded", "large-logits")
 #: ``B x H x L x S x D``: the seed's example shape, and an unaligned one with more heads.
