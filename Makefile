@@ -12,6 +12,9 @@ GPU_LOCK := requirements/gpu.lock
 # The Docker image's lock: the vLLM release image runs CPython 3.12 (vLLM 0.32 needs setuptools < 81
 # there), so its dependencies are resolved for that Python (infra/docker/Dockerfile checks it).
 DOCKER_LOCK := requirements/docker.lock
+# The optional Triton extra (the triton-scaled-mm kernel): requirements/cpu.lock plus triton, resolved
+# with cpu.lock as constraints so every other pin stays the CPU lock's (`make triton` installs it).
+TRITON_LOCK := requirements/triton.lock
 # Where the CPU build of torch 2.13.0 comes from: this machine keeps its wheel in /opt/wheels; elsewhere
 # PyTorch's CPU index serves the same file (the lock checks its hash either way).
 TORCH_CPU_WHEELS ?= /opt/wheels
@@ -21,7 +24,7 @@ UV     := $(BIN)/uv
 LOCK_FLAGS := --python-version 3.11 --python-platform x86_64-manylinux_2_28 --generate-hashes \
               --custom-compile-command "make lock" --quiet
 
-.PHONY: demo kdepth-demo test test-slow test-gpu test-latest vllm-contract lint install lock lock-upgrade clean docs bench bench-quick fault-report
+.PHONY: demo kdepth-demo test test-slow test-gpu test-latest vllm-contract lint install lock lock-upgrade triton clean docs bench bench-quick fault-report
 
 # The venv gets uv at the lock's version and hashes (with pip, the one installer a new venv has), then
 # everything else from the lock with uv, which prints its progress, compiled to bytecode at install
@@ -113,12 +116,21 @@ lock: $(STAMP)
 	    $(LOCK_FLAGS) $(UPGRADE) -o $(GPU_LOCK)
 	$(UV) pip compile pyproject.toml --extra vllm -c requirements/gpu-constraints.txt \
 	    $(subst 3.11,3.12,$(LOCK_FLAGS)) $(UPGRADE) -o $(DOCKER_LOCK)
+	$(UV) pip compile pyproject.toml --extra dev --extra triton -c $(LOCK) \
+	    --find-links $(TORCH_CPU_WHEELS) $(LOCK_FLAGS) $(UPGRADE) -o $(TRITON_LOCK)
 	@{ echo '# Every exact pin of requirements/cpu.lock, without hashes, written by `make lock` (never by hand):'; \
 	   echo '# `pip install -c constraints.txt ...` puts swapcheck'"'"'s tested versions into an environment of your own.'; \
 	   sed -n 's/^\([A-Za-z0-9_.+-]*==[^ ]*\).*/\1/p' $(LOCK); } > constraints.txt
 
 lock-upgrade:
 	$(MAKE) lock UPGRADE=--upgrade
+
+# Triton 3.6.0 into .venv (the optional `triton` extra, from requirements/triton.lock with hashes): the
+# triton-scaled-mm kernel then compiles on a GPU and runs under Triton's interpreter on a CPU (its slow
+# tests, tests/test_triton_kernel.py). The venv is then triton.lock's, no longer exactly cpu.lock's.
+triton: $(STAMP)
+	$(UV) pip install --python $(BIN)/python --require-hashes --compile-bytecode $(TORCH_CPU_FROM) -r $(TRITON_LOCK)
+	@$(BIN)/python tools/check_lock.py $(TRITON_LOCK)
 
 # The contract with vLLM (issue #37): every vLLM symbol, argument, variable, class, backend and log
 # format swapcheck relies on, checked in the source of each wheel the `vllm` extra allows (fetched

@@ -26,6 +26,10 @@ exact                      any         correctly rounded reference (:mod:`.exact
 GPU kernels (:mod:`.cuda`; available with CUDA and, for the vLLM ones, vLLM 0.29-0.32):
 ``vllm-cutlass``, ``vllm-cutlass-raw``, ``vllm-triton``, ``torch-scaled-mm-cuda``.
 
+Triton kernel (:mod:`.triton_mm`; the ``triton`` extra, imported only when it runs): ``triton-scaled-mm``
+(int8 / fp8, after vLLM 0.32's ``triton_scaled_mm``), ``device`` "cuda" (compiled) | "cpu" (Triton's
+interpreter).
+
 Users add kernels with ``register_kernel``, the entry-point group ``swapcheck.kernels``, or by
 naming ``"package.module:attr"`` directly.  The target must declare itself a kernel: a
 :class:`Kernel` subclass or instance, a plain matmul ``f(A, B) -> C`` marked ``@kernel_function``
@@ -34,8 +38,9 @@ else is refused before it is called.  ``set_user_kernels(False)`` (``SWAPCHECK_U
 turns ``module:attr`` and entry-point kernels off (rules in :mod:`.registry`).
 """
 
-# Importing the modules registers the built-ins; cuda registers the GPU kernels and imports no vLLM.
-from . import cuda, exact, fp8, int8, onednn, scaled_mm  # noqa: F401
+# Importing the modules registers the built-ins; cuda registers the GPU kernels and imports no vLLM,
+# triton_mm registers triton-scaled-mm and imports no triton.
+from . import cuda, exact, fp8, int8, onednn, scaled_mm, triton_mm  # noqa: F401
 from .operands import Operands, check_operands
 from .registry import (
     ENTRY_POINT_GROUP,
