@@ -631,7 +631,7 @@ def test_fallback_rule():
     ok, reason = get_kernel("torch-scaled-mm-cuda").supports(8, 32, 40, 1, 1, False)
     assert not ok and "K=40" in reason
     assert kcuda.triton_bias_mode("0.31.0") == "output" and kcuda.triton_bias_mode("0.32.0") == "fp32"
-    assert get_kernel("torch-scaled-mm-cuda", use_fast_accum=True).params == {"use_fast_accum": True}
+    assert get_kernel("torch-scaled-mm-cuda", use_fast_accum=True).params == {"use_fast_accum": True, "device": "cuda"}
     with pytest.raises(KernelError, match="use_fast_accum must be True or False"):
         get_kernel("torch-scaled-mm-cuda", use_fast_accum="yes")
 

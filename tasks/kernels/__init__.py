@@ -24,7 +24,17 @@ exact                      any         correctly rounded reference (:mod:`.exact
 =========================  ==========  =======================================================
 
 GPU kernels (:mod:`.cuda`; available with CUDA and, for the vLLM ones, vLLM 0.29-0.32):
-``vllm-cutlass``, ``vllm-cutlass-raw``, ``vllm-triton``, ``torch-scaled-mm-cuda``.
+``vllm-cutlass``, ``vllm-cutlass-raw``, ``vllm-triton``, ``torch-scaled-mm-cuda`` (``device`` "cuda" |
+"cpu": the same torch._scaled_mm call on the CPU, the GPU lease kit's ``--cpu`` mode).
+
+cuBLAS kernels of the GPU lease kit (:mod:`.cublas`; torch only, ``device`` "cuda" (default) | "cpu"):
+
+=========================  ==========  =======================================================
+cublas-int8                int8        torch._int_mm int32 acc (padded), ``epilogue``
+                                       channelwise | cutlass | triton as eager fp32 ops
+cublas-matmul              any         torch.matmul in ``dtype`` bf16 | fp16 | fp32, then
+                                       channel-wise scaling in fp32 (batch invariance, bounds)
+=========================  ==========  =======================================================
 
 Triton kernel (:mod:`.triton_mm`; the ``triton`` extra, imported only when it runs): ``triton-scaled-mm``
 (int8 / fp8, after vLLM 0.32's ``triton_scaled_mm``), ``device`` "cuda" (compiled) | "cpu" (Triton's
@@ -40,7 +50,7 @@ turns ``module:attr`` and entry-point kernels off (rules in :mod:`.registry`).
 
 # Importing the modules registers the built-ins; cuda registers the GPU kernels and imports no vLLM,
 # triton_mm registers triton-scaled-mm and imports no triton.
-from . import cuda, exact, fp8, int8, onednn, scaled_mm, triton_mm  # noqa: F401
+from . import cublas, cuda, exact, fp8, int8, onednn, scaled_mm, triton_mm  # noqa: F401
 from .operands import Operands, check_operands
 from .registry import (
     ENTRY_POINT_GROUP,

@@ -9,7 +9,8 @@ vllm-cutlass               int8, fp8   ``vllm._custom_ops.cutlass_scaled_mm`` (�
 vllm-cutlass-raw           int8, fp8   ``torch.ops._C.cutlass_scaled_mm(out, a, b, sa, sb, bias)``
                                        (§3): no fallback; unaligned K or N is refused
 vllm-triton                int8, fp8   ``triton_scaled_mm`` (§2.2, §3) with ``scale_b`` as ``[N, 1]``
-torch-scaled-mm-cuda       fp8         ``torch._scaled_mm`` (cuBLASLt, §2.4), ``use_fast_accum``
+torch-scaled-mm-cuda       fp8         ``torch._scaled_mm`` (cuBLASLt, §2.4), ``use_fast_accum``;
+                                       ``device="cpu"``: the same call on the CPU (kit ``--cpu``)
 =========================  ==========  ==========================================================
 
 They take the shared call (DESIGN.md) on CUDA tensors and convert the layouts at the boundary
@@ -40,7 +41,7 @@ import torch
 from tasks.devices import SUPPORTED_VLLM, cuda_reason, parse_version, vllm_reason, vllm_version
 
 from .operands import Operands
-from .registry import Kernel, KernelError, register_kernel
+from .registry import Kernel, KernelError, check_choice, register_kernel
 
 __all__ = [
     "ALIGNMENT",
@@ -350,19 +351,42 @@ class TorchScaledMMCuda(_CudaKernel):
     Scales: both per-tensor are passed as 0-d tensors; otherwise row-wise, ``scale_a`` ``[M, 1]``
     and ``scale_b`` ``[1, N]`` (a per-tensor side expanded, which gives the same values), which
     cuBLASLt supports with a bf16 output.  K and N must be multiples of 16.
+
+    ``device`` "cuda" (default) | "cpu": with "cpu" the same code calls ``torch._scaled_mm`` on CPU
+    tensors (torch 2.13's CPU implementation, the path of ``fp8-torch-scaled-mm``): the GPU lease kit's
+    ``--cpu`` mode.  cuBLASLt's rules (K and N multiples of 16, row-wise scales with a bf16 output
+    only) are kept there, so that the CPU mode runs exactly the problems the GPU runs; the CPU's
+    numerics are its own (:mod:`.scaled_mm`), not cuBLASLt's.  The parameter enters unit ids only
+    where a spec sets it.
     """
 
     operand_dtype = "fp8_e4m3"
     needs_vllm = False
-    param_defaults = {"use_fast_accum": False}
+    param_defaults = {"use_fast_accum": False, "device": "cuda"}
 
     @property
     def description(self) -> str:  # type: ignore[override]
+        if self.device == "cpu":
+            from .scaled_mm import cpu_scaled_mm_path
+
+            return (
+                f"torch._scaled_mm on the CPU (the --cpu stand-in for cuBLASLt FP8), use_fast_accum="
+                f"{self.params['use_fast_accum']}; path here: {cpu_scaled_mm_path()} (vllm-kernels.md §2.4)"
+            )
         mode = "fast accumulation" if self.params["use_fast_accum"] else "precise (promoted) accumulation"
         return (
             f"torch._scaled_mm on CUDA (cuBLASLt FP8), use_fast_accum={self.params['use_fast_accum']}: "
             f"{mode}; scaling and bias order internal to cuBLASLt (vllm-kernels.md §2.4)"
         )
+
+    @property
+    def code_path(self) -> str | None:
+        """On the CPU, the path ``torch._scaled_mm`` takes here (as ``fp8-torch-scaled-mm`` names it)."""
+        if self.device != "cpu":
+            return None
+        from .scaled_mm import Fp8TorchScaledMM
+
+        return str(Fp8TorchScaledMM().code_path)
 
     def check_params(self, params: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(params["use_fast_accum"], bool):
@@ -370,7 +394,23 @@ class TorchScaledMMCuda(_CudaKernel):
                 f"kernel 'torch-scaled-mm-cuda': use_fast_accum must be True or False, "
                 f"got {params['use_fast_accum']!r}"
             )
+        self.device = check_choice("torch-scaled-mm-cuda", "device", params["device"], ("cuda", "cpu"))
         return params
+
+    def available(self) -> tuple[bool, str | None]:
+        if self.device == "cpu":
+            from .scaled_mm import _probe as cpu_probe
+
+            return cpu_probe()
+        return super().available()
+
+    def provenance(self) -> dict[str, Any]:
+        info = super().provenance()
+        info["device"] = self.device
+        if self.device == "cpu":
+            info.pop("device_name", None)
+            info.pop("capability", None)
+        return info
 
     def _probe(self) -> str | None:
         cc = _capability()
