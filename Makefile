@@ -24,7 +24,7 @@ UV     := $(BIN)/uv
 LOCK_FLAGS := --python-version 3.11 --python-platform x86_64-manylinux_2_28 --generate-hashes \
               --custom-compile-command "make lock" --quiet
 
-.PHONY: demo kdepth-demo test test-slow test-gpu test-latest vllm-contract lint install lock lock-upgrade triton clean docs bench bench-quick fault-report
+.PHONY: demo kdepth-demo test test-slow test-gpu test-latest vllm-contract lint install lock lock-upgrade triton gpu-kit-wheels gpu-kit-cpu clean docs bench bench-quick fault-report
 
 # The venv gets uv at the lock's version and hashes (with pip, the one installer a new venv has), then
 # everything else from the lock with uv, which prints its progress, compiled to bytecode at install
@@ -77,6 +77,18 @@ test-slow: $(STAMP)
 
 test-gpu: $(STAMP)
 	$(BIN)/python -m pytest -q -m gpu
+
+# The GPU lease kit (docs/gpu.md, infra/gpu-kit/run.sh): `gpu-kit-wheels` puts the wheels a borrowed
+# GPU machine lacks (pydantic, DuckDB: cpu.lock's versions and hashes, CPython 3.12) in .kit-wheels/ and
+# checks that the tree plus them stays under 64 MiB; `gpu-kit-cpu` runs the kit here, every device call
+# on its CPU counterpart (Triton's kernel under its interpreter once `make triton` installed it), into
+# KIT_OUT, which must be new or empty.
+KIT_OUT ?= $(RESULTS)/gpu-kit-cpu
+gpu-kit-wheels: $(STAMP)
+	$(BIN)/python tools/gpu_kit_wheels.py
+
+gpu-kit-cpu: $(STAMP)
+	bash infra/gpu-kit/run.sh --cpu $(KIT_OUT)
 
 # The fault suite (tests/faults, slow cases included) tallied: cases, clean, rows lost, duplicated,
 # silent wrong answers (the table of docs/reliability.md).

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import importlib
 import io
 import json
 import os
@@ -112,6 +113,14 @@ def _unavailable(kind: str, field: str, entry: Any) -> str | None:
     return None if ok else str(why)
 
 
+def _importable(module: str) -> bool:
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return False
+    return True
+
+
 def runnable_spec(text: str) -> tuple[dict[str, Any], list[str]]:
     """The kit's spec without what cannot run here: (spec data, one line per thing dropped and why)."""
     data = tomllib.loads(text)
@@ -133,6 +142,10 @@ def runnable_spec(text: str) -> tuple[dict[str, Any], list[str]]:
         if lists and not any(lists):
             del data["experiments"][name]
             dropped.append(f"experiments.{name}: dropped, none of its kernels is available here")
+    if data.get("preregistration") and not _importable("duckdb"):
+        # A launch checks each prediction's SQL with DuckDB before it registers it.
+        dropped.append(f"preregistration {data.pop('preregistration')}: not registered, DuckDB is not importable "
+                       "here (make gpu-kit-wheels carries it)")
     return data, dropped
 
 
@@ -173,32 +186,44 @@ def _for_sweep(prereg_text: str, sweep: str) -> str:
 
 
 def headline_pairs(data: dict[str, Any]) -> list[tuple[str, str]]:
-    """The pairs the kit is about, by label: each GPU kernel and its CPU emulation (``Kernel.emulation()``),
-    and the GPU kernels of one experiment with each other (cuBLAS vs Triton, fast vs precise)."""
+    """The pairs the kit is about, by label: each GPU kernel and its CPU emulation (``Kernel.emulation()``,
+    matched to the experiment's entry of the same kernel and params), and the GPU kernels of one
+    experiment with each other (cuBLAS vs Triton, fast vs precise)."""
     from tasks.kernels import get_kernel
+
+    def built(name: str, params: dict[str, Any]) -> Any:
+        try:
+            return get_kernel(name, **params)
+        except Exception:  # noqa: BLE001 - listed as dropped already
+            return None
 
     pairs: list[tuple[str, str]] = []
     for exp in data.get("experiments", {}).values():
         if exp.get("kind") != "kdepth":
             continue
-        labels = {_impl(e)[2]: e for e in exp.get("implementations", [])}
+        kernels = {label: built(name, params) for name, params, label in map(_impl, exp.get("implementations", []))}
+        identity = {label: (k.name, k.params) for label, k in kernels.items() if k is not None}
         gpu = []
-        for label, entry in labels.items():
-            name, params, _ = _impl(entry)
-            try:
-                kernel = get_kernel(name, **params)
-            except Exception:  # noqa: BLE001 - listed as dropped already
-                continue
+        for label, kernel in kernels.items():
             emulation = getattr(kernel, "emulation", None)
-            if emulation is None:
+            if kernel is None or (emulation is None and "device" not in kernel.params):
                 continue
             gpu.append(label)
+            if emulation is None:
+                continue
             emu = emulation(exp.get("dtype")) if _takes_dtype(emulation) else emulation()
-            if emu and emu.get("kernel") in labels:
-                pairs.append((label, emu["kernel"]))
+            target = built(emu["kernel"], emu.get("params", {})) if emu else None
+            match = [lb for lb, ident in identity.items() if target is not None and ident == (target.name, target.params)]
+            if match:
+                pairs.append((label, match[0]))
         pairs += [(a, b) for i, a in enumerate(gpu) for b in gpu[i + 1:]]
     seen: set[frozenset[str]] = set()
-    return [p for p in pairs if not (frozenset(p) in seen or seen.add(frozenset(p)))]  # type: ignore[func-returns-value]
+    out = []
+    for p in pairs:
+        if frozenset(p) not in seen:
+            seen.add(frozenset(p))
+            out.append(p)
+    return out
 
 
 def _takes_dtype(fn: Any) -> bool:
@@ -268,9 +293,7 @@ def summary_lines(results: Path, sweep: str, run: dict[str, Any]) -> list[str]:
     """The one-page summary: :func:`run_lines`, then each kernel pair's verdict and answer, the checks,
     batch invariance: the CPU side's own reports, through DuckDB (carried as a wheel)."""
     lines = run_lines(run)
-    try:
-        import duckdb  # noqa: F401
-    except ImportError:
+    if not _importable("duckdb"):
         return lines + ["", "DuckDB is not importable here (make gpu-kit-wheels carries it): no verdict table; "
                         "read results.tar.gz on the CPU side with `swapcheck report all`."]
     from reports import certificate, noise_floor, predictions
@@ -307,7 +330,8 @@ def summary_lines(results: Path, sweep: str, run: dict[str, Any]) -> list[str]:
         lines += ["", "batch invariance (probe row in batches of M vs alone):"]
         for r in rows:
             name = r.get("kernel") or r.get("attention") or "?"
-            extra = f" ({r['out_dtype']})" if r.get("out_dtype") else ""
+            dtype = r.get("out_dtype") or r.get("dtype") or r.get("attention_dtype")
+            extra = f" ({dtype})" if dtype else ""
             lines.append(f"  {name}{extra}: {r.get('verdict')}")
     lines += ["", "read it all: tar xzf results.tar.gz -C kit-results && swapcheck report all --results kit-results"]
     return lines

@@ -426,3 +426,17 @@ def test_matmul_settings_fall_back_to_the_new_tf32_api(monkeypatch):
         assert cm.fp32_precision == "ieee" and applied["torch.backends.cuda.matmul.fp32_precision"] == "ieee"
         assert "torch.backends.cuda.matmul.allow_tf32" not in applied
     assert cm.fp32_precision == before
+
+
+def test_int32_accumulator_is_exact_at_k_1_with_a_column_major_b() -> None:
+    """torch 2.13's CPU _int_mm returns unset memory at K = 1 for a column-major b (found by the Triton
+    kernel's tests); every INT8 emulation reads the accumulator, so K = 1 takes the exact integers."""
+    import torch
+
+    from tasks.kernels.accumulator import int32_accumulator
+
+    for seed in range(10):
+        g = torch.Generator().manual_seed(seed)
+        a = torch.randint(-128, 128, (40, 1), dtype=torch.int8, generator=g)
+        b = torch.randint(-128, 128, (48, 1), dtype=torch.int8, generator=g).t()
+        assert torch.equal(int32_accumulator(a, b), a.to(torch.int32) @ b.to(torch.int32))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 import types
@@ -699,15 +700,16 @@ def test_no_vllm_import_at_module_import():
     assert out.stdout.strip() == "False"
 
 
-def test_gpu_smoke_degrades_without_cuda(tmp_path: Path):
+def test_gpu_kit_without_cuda_refuses_gpu_mode(tmp_path: Path):
+    """The GPU kit (which replaced benchmarks/gpu_smoke.py) says so and writes only the device's identity."""
     if torch.cuda.is_available():
-        pytest.skip("CUDA present: the smoke script would run for real")
-    out = tmp_path / "smoke.txt"
-    res = subprocess.run([sys.executable, "benchmarks/gpu_smoke.py", "--out", str(out)],
-                         capture_output=True, text=True, cwd=REPO, timeout=300)
-    assert res.returncode == 0, res.stderr
-    assert "skipped" in res.stdout and "CUDA not available" in res.stdout
-    assert "skipped" in out.read_text()
+        pytest.skip("CUDA present: the kit would run for real")
+    out = tmp_path / "kit"
+    res = subprocess.run(["bash", "infra/gpu-kit/run.sh", str(out)], capture_output=True, text=True, cwd=REPO,
+                         timeout=300, env={**os.environ, "PYTHON": sys.executable})
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "no CUDA device here; run with --cpu" in res.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["device.json", "kit.log"]
 
 
 def test_assemble_logits_joins_the_1024_row_prompt_chunks_of_a_long_sequence():

@@ -19,9 +19,12 @@ fi
 if ! "$PYTHON" -c "import pydantic, duckdb" 2>/dev/null; then
     if compgen -G "$repo/.kit-wheels/*.whl" >/dev/null; then
         site="${TMPDIR:-/tmp}/swapcheck-kit-site"
-        "$PYTHON" -m pip install -q --disable-pip-version-check --no-index --no-deps --no-compile \
-            --no-cache-dir --upgrade --target "$site" "$repo"/.kit-wheels/*.whl
-        export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+        if "$PYTHON" -m pip install -q --disable-pip-version-check --no-index --no-deps --no-compile \
+            --no-cache-dir --upgrade --target "$site" "$repo"/.kit-wheels/*.whl; then
+            export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+        else
+            echo "run.sh: the wheels in .kit-wheels/ (made for CPython 3.12) do not install on $PYTHON: going on without them" >&2
+        fi
     fi
 fi
 export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"

@@ -16,8 +16,9 @@ kernel's ``apply_weights`` (§4 hook option a) as :class:`~tasks.models.Captured
 The logic the engine applies lives in :mod:`.vllm_selection` and :mod:`.vllm_rows` (pure, tested
 without a GPU) and is re-exported here.
 
-**Status:** this GPU path has not yet run on a GPU.  tests/test_gpu.py and benchmarks/gpu_smoke.py
-are the checks to run where CUDA and vLLM 0.29-0.32 are.
+**Status:** this GPU path has not yet run on a GPU.  tests/test_gpu.py
+are the checks to run where CUDA and vLLM 0.29-0.32 are; infra/gpu-kit/run.sh (docs/gpu.md) runs the kernels
+that need only torch and Triton on a borrowed GPU.
 """
 
 from __future__ import annotations
