@@ -42,8 +42,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from orchestrator.worker import ledger_row  # noqa: E402
-from storage.catalog import ensure_cache_key  # noqa: E402
-from storage.store import FileRecord, ResultStore, utcnow  # noqa: E402
+from storage.store import FileRecord, ResultStore, ensure_cache_key, utcnow  # noqa: E402
 
 __all__ = ["ARMS", "DEFAULT_DIR", "SWEEP", "ensure_rows", "generate"]
 
