@@ -232,3 +232,26 @@ def test_kit_code_uses_only_torch_apis_of_torch_2_11(module: str) -> None:
     unknown = used - KIT_TORCH_APIS
     assert not unknown, (f"{module} uses torch APIs not yet checked against torch 2.11: {sorted(unknown)}; check "
                          "each exists in torch 2.11 and add it to KIT_TORCH_APIS")
+
+
+def test_kit_wheels_are_the_locks_pins_with_their_hashes() -> None:
+    """make gpu-kit-wheels downloads exactly cpu.lock's versions of what the borrowed machine lacks, checked
+    against the lock's hashes (pip download --require-hashes): the requirements it hands pip."""
+    sys.path.insert(0, str(REPO / "tools"))
+    try:
+        import gpu_kit_wheels as kw
+    finally:
+        sys.path.remove(str(REPO / "tools"))
+    req = kw.lock_entries(kw.LOCK, kw.PACKAGES)
+    pins = {line.split("==")[0].lower(): line.split("==")[1].split()[0] for line in req.splitlines()
+            if "==" in line and not line.startswith(" ")}
+    assert set(pins) == set(kw.PACKAGES)
+    lock = kw.LOCK.read_text()
+    for name, version in pins.items():
+        assert f"{name}=={version}" in lock
+    assert req.count("--hash=sha256:") >= len(kw.PACKAGES)
+    assert not req.rstrip().endswith("\\")
+    with pytest.raises(SystemExit, match="no pin for"):
+        kw.lock_entries(kw.LOCK, ("no-such-package",))
+    tree, wheels = kw.travelling_bytes()
+    assert 0 < tree < kw.BUDGET_BYTES
