@@ -178,11 +178,16 @@ def spec_text(data: dict[str, Any], header: str) -> str:
     return text
 
 
-def _for_sweep(prereg_text: str, sweep: str) -> str:
-    """A prediction file's text with its ``sweep = ...`` line naming ``sweep``."""
+def _for_sweep(prereg_text: str, sweep: str, mode: str) -> str:
+    """A prediction file's text with its ``sweep = ...`` line naming ``sweep``; in ``cpu`` mode without the
+    predictions whose id ends in ``-on-gpu`` (what only a GPU can show)."""
     import re
 
-    return re.sub(r'(?m)^sweep = "[^"]*"', f"sweep = {json.dumps(sweep)}", prereg_text, count=1)
+    text = re.sub(r'(?m)^sweep = "[^"]*"', f"sweep = {json.dumps(sweep)}", prereg_text, count=1)
+    if mode == "cpu":
+        head, *blocks = text.split("[[predictions]]")
+        text = head + "".join(f"[[predictions]]{b}" for b in blocks if not re.search(r'(?m)^id = "[^"]*-on-gpu"', b))
+    return text
 
 
 def headline_pairs(data: dict[str, Any]) -> list[tuple[str, str]]:
@@ -421,7 +426,7 @@ def _run(args: argparse.Namespace, mode: str, out: Path) -> int:
     for name in data.get("preregistration", []):
         # The predictions, registered for the sweep that runs (gpu-kit, or gpu-kit-cpu in --cpu mode).
         source = (spec_path.parent / name).read_text(encoding="utf-8")
-        (work / name).write_text(_for_sweep(source, data["name"]), encoding="utf-8")
+        (work / name).write_text(_for_sweep(source, data["name"], mode), encoding="utf-8")
     results = work / "results"
     _say(f"results tree: {results}")
 
