@@ -6,8 +6,9 @@ network) and what the working tree carries (``make gpu-kit-wheels``: pydantic an
 
 1. The sweep ``infra/gpu-kit/gpu-kit.toml`` (``--cpu``: ``gpu-kit-cpu.toml``, the same experiments on small
    shapes with every kernel's ``device = "cpu"``: its CPU counterpart; Triton under its interpreter) loses
-   the implementations whose kernel is not available here, each named with its reason (an experiment left
-   without kernels is dropped); the rest is written as the spec that runs.
+   the implementations whose kernel is not available here, and a replay's pairs with such a kernel (and
+   their kernels' ``algorithms``/``ulps``), each named with its reason (an experiment left without kernels
+   is dropped, and a replay where transformers is not importable); the rest is written as the spec that runs.
 2. It runs **in this process** (``orchestrator.runner.launch(in_process=True)``, no Ray): the same tables,
    ledger and commits as any sweep, within ``--budget-s`` (no unit starts after it; a relaunch with the
    same ``--work`` runs the rest).
@@ -77,7 +78,15 @@ def _say(line: str = "") -> None:
 # -- the spec that runs here ------------------------------------------------------------------------
 
 _KERNEL_LISTS = {"kdepth": ("implementations",), "exact_match": ("kernels",), "bounds": ("kernels",),
-                 "batch_invariance": ("kernels", "attention_kernels"), "attention_checks": ("kernels",)}
+                 "batch_invariance": ("kernels", "attention_kernels"), "attention_checks": ("kernels",),
+                 "attention_replay": ("pairs",)}
+#: Fields whose entries are attention kernels (the rest name GEMM kernels), by kind; every field of those kinds.
+_ATTENTION_FIELDS = {"batch_invariance": ("attention_kernels",), "attention_checks": ("kernels",),
+                     "attention_replay": ("pairs",)}
+#: Per-kernel tables of a kind that its kernel lists name the keys of (the kind refuses a key no entry names).
+_KEYED_BY_KERNEL = {"attention_replay": ("algorithms", "ulps")}
+#: A module an experiment's kind needs beyond the kit's own (the replay builds the tiny model with transformers).
+_KIND_NEEDS = {"attention_replay": "transformers"}
 
 
 def _impl(entry: Any) -> tuple[str, dict[str, Any], str]:
@@ -87,6 +96,20 @@ def _impl(entry: Any) -> tuple[str, dict[str, Any], str]:
     return entry["kernel"], dict(entry.get("params", {})), entry.get("label") or entry["kernel"]
 
 
+def _label(entry: Any) -> str:
+    """How a dropped entry is named: its label, or ``a~b`` for a pair of kernels."""
+    if isinstance(entry, list):
+        return "~".join(_label(e) for e in entry)
+    return _impl(entry)[2]
+
+
+def _names(entry: Any) -> list[str]:
+    """The kernel names of an entry: one, or both of a pair."""
+    if isinstance(entry, list):
+        return [n for e in entry for n in _names(e)]
+    return [_impl(entry)[0]]
+
+
 def _short(why: str) -> str:
     """A reason's first clause (an unknown name's error lists every valid name)."""
     first = why.split("; did you mean")[0].split("; allowed:")[0]
@@ -94,8 +117,15 @@ def _short(why: str) -> str:
 
 
 def _unavailable(kind: str, field: str, entry: Any) -> str | None:
-    """Why the kernel of ``entry`` cannot run here, or None."""
-    if field == "attention_kernels" or kind == "attention_checks":
+    """Why the kernel of ``entry`` cannot run here, or None; for a pair (``attention_replay``), that the
+    first of its kernels that cannot run here is not available, and why."""
+    if isinstance(entry, list):
+        for one in entry:
+            why = _unavailable(kind, field, one)
+            if why is not None:
+                return f"{_label(one)} not available here: {why}"
+        return None
+    if field in _ATTENTION_FIELDS.get(kind, ()):
         from tasks.attention import get_attention
 
         try:
@@ -133,15 +163,28 @@ def runnable_spec(text: str) -> tuple[dict[str, Any], list[str]]:
                 why = _unavailable(kind, field, entry)
                 if why is None:
                     kept.append(entry)
+                elif isinstance(entry, list):  # a pair goes with either of its kernels
+                    dropped.append(f"experiments.{name}.{field}: pair {_label(entry)} dropped, {_short(why)}")
                 else:
-                    dropped.append(f"experiments.{name}.{field}: {_impl(entry)[2]} not available here: {_short(why)}")
+                    dropped.append(f"experiments.{name}.{field}: {_label(entry)} not available here: {_short(why)}")
             if field in exp:
                 exp[field] = kept
         lists = [exp.get(f, []) for f in _KERNEL_LISTS.get(kind, ()) if f in exp]
-        # A kdepth needs one implementation besides its reference, checks one kernel.
+        # A kdepth needs one implementation besides its reference, checks one kernel, a replay one pair.
         if lists and not any(lists):
             del data["experiments"][name]
-            dropped.append(f"experiments.{name}: dropped, none of its kernels is available here")
+            what = "pairs can run" if kind == "attention_replay" else "kernels is available"
+            dropped.append(f"experiments.{name}: dropped, none of its {what} here")
+            continue
+        # A replay's algorithms and ulps name kernels of its pairs: those of dropped pairs go with them.
+        named = {n for f in _KERNEL_LISTS.get(kind, ()) for e in exp.get(f, []) for n in _names(e)}
+        for field in _KEYED_BY_KERNEL.get(kind, ()):
+            if isinstance(exp.get(field), dict):
+                exp[field] = {k: v for k, v in exp[field].items() if k in named}
+        module = _KIND_NEEDS.get(kind)
+        if module is not None and not _importable(module):
+            del data["experiments"][name]
+            dropped.append(f"experiments.{name}: dropped, its kind ({kind}) needs {module}, which is not importable here")
     if data.get("preregistration") and not _importable("duckdb"):
         # A launch checks each prediction's SQL with DuckDB before it registers it.
         dropped.append(f"preregistration {data.pop('preregistration')}: not registered, DuckDB is not importable "
@@ -192,8 +235,9 @@ def _for_sweep(prereg_text: str, sweep: str, mode: str) -> str:
 
 def headline_pairs(data: dict[str, Any]) -> list[tuple[str, str]]:
     """The pairs the kit is about, by label: each GPU kernel and its CPU emulation (``Kernel.emulation()``,
-    matched to the experiment's entry of the same kernel and params), and the GPU kernels of one
-    experiment with each other (cuBLAS vs Triton, fast vs precise)."""
+    matched to the experiment's entry of the same kernel and params), the GPU kernels of one
+    experiment with each other (cuBLAS vs Triton, fast vs precise), and each attention pair a replay
+    names (the SDPA backends with each other)."""
     from tasks.kernels import get_kernel
 
     def built(name: str, params: dict[str, Any]) -> Any:
@@ -204,6 +248,9 @@ def headline_pairs(data: dict[str, Any]) -> list[tuple[str, str]]:
 
     pairs: list[tuple[str, str]] = []
     for exp in data.get("experiments", {}).values():
+        if exp.get("kind") == "attention_replay":
+            pairs += [(a, b) for a, b in exp.get("pairs", [])]
+            continue
         if exp.get("kind") != "kdepth":
             continue
         kernels = {label: built(name, params) for name, params, label in map(_impl, exp.get("implementations", []))}
@@ -311,7 +358,8 @@ def summary_lines(results: Path, sweep: str, run: dict[str, Any]) -> list[str]:
     wanted = {frozenset(p): i for i, p in enumerate(run.get("pairs", []))}
     head = sorted((c for c in certs if frozenset((c["kernel_a"], c["kernel_b"])) in wanted),
                   key=lambda c: wanted[frozenset((c["kernel_a"], c["kernel_b"]))])
-    lines += ["", "GPU kernel vs its emulation, and GPU kernel vs GPU kernel (certificates over K-depth):"]
+    lines += ["", "GPU kernel vs its emulation, and GPU kernel vs GPU kernel (certificates over K-depth; "
+                  "attention pairs over the replayed layers):"]
     for c in head:
         by = "; ".join(f"{s['scale_mode']}: {s['verdict']}" for s in c["scale_modes"])
         lines.append(f"  {c['kernel_a']} vs {c['kernel_b']}: {c['verdict']} ({by})")

@@ -525,6 +525,9 @@ ATTENTION_REPLAY = pa.schema(
         ("algorithm", pa.string()),
         ("outside_bound", pa.int64()),
         ("lse_outside_bound", pa.int64()),
+        # The kernels were called with is_causal=True in place of the layer's exactly causal mask (false:
+        # with the mask). NULL in files written before the kind took CUDA kernels (every call had the mask).
+        ("is_causal", pa.bool_()),
     ]
 )
 

@@ -22,6 +22,7 @@ from orchestrator.spec import load_spec
 from reports import certificate as cf
 from storage.catalog import open_catalog
 from storage.store import ResultStore
+from tasks.devices import cuda_reason
 from tasks.kinds import attention_replay as ar
 from tasks.kinds import generate
 from tasks.kinds.base import content_id
@@ -220,6 +221,143 @@ def test_replay_rows_recomputed_independently(replayed: tuple[list[Any], list[di
                           and r["impl_a"] == "sdpa-flash-cpu" and r["comparison"] == "reference"]
             ref_out = (torch.softmax(s, -1) @ v.double()).to(tdt)
             assert ref_row["differing"] == int((_spacing(flash, ref_out) != 0).sum())
+
+
+# -- attention_replay with CUDA kernels: validation, resources, devices, is_causal ------------------------
+
+#: A replay naming CUDA attention kernels (and one CPU kernel against its CUDA counterpart).
+CUDA_REPLAY = """
+question = "q"
+name = "replay-cuda"
+
+[experiments.r]
+kind = "attention_replay"
+model = "tiny-qwen3"
+pairs = [["sdpa-flash-cuda", "sdpa-math-cuda"], ["sdpa-math-cuda", "sdpa-math"]]
+dtypes = ["bfloat16"]
+algorithms = { "sdpa-flash-cuda" = "fused-general", "sdpa-math-cuda" = "plain" }
+prompts = { count = 2, length = 8, seed = 0 }
+"""
+
+
+def test_replay_accepts_a_cuda_kernel_that_exists_and_requests_a_gpu_for_it() -> None:
+    cuda = ar.AttentionReplayExperiment(kind="attention_replay", pairs=[["sdpa-flash-cuda", "sdpa-cudnn-cuda"],
+                                                                      ["sdpa-math-cuda", "sdpa-math"]],
+                                        algorithms={"sdpa-flash-cuda": "fused-general", "sdpa-math-cuda": "plain"})
+    assert ar.problems("x", cuda) == []
+    (unit,) = ar.expand("x", cuda)
+    assert unit.resources.num_gpus == 1
+    cpu = ar.AttentionReplayExperiment(kind="attention_replay", pairs=[["sdpa-math", "sdpa-flash-cpu"]])
+    (unit,) = ar.expand("x", cpu)
+    assert unit.resources.num_gpus == 0  # and its id is the one tests/data/pinned_unit_ids.json holds
+    bad = ar.AttentionReplayExperiment(kind="attention_replay", pairs=[["vllm-flash-attn", "sdpa-math"],
+                                                                     ["sdpa-efficient-cpu", "sdpa-flsh-cuda"]])
+    problems = ar.problems("x", bad)
+    assert any(p.startswith("x.pairs[0][0]: 'vllm-flash-attn' is a vLLM engine backend (FLASH_ATTN)") for p in problems)
+    assert any(p.startswith("x.pairs[1][0]: attention kernel 'sdpa-efficient-cpu' is not available here: PyTorch has "
+                            "no CPU implementation") for p in problems), problems
+    assert any(p.startswith("x.pairs[1][1]: unknown attention kernel 'sdpa-flsh-cuda'; did you mean") for p in problems)
+
+
+@pytest.mark.skipif(cuda_reason() is None, reason="a CUDA device is visible")
+def test_a_cuda_replay_plans_with_a_gpu_and_a_launch_without_one_refuses_it(tmp_path: Path) -> None:
+    """As kdepth with torch-scaled-mm-cuda: planned with gpu=1; the launch refuses it (exit 2) naming what is
+    missing, before writing anything."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from orchestrator.cli.main import app
+
+    runner = CliRunner()
+    spec = tmp_path / "replay-cuda.toml"
+    spec.write_text(CUDA_REPLAY)
+    plan = runner.invoke(app, ["sweep", "plan", str(spec), "--format", "json"])
+    assert plan.exit_code == 0, plan.output
+    (row,) = json.loads(plan.stdout)
+    assert row["kind"] == "attention_replay" and "gpu=1" in row["resources"]
+    results = tmp_path / "results"
+    res = runner.invoke(app, ["sweep", "launch", str(spec), "--results", str(results), "--no-progress"])
+    assert res.exit_code == 2, res.output
+    assert "request a GPU" in res.output and "no GPU" in res.output and "sdpa-flash-cuda~sdpa-math-cuda" in res.output
+    assert not results.exists()
+
+
+def test_exactly_causal_is_decided_from_the_mask_values() -> None:
+    lo = torch.finfo(torch.float32).min
+    causal = torch.where(torch.ones(5, 5, dtype=torch.bool).tril(), 0.0, lo)[None, None].expand(3, 1, 5, 5)
+    assert ar.exactly_causal(causal, 5, 5)
+    assert ar.exactly_causal(causal.masked_fill(causal != 0, float("-inf")), 5, 5)  # any exclusion value
+    padded = causal.clone()
+    padded[1, :, :, 0] = lo  # batch element 1 has a padded first key
+    assert not ar.exactly_causal(padded, 5, 5)
+    assert not ar.exactly_causal(torch.zeros(3, 1, 5, 5), 5, 5)  # full attention
+    assert not ar.exactly_causal(None, 5, 5)
+    assert not ar.exactly_causal(causal, 5, 6)
+
+
+def test_cpu_kernels_give_the_same_bits_with_is_causal_as_with_the_causal_mask(
+        replayed: tuple[list[Any], list[dict[str, Any]]]) -> None:
+    """Why every kernel may be called with is_causal where the captured mask is exactly causal: each CPU
+    kernel's output and logsumexp are bit for bit those it gives with the mask, on every replayed layer and
+    dtype (so rows written before the kind chose is_causal stay valid)."""
+    records, rows = replayed
+    assert all(r["is_causal"] is True for r in rows)
+    view = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+    for rec in records:
+        assert ar.exactly_causal(rec.mask, rec.q.shape[2], rec.k.shape[2])
+        for dt in view:
+            ops = ar.operands(rec, dt)
+            for name in ("sdpa-math", "sdpa-flash-cpu", "eager", "fp64"):
+                out_c, lse_c, _ = ar._run(name, ops, rec.scale, causal=True)
+                out_m, lse_m, _ = ar._run(name, ops, rec.scale, causal=False)
+                assert torch.equal(out_c.view(view[dt]), out_m.view(view[dt])), (name, dt, rec.layer_index)
+                assert torch.equal(lse_c.view(torch.int32), lse_m.view(torch.int32)), (name, dt, rec.layer_index)
+
+
+def test_each_kernel_gets_its_operands_on_its_device_and_the_causal_call(
+        replayed: tuple[list[Any], list[dict[str, Any]]]) -> None:
+    """The device path, on the CPU: a stand-in kernel asserts that q, k, v (and a mask) arrive on its
+    device and records how it was called; its outputs come back on the CPU and are compared there. A
+    causal layer calls it with is_causal=True and no mask; a padded layer with the mask."""
+    from tasks.attention import AttentionKernel, get_attention, register_attention
+    from tasks.attention.registry import _unregister
+    from tasks.models.hf_attention import CapturedAttention
+
+    calls: list[tuple[str, bool, bool]] = []
+    math = get_attention("sdpa-math")
+
+    def compute(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None, is_causal: bool,
+                scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+        where = torch.device(standin.device)
+        assert all(t.device == where for t in (q, k, v)), [t.device for t in (q, k, v)]
+        assert attn_mask is None or attn_mask.device == where
+        calls.append((str(q.dtype), is_causal, attn_mask is not None))
+        assert math.compute is not None
+        return math.compute(q, k, v, attn_mask, is_causal, scale)
+
+    standin = AttentionKernel(name="replay-device-standin", device="cpu", description="a test's stand-in",
+                              logsumexp="sdpa-math's", compute=compute, algorithm="plain")
+    register_attention(standin)
+    try:
+        records, _ = replayed
+        rec = records[0]
+        padded_mask = rec.mask.clone()
+        padded_mask[0, :, :, 0] = torch.finfo(padded_mask.dtype).min  # prompt 0 has a padded first position
+        padded_mask[0, :, 0, 0] = 0.0  # (which its first query still sees: no row is fully excluded)
+        padded = CapturedAttention(rec.layer_index, rec.q, rec.k, rec.v, padded_mask, rec.scale)
+        pairs = [[{"name": "replay-device-standin", "version": "1"}, {"name": "sdpa-math", "version": "1"}]]
+        rows = ar.replay_attention([rec, padded], pairs, ["float32", "bfloat16"], {"replay-device-standin": "plain"})
+    finally:
+        _unregister("replay-device-standin")
+    assert calls == [("torch.float32", True, False), ("torch.bfloat16", True, False),
+                     ("torch.float32", False, True), ("torch.bfloat16", False, True)]
+    assert [r["is_causal"] for r in rows] == [True] * 6 + [False] * 6
+    # Computed by sdpa-math's own code on the same call: the pair is identical, and inside plain's bounds.
+    pair_rows = [r for r in rows if r["comparison"] == "pair"]
+    assert all(r["bitwise_equal"] and r["lse_differing"] == 0 for r in pair_rows)
+    assert all(r["outside_bound"] == 0 for r in rows if r["impl_a"] == "replay-device-standin"
+               and r["comparison"] == "reference")
 
 
 # -- the certificate of an attention pair ---------------------------------------------------------------

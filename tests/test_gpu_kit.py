@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -42,7 +43,14 @@ def _unpack(out: Path, dest: Path) -> Path:
 
 def _entries(spec: dict, exp: dict) -> list[tuple[str, dict, str]]:
     fields = gpukit._KERNEL_LISTS.get(exp["kind"], ())
-    return [gpukit._impl(e) for f in fields for e in exp.get(f, [])]
+    return [gpukit._impl(e) for f in fields for e in exp.get(f, []) if not isinstance(e, list)]
+
+
+def _on_cpu() -> dict[str, str]:
+    """Each SDPA backend's CUDA entry -> its CPU counterpart (attention kernels name their device)."""
+    from tasks.attention.sdpa import SDPA_NAMES
+
+    return {SDPA_NAMES[(b, "cuda")]: SDPA_NAMES[(b, "cpu")] for b, d in SDPA_NAMES if d == "cuda"}
 
 
 def test_cpu_spec_mirrors_the_gpu_spec() -> None:
@@ -50,12 +58,18 @@ def test_cpu_spec_mirrors_the_gpu_spec() -> None:
     gpu = tomllib.loads(gpukit.SPECS["gpu"].read_text())
     cpu = tomllib.loads(gpukit.SPECS["cpu"].read_text())
     assert list(gpu["experiments"]) == list(cpu["experiments"])
+    on_cpu = _on_cpu()
     for name, exp in gpu["experiments"].items():
         g, c = _entries(gpu, exp), _entries(cpu, cpu["experiments"][name])
+        if exp["kind"] == "attention_replay":  # pairs, and the tables keyed by their kernels, mapped
+            cexp = cpu["experiments"][name]
+            assert [[on_cpu[a], on_cpu[b]] for a, b in exp["pairs"]] == cexp["pairs"], name
+            for field in ("algorithms", "ulps"):
+                assert {on_cpu[k]: v for k, v in exp.get(field, {}).items()} == cexp.get(field, {}), (name, field)
+            rest = {"pairs", "algorithms", "ulps"}
+            assert {k: v for k, v in exp.items() if k not in rest} == {k: v for k, v in cexp.items() if k not in rest}
+            continue
         if exp.get("attention_kernels"):  # attention kernels name their device (tasks/attention/sdpa.py)
-            from tasks.attention.sdpa import SDPA_NAMES
-
-            on_cpu = {SDPA_NAMES[(b, "cuda")]: SDPA_NAMES[(b, "cpu")] for b, d in SDPA_NAMES if d == "cuda"}
             assert [on_cpu[e[0]] for e in g] == [e[0] for e in c], name
             continue
         assert [e[2] for e in g] == [e[2] for e in c], name
@@ -88,7 +102,41 @@ def test_headline_pairs_are_each_gpu_kernel_and_its_emulation() -> None:
     assert ("cublas-int8-channelwise", "int8-torch-channelwise") in pairs
     assert ("cublas-int8-cutlass-order", "int8-cutlass-order") in pairs
     assert ("cublas-int8-triton-order", "int8-triton-order") in pairs
+    assert ("sdpa-flash-cpu", "sdpa-math") in pairs  # the replay's attention pairs too
     assert len({frozenset(p) for p in pairs}) == len(pairs)
+
+
+def test_a_replay_loses_each_pair_with_an_unavailable_kernel_and_its_keys() -> None:
+    """attention_replay's pairs: every pair with a kernel not available here is dropped (one line each, naming
+    the kernel and why), the algorithms of kernels no kept pair names go with them, and a replay left without
+    pairs is dropped; on the GPU spec here (no CUDA) every pair goes."""
+    cpu, dropped = gpukit.runnable_spec(gpukit.SPECS["cpu"].read_text())
+    replay = cpu["experiments"]["sdpa-replay-bf16"]
+    assert replay["pairs"] == [["sdpa-flash-cpu", "sdpa-math"]]
+    assert replay["algorithms"] == {"sdpa-flash-cpu": "fused-general", "sdpa-math": "plain"}
+    lines = [d for d in dropped if d.startswith("experiments.sdpa-replay-bf16.pairs: ")]
+    assert len(lines) == 5, lines
+    assert ("experiments.sdpa-replay-bf16.pairs: pair sdpa-flash-cpu~sdpa-efficient-cpu dropped, sdpa-efficient-cpu "
+            "not available here: PyTorch has no CPU implementation") in "\n".join(lines)
+    assert "experiments.sdpa-replay-fp32: dropped, none of its pairs can run here" in dropped
+    assert "sdpa-replay-fp32" not in cpu["experiments"]
+    from orchestrator.spec import parse_spec
+
+    # What remains is a valid spec: no key names a dropped kernel.
+    parse_spec(gpukit.spec_text(cpu, "# kit"), str(gpukit.SPECS["cpu"]))
+    gpu, gdropped = gpukit.runnable_spec(gpukit.SPECS["gpu"].read_text())
+    if gpukit._unavailable("attention_replay", "pairs", "sdpa-flash-cuda") is not None:
+        assert not any(n.startswith("sdpa-replay") for n in gpu["experiments"])
+        assert sum(d.startswith("experiments.sdpa-replay-bf16.pairs: pair ") for d in gdropped) == 6
+
+
+def test_a_replay_is_dropped_where_transformers_is_not_importable(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = gpukit._importable
+    monkeypatch.setattr(gpukit, "_importable", lambda m: m != "transformers" and real(m))
+    data, dropped = gpukit.runnable_spec(gpukit.SPECS["cpu"].read_text())
+    assert "sdpa-replay-bf16" not in data["experiments"] and "sdpa-batch-invariance-bf16" in data["experiments"]
+    assert ("experiments.sdpa-replay-bf16: dropped, its kind (attention_replay) needs transformers, which is not "
+            "importable here") in dropped
 
 
 def test_out_must_be_new_or_empty(tmp_path: Path) -> None:
@@ -116,6 +164,9 @@ def test_cpu_kit_end_to_end_read_by_the_cpu_side(tmp_path: Path) -> None:
     assert "fused-differs-on-gpu" not in summary  # what only a GPU can show is not registered
     assert "batch invariance" in summary and "cublas-matmul-fp32 (fp32): bit-invariant" in summary
     assert "sdpa-flash-cpu" in summary and "sdpa-efficient-cpu not available here" in summary
+    # The SDPA backends' replay (CPU counterparts: flash and math): the pair's certificate and verdict.
+    assert re.search(r"^  sdpa-flash-cpu vs sdpa-math: (IDENTICAL|WITHIN_ALGORITHM_BOUND) ", summary, re.M), summary
+    assert "pair sdpa-flash-cpu~sdpa-efficient-cpu dropped" in summary
     device = json.loads((out / "device.json").read_text())
     assert device["mode"] == "cpu" and device["torch"]
     assert (out / "kit.log").read_text().count("ok") >= 10  # every unit's line is in the log
@@ -129,7 +180,8 @@ def test_cpu_kit_end_to_end_read_by_the_cpu_side(tmp_path: Path) -> None:
                             capture_output=True, text=True)
     assert report.returncode == 0, report.stderr
     for text in ("cublas-int8-channelwise", "int8-torch-channelwise", "IDENTICAL", "cublas-matmul-bf16",
-                 "cublaslt-fp8-fast", "bit-invariant", "cublas-int8-channelwise-is-its-emulation"):
+                 "cublaslt-fp8-fast", "bit-invariant", "cublas-int8-channelwise-is-its-emulation",
+                 "sdpa-flash-cpu within the bounds of fused-general", "sdpa-math within the bounds of plain"):
         assert text in report.stdout, text
     # The device's identity is in the provenance the CPU side reads.
     launches = subprocess.run([*CLI, "query", "--results", str(results), "--format", "json",
@@ -183,11 +235,12 @@ KIT_TORCH_APIS = {
     "torch.backends.mkldnn", "torch.backends.cpu.get_cpu_capability",
     "torch.cuda.device_count", "torch.cuda.get_device_capability", "torch.cuda.get_device_name",
     "torch.cuda.get_device_properties", "torch.cuda.is_available",
+    "torch.bool", "torch.finfo", "torch.ones", "torch.tensor", "torch.where", "torch.zeros",
     # private, present since torch 2.0 (torch._int_mm) and read only through getattr with a fallback (torch._C)
     "torch._int_mm", "torch._C",
 }
 KIT_MODULES = ["orchestrator/gpukit.py", "tasks/kernels/cublas.py", "tasks/kernels/triton_mm.py",
-               "tasks/kernels/_triton_jit.py", "tasks/attention/sdpa.py"]
+               "tasks/kernels/_triton_jit.py", "tasks/attention/sdpa.py", "tasks/kinds/attention_replay.py"]
 
 
 def _torch_apis(path: Path) -> set[str]:

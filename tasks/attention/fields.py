@@ -10,7 +10,7 @@ from typing import Any
 
 from tasks.attention.registry import AttentionError, get_attention
 
-__all__ = ["attention_payload", "attention_problem"]
+__all__ = ["attention_payload", "attention_problem", "callable_problem"]
 
 
 def attention_problem(field: str, name: str, engine: str = "cpu") -> str | None:
@@ -30,6 +30,27 @@ def attention_problem(field: str, name: str, engine: str = "cpu") -> str | None:
         return None
     if kernel.device != "cpu":
         return f"{field}: {name!r} runs on {kernel.device}; the CPU engine takes a cpu attention kernel (swapcheck kernels attention)"
+    ok, why = kernel.available()
+    return None if ok else f"{field}: attention kernel {name!r} is not available here: {why}"
+
+
+def callable_problem(field: str, name: str) -> str | None:
+    """Why ``name`` cannot be called on its own operands (None: it can), whatever its device.
+
+    A kernel that is called directly (the ``attention_replay`` kind) may be a CUDA one: as a GEMM
+    kernel with ``device = "cuda"``, it is accepted when it exists, its unit requests a GPU, and a
+    launch where no GPU is refuses the unit before anything is written (exit 2, naming what is
+    missing); where it runs, an unavailable one fails its unit with its reason.  A CPU kernel must be
+    available here (it runs wherever the unit does), and an engine backend cannot be called at all."""
+    try:
+        kernel = get_attention(name)
+    except AttentionError as exc:
+        return f"{field}: {exc}"
+    if kernel.compute is None:
+        return (f"{field}: {name!r} is a vLLM engine backend ({kernel.engine_backend}), selected per arm on "
+                "engine 'vllm'; it cannot be called on its own operands")
+    if kernel.device == "cuda":
+        return None
     ok, why = kernel.available()
     return None if ok else f"{field}: attention kernel {name!r} is not available here: {why}"
 

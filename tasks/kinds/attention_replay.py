@@ -18,16 +18,28 @@ kernels of every pair:
 The float mask is the model's (0 or the dtype's minimum); cast to another dtype it is rebuilt with
 that dtype's minimum, so fp16 gets a finite mask too.  Layers see the fp64 model's activations, so
 the operands of layer ``i`` do not depend on the kernels under test.
+
+**Devices.** The capture runs on the CPU (the tiny model, transformers).  A kernel of a pair may be a
+CUDA entry (``sdpa-flash-cuda``, ...): it is accepted when it exists, the unit then requests one GPU
+(a launch without one refuses it before writing anything), and each kernel gets the operands moved to
+its ``device`` and gives its outputs back to the CPU (:func:`tasks.devices.on_device`) before any
+comparison; its seconds are the call's own.  **Causal masks.** Where a layer's mask is exactly
+SDPA's causal mask (query ``i`` sees keys ``j <= i``, for every batch element; :func:`exactly_causal`),
+every kernel is called with ``is_causal=True`` instead of the float mask (FlashAttention takes no
+float mask); elsewhere (padding) with the mask.  The rows say which (``is_causal``).  The float64
+reference and the algorithms' bounds are computed from the mask itself: it is the definition.  For
+the CPU kernels the two calls give the same bits (tests/test_attention_swap.py holds them to it on
+every replayed layer), so rows written before this choice stay valid.
 """
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator
 
 from tasks.comparison import compare
+from tasks.devices import on_device
 from tasks.kinds.base import Kind, Rows, Unit, UnitContext
 from tasks.kinds.fields import (
     MAX_SEED,
@@ -51,6 +63,8 @@ VERSION = "1"
 AttentionDtype = Literal["float32", "bfloat16", "float16"]
 #: ``impl_b`` of a reference row: the float64 attention rounded once to the dtype.
 REFERENCE = "fp64-reference"
+#: The attention kernel that computes the reference (every step in float64, rounded once).
+REFERENCE_KERNEL = "fp64"
 #: The bound columns of a row judged against no algorithm.
 NO_BOUND: dict[str, Any] = {"algorithm": None, "outside_bound": None, "lse_outside_bound": None}
 
@@ -61,7 +75,7 @@ class AttentionReplayExperiment(Strict):
     kind: Literal["attention_replay"]
     model: str = "tiny-qwen3"
     model_seed: int = Field(default=0, ge=0, le=MAX_SEED)
-    #: Pairs of attention kernels (tasks.attention registry names, CPU entries).
+    #: Pairs of attention kernels (tasks.attention registry names; CPU or CUDA entries).
     pairs: list[list[str]] = Field(min_length=1)
     #: The dtypes the captured fp32 operands are cast to before each replay.
     dtypes: list[AttentionDtype] = Field(default_factory=lambda: list[AttentionDtype](["float32"]), min_length=1)
@@ -99,12 +113,12 @@ class AttentionReplayExperiment(Strict):
 
 
 def problems(base: str, exp: AttentionReplayExperiment) -> list[str]:
-    from tasks.attention.fields import attention_problem
+    from tasks.attention.fields import callable_problem
 
     out = []
     for i, (a, b) in enumerate(exp.pairs):
         for j, name in enumerate((a, b)):
-            p = attention_problem(f"{base}.pairs[{i}][{j}]", name)
+            p = callable_problem(f"{base}.pairs[{i}][{j}]", name)
             if p:
                 out.append(p)
         if a == b:
@@ -126,6 +140,7 @@ def problems(base: str, exp: AttentionReplayExperiment) -> list[str]:
 
 
 def expand(experiment: str, exp: AttentionReplayExperiment) -> list[Unit]:
+    from tasks.attention import get_attention
     from tasks.attention.fields import attention_payload
 
     params = {
@@ -138,7 +153,8 @@ def expand(experiment: str, exp: AttentionReplayExperiment) -> list[Unit]:
         "ulps": dict(sorted(exp.ulps.items())),
         "prompts": prompt_payload(exp.prompts),
     }
-    return [KIND.unit(experiment, params, exp.resources)]
+    gpu = any(get_attention(name).device == "cuda" for pair in exp.pairs for name in pair)
+    return [KIND.unit(experiment, params, exp.resources.with_gpu(gpu))]
 
 
 def describe(p: dict[str, Any]) -> str:
@@ -157,13 +173,31 @@ def operands(rec: CapturedAttention, dtype: torch.dtype) -> tuple[Any, ...]:
     return q, k, v, mask
 
 
-def _run(name: str, ops: tuple[torch.Tensor, ...], scale: float) -> tuple[torch.Tensor, torch.Tensor, float]:
+def exactly_causal(mask: torch.Tensor | None, q_len: int, kv_len: int) -> bool:
+    """Whether the captured additive ``mask`` excludes exactly what SDPA's ``is_causal=True`` does:
+    query ``i`` sees keys ``j <= i`` (top-left aligned), the same for every batch element and head.
+
+    Decided from the values as :func:`operands` reads them (0 attends, anything else is excluded):
+    a padded batch, a sliding window or no mask at all is not causal."""
+    import torch
+
+    if mask is None or tuple(mask.shape[-2:]) != (q_len, kv_len):
+        return False
+    causal = torch.ones(q_len, kv_len, dtype=torch.bool).tril()
+    return bool(((mask == 0) == causal).all())
+
+
+def _run(name: str, ops: tuple[torch.Tensor, ...], scale: float,
+         causal: bool = False) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """``name`` on the CPU operands ``ops``, moved to the kernel's device (its outputs back on the
+    CPU), with ``is_causal=True`` in place of the mask when ``causal``; and the call's seconds."""
     from tasks.attention import get_attention
 
+    kernel = get_attention(name)
     q, k, v, mask = ops
-    t0 = time.perf_counter()
-    out, lse = get_attention(name)(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
-    return out, lse, time.perf_counter() - t0
+    masking: dict[str, Any] = {"is_causal": True} if causal else {"attn_mask": mask}
+    (out, lse), seconds = on_device(kernel.device, kernel, q, k, v, scale=scale, enable_gqa=True, **masking)
+    return out, lse, seconds
 
 
 def _row(out_a: torch.Tensor, out_b: torch.Tensor, lse_a: torch.Tensor, lse_b: torch.Tensor,
@@ -206,14 +240,17 @@ def replay_attention(records: list[CapturedAttention], pairs: list[list[dict[str
     names = list(dict.fromkeys(side["name"] for pair in pairs for side in pair))
     for rec in records:
         b, h, length, d = rec.q.shape
+        causal = exactly_causal(rec.mask, length, rec.k.shape[2])
         base = {"layer": f"layers.{rec.layer_index}.self_attn", "layer_index": rec.layer_index, "batch": b,
                 "heads": h, "kv_heads": rec.k.shape[1], "q_len": length, "kv_len": rec.k.shape[2], "head_dim": d,
-                "masked": bool(rec.mask is not None and bool((rec.mask != 0).any()))}
+                "masked": bool(rec.mask is not None and bool((rec.mask != 0).any())),
+                "is_causal": causal}
         for dt in dtypes:
             fmt = get_format(dt)
             ops = operands(rec, fmt.torch_dtype)
-            runs = {n: _run(n, ops, rec.scale) for n in [*names, "fp64"]}
-            ref_out, ref_lse, _ = runs["fp64"]
+            runs = {n: _run(n, ops, rec.scale, causal) for n in names}
+            # The definition: the float64 attention of the layer's own mask.
+            ref_out, ref_lse, _ = _run(REFERENCE_KERNEL, ops, rec.scale)
             for n in names:
                 out, lse, sec = runs[n]
                 rows.append({**base, "dtype": dt, "comparison": "reference", "impl_a": n, "impl_b": REFERENCE,
