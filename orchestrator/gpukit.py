@@ -328,13 +328,29 @@ def device_line(d: dict[str, Any]) -> str:
 
 # -- what the CPU side reads ------------------------------------------------------------------------
 
+def dropped_lines(dropped: list[str]) -> list[str]:
+    """What was dropped, one line per kernel and reason (spec.toml's header keeps every place)."""
+    import re
+
+    by_kernel: dict[tuple[str, str], int] = {}
+    rest = []
+    for d in dropped:
+        m = re.search(r"(\S+) not available here: (.*)$", d)
+        if m:
+            key = (m.group(1), _short(m.group(2)))
+            by_kernel[key] = by_kernel.get(key, 0) + 1
+        elif not re.match(r"experiments\.[^:]+: dropped, none of its", d):  # implied by the kernels' lines
+            rest.append(f"dropped: {d}")
+    return [f"dropped: {k} ({n} place{'s' if n > 1 else ''} in the spec): {why}" for (k, why), n in by_kernel.items()] + rest
+
+
 def run_lines(run: dict[str, Any]) -> list[str]:
     """The summary's head: mode, device, units, verify, what was dropped, failed units."""
     lines = [f"swapcheck GPU kit, {run['mode']} mode, {run['date']}",
              f"device: {run['device_line']}",
              f"units: {run['n_units']} planned, {run['n_ok']} ok, {run['n_failed']} failed, "
              f"{run['n_not_run']} not run ({run['status']}), {run['seconds']:.0f} s; sweep verify: {run['verify']}"]
-    lines += [f"dropped: {d}" for d in run["dropped"]]
+    lines += dropped_lines(run["dropped"])
     lines += [f"FAILED {uid}: {err}" for uid, err in run["failures"][:10]]
     if len(run["failures"]) > 10:
         lines.append(f"... and {len(run['failures']) - 10} more failed units (kit.log, report units)")
@@ -363,7 +379,8 @@ def summary_lines(results: Path, sweep: str, run: dict[str, Any]) -> list[str]:
     for c in head:
         by = "; ".join(f"{s['scale_mode']}: {s['verdict']}" for s in c["scale_modes"])
         lines.append(f"  {c['kernel_a']} vs {c['kernel_b']}: {c['verdict']} ({by})")
-        lines.append(f"      {c['answer']}")
+        if c["verdict"] != "IDENTICAL":  # "bit-identical under ..." says nothing the verdict does not
+            lines.append(f"      {c['answer']}")
     if len(certs) > len(head):
         lines.append(f"  ({len(certs) - len(head)} more pairs of the same experiments: swapcheck report certificate)")
     with open_catalog(results) as cat:
