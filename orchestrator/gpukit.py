@@ -445,6 +445,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.budget_s > 0:
         print(f"error: --budget-s must be positive, got {args.budget_s}", file=sys.stderr)
         return 2
+    if args.spec is not None and not args.spec.is_file():
+        print(f"error: --spec {args.spec}: no such file", file=sys.stderr)
+        return 2
     out.mkdir(parents=True, exist_ok=True)
     if mode == "cpu":
         # Read when a Triton function is decorated: before any kernel module imports triton.
@@ -453,9 +456,15 @@ def main(argv: list[str] | None = None) -> int:
     stdout, stderr = sys.stdout, sys.stderr
     sys.stdout = _Tee(stdout, log)
     sys.stderr = _Tee(stderr, log)
+    from orchestrator.errors import exit_code_for
+
     try:
         return _run(args, mode, out)
-    except Exception:  # noqa: BLE001 - the kit's own failure: its traceback is the log's last lines
+    except Exception as exc:  # noqa: BLE001 - the kit's own failure: its traceback is the log's last lines
+        code = exit_code_for(exc)
+        if code is not None:  # what the CLI shows as a message (a spec or prediction file refused: exit 2)
+            print(f"error: {exc}", file=sys.stderr)
+            return code
         traceback.print_exc()
         _say("the kit failed (above); what it had written is in OUT")
         return 1
@@ -495,12 +504,16 @@ def _run(args: argparse.Namespace, mode: str, out: Path) -> int:
     results = work / "results"
     _say(f"results tree: {results}")
 
+    from orchestrator.errors import SpecError
     from orchestrator.runner import launch
     from orchestrator.spec import load_spec
     from storage import verify
     from storage.store import open_store
 
-    spec = load_spec(work / "spec.toml")
+    try:
+        spec = load_spec(work / "spec.toml")
+    except SpecError as exc:  # named by the user's file: the one in the work folder is derived from it
+        raise SpecError(str(spec_path), exc.problems) from None
     done = [0]
 
     def on_event(kind: str, info: dict[str, Any]) -> None:

@@ -312,3 +312,14 @@ def test_kit_wheels_are_the_locks_pins_with_their_hashes() -> None:
         kw.lock_entries(kw.LOCK, ("no-such-package",))
     tree, wheels = kw.travelling_bytes()
     assert 0 < tree < kw.BUDGET_BYTES
+
+
+def test_a_bad_spec_is_refused_with_exit_2_naming_the_file_and_field(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "x"\nquestion = "q"\n[experiments.a]\nkind = "kdepth"\ndtype = "int9"\n'
+                   'implementations = ["exact"]\nk = [8]\n')
+    proc = _kit(tmp_path / "out", "--spec", str(bad), "--work", str(tmp_path / "work"), timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"error: {bad}: invalid sweep spec; nothing was written." in proc.stderr
+    assert "experiments.a.dtype" in proc.stderr and "int9" in proc.stderr
+    assert not (tmp_path / "work" / "results").exists()
