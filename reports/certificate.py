@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from reports import attention as attention_swap
 from reports import divergence, kdepth, noise_floor, quantizer_swap, replay, spacing
 from reports.agreement import self_cell
+from swapcheck_common import verdicts as _vocabulary
 
 if TYPE_CHECKING:
     from storage.catalog import Catalog
@@ -40,15 +41,13 @@ __all__ = ["NOT_RUN", "RARE_FRACTION", "VERDICT_ORDER", "certificates", "check_v
            "evidence_rows", "exact_ci", "identity_line", "not_exact_lines", "k_trend", "matrix_rows", "section_verdict", "select_pair", "summary_rows",
            "worst_verdict"]
 
-#: Verdicts from most to least benign (tasks/verdicts.py): several trials end in the worst one.
-VERDICT_ORDER = ["IDENTICAL", "EPILOGUE_ROUNDING", "WITHIN_ALGORITHM_BOUND", "DIFFERENT", "INCORRECT",
-                 "PRECISION_DOWNGRADE", "INCONCLUSIVE", "ERROR"]
-#: The check verdicts that fail a kernel (tasks/verdicts.py): they decide a certificate alone.
-FAILING = ("INCORRECT", "PRECISION_DOWNGRADE", "ERROR")
-#: The verdicts that pass (tasks.verdicts.PASSING).
-PASSING = ("IDENTICAL", "EPILOGUE_ROUNDING", "WITHIN_ALGORITHM_BOUND")
-#: Differing in at most this fraction of outputs is "rare" (tasks.verdicts.RARE_FRACTION).
-RARE_FRACTION = 1e-3
+#: The verdict vocabulary (swapcheck_common.verdicts, shared with tasks.verdicts): the order from most to
+#: least benign (several trials end in the worst one), what passes, the check verdicts that fail a kernel
+#: (they decide a certificate alone), and "rare".
+VERDICT_ORDER = list(_vocabulary.VERDICT_ORDER)
+FAILING = _vocabulary.FAILING
+PASSING = _vocabulary.PASSING
+RARE_FRACTION = _vocabulary.RARE_FRACTION
 #: The verdict and status of an experiment (or a whole section) that did not run for a pair.
 NOT_RUN = "not run"
 #: Confidence level of every interval.
@@ -62,7 +61,7 @@ SCALE_NAMES = {"pow2": "power-of-two scales", "real": "real scales"}
 
 
 def worst_verdict(verdicts: list[str]) -> str:
-    return max(verdicts, key=lambda v: VERDICT_ORDER.index(v) if v in VERDICT_ORDER else len(VERDICT_ORDER))
+    return _vocabulary.worst_name(verdicts)
 
 
 def check_verdicts(cat: Catalog, sweep: str | None) -> list[dict[str, Any]]:

@@ -47,6 +47,10 @@ from enum import Enum
 
 import numpy as np
 
+# The names, the order, what passes and "rare": one vocabulary with the reports (swapcheck_common.verdicts).
+from swapcheck_common import verdicts as _names
+from swapcheck_common.verdicts import RARE_FRACTION
+
 __all__ = [
     "Verdict",
     "PASSING",
@@ -57,11 +61,6 @@ __all__ = [
     "flat_in_k",
 ]
 
-#: Differences from the reference in at most this fraction of outputs count as "rare".  Measured
-#: (reference/numerics.md §4, §5.1): INT8 epilogue orders differ in a few parts per million of
-#: outputs; fp32 accumulation orders of FP8 products versus exact in 0.0004-0.013 %; torch's bf16
-#: CPU matmul versus the correctly rounded result in about 0.03 % at K = 1000.
-RARE_FRACTION = 1e-3
 
 
 class Verdict(str, Enum):
@@ -91,7 +90,9 @@ class Verdict(str, Enum):
 
 
 _ORDER = list(Verdict)
-PASSING = frozenset({Verdict.IDENTICAL, Verdict.EPILOGUE_ROUNDING, Verdict.WITHIN_ALGORITHM_BOUND})
+if tuple(v.value for v in _ORDER) != _names.VERDICT_ORDER:  # the enum is the shared vocabulary, in order
+    raise ImportError("tasks.verdicts.Verdict differs from swapcheck_common.verdicts.VERDICT_ORDER")
+PASSING = frozenset(Verdict(v) for v in _names.PASSING)
 
 
 def worst(verdicts: Iterable[Verdict | str]) -> Verdict:
