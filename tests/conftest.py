@@ -9,6 +9,7 @@ import tempfile
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from hypothesis import settings
@@ -26,6 +27,10 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 os.environ.setdefault("SWAPCHECK_TEST_CRASH_DIR", tempfile.mkdtemp(prefix="swapcheck-crash-"))
 # The catalog's verified-files cache (storage.catalog.VerifiedFiles) goes to $XDG_CACHE_HOME: not the home directory.
 os.environ.setdefault("XDG_CACHE_HOME", tempfile.mkdtemp(prefix="swapcheck-cache-"))
+
+if TYPE_CHECKING:
+    from orchestrator.runner import LaunchSummary
+    from orchestrator.spec import LoadedSpec
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -118,6 +123,40 @@ def kill_spec_text(name: str, seeds: int, n: int = 64,
 
 def tiny_spec_text(name: str = "tiny", impls: str = '["int8-cutlass-order", "int8-triton-order"]', seeds: int = 2) -> str:
     return textwrap.dedent(TINY_SPEC.format(name=name, impls=impls, seeds=seeds))
+
+
+def launch_in_process(results: str | Path, spec: str | Path | LoadedSpec, *, spec_path: str = "<string>",
+                      restarts_here: bool = False, **kw: Any) -> LaunchSummary:
+    """Launch ``spec`` into ``results`` as ``swapcheck sweep launch`` does, in this process, no Ray:
+    :func:`orchestrator.runner.launch` with ``in_process=True`` (the launch lock, the sweep's spec record,
+    a launch record with provenance, pre-registrations, every unit through the worker's own commit path,
+    stage by stage; a relaunch skips what is committed).
+
+    ``spec`` is spec text (``str``, parsed as if read from ``spec_path``, which places relative
+    pre-registration paths), a spec file (``Path``) or a parsed spec. ``kw`` goes to ``launch``
+    (``on_event``, ``repair``, ``budget_s``). Returns the :class:`LaunchSummary` and asserts nothing:
+    a failed unit is ``n_failed``/``failures``, so callers assert what they expect (all ok:
+    ``summary.n_ok == summary.n_units``). A unit's own outcome comes with ``on_event``'s ``unit`` events.
+
+    The runner refuses in process the units that need a process of their own (``generate``'s cold
+    restarts); ``restarts_here=True`` runs them here too, one after another. Their ids, records and rows
+    are the same; what they lose is the fresh process, so a test OF restart isolation launches on Ray.
+    """
+    import dataclasses
+
+    import orchestrator.runner
+    from orchestrator.plan import Plan, make_plan
+    from orchestrator.spec import LoadedSpec, load_spec, parse_spec
+
+    loaded = spec if isinstance(spec, LoadedSpec) else load_spec(spec) if isinstance(spec, Path) else parse_spec(spec, spec_path)
+    with pytest.MonkeyPatch.context() as patch:
+        if restarts_here:
+            def plan_here(spec: LoadedSpec) -> Plan:
+                plan = make_plan(spec)
+                return dataclasses.replace(plan, units=[dataclasses.replace(u, fresh_process=False) for u in plan.units])
+
+            patch.setattr(orchestrator.runner, "make_plan", plan_here)
+        return orchestrator.runner.launch(loaded, results, in_process=True, **kw)
 
 
 @pytest.fixture

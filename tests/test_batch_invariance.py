@@ -26,9 +26,7 @@ from typer.testing import CliRunner
 
 from orchestrator.cli.main import app
 from orchestrator.errors import SpecError
-from orchestrator.plan import make_plan
 from orchestrator.spec import parse_spec
-from orchestrator.worker import execute_unit
 from reports import certificate as cf
 from reports import noise_floor as nf
 from storage.catalog import open_catalog
@@ -36,6 +34,7 @@ from storage.store import ResultStore
 from tasks.kernels import Kernel
 from tasks.kinds import get_kind
 from tasks.kinds.batch_invariance import probe_row
+from tests.conftest import launch_in_process
 
 runner = CliRunner()
 pytestmark = pytest.mark.usefixtures("ledgered_writes")  # hand-written result files are committed
@@ -121,17 +120,10 @@ MODEL_SPEC = textwrap.dedent("""
 
 
 def _run_all(root: Path, text: str) -> str:
-    """Plan ``text`` and run every unit in this process (the worker's own code path), as the runner would."""
-    from orchestrator.runner import write_sweep_record
-    from storage.store import open_store
-
-    spec = parse_spec(text)
-    plan = make_plan(spec)
-    write_sweep_record(open_store(root), spec, plan)
-    for u in plan.units:
-        out = execute_unit({**u.to_payload(), "description": u.describe()}, str(root), plan.sweep, spec.sha256)
-        assert out["status"] == "ok", out
-    return plan.sweep
+    """Launch ``text`` in this process (the runner's in-process launch: the worker's own code path)."""
+    summary = launch_in_process(root, text)
+    assert summary.n_ok == summary.n_units, summary.failures
+    return summary.sweep
 
 
 def _parquet(root: Path, table: str) -> list[dict[str, Any]]:

@@ -25,9 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator.errors import SpecError
-from orchestrator.plan import make_plan
 from orchestrator.spec import parse_spec
-from orchestrator.worker import execute_unit
 from reports import noise_floor as nf
 from storage.catalog import open_catalog
 from storage.store import ResultStore
@@ -35,6 +33,7 @@ from tasks.kinds import get_kind
 from tasks.kinds.batch_invariance.bound import cell_stats, row_bound
 from tasks.models.operands import draw_operands
 from tasks.numerics import get_format
+from tests.conftest import launch_in_process
 
 pytestmark = pytest.mark.usefixtures("ledgered_writes")
 KIND = get_kind("batch_invariance")
@@ -61,18 +60,18 @@ def _spec(kernels: list[str], extra: str = "") -> str:
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from orchestrator.runner import write_sweep_record
-    from storage.store import open_store
-
     root = tmp_path_factory.mktemp("bib") / "results"
-    spec = parse_spec(_spec([GOOD, BAD, TORCH], 'out_dtype = ["bf16", "fp32"]\nthreads = [1, 2]\n'))
-    plan = make_plan(spec)
-    write_sweep_record(open_store(root), spec, plan)
+    threads: list[int] = []
+
+    def after_each(kind: str, info: dict[str, Any]) -> None:
+        if kind == "unit":
+            threads.append(torch.get_num_threads())
+
     before = torch.get_num_threads()
-    for u in plan.units:
-        out = execute_unit({**u.to_payload(), "description": u.describe()}, str(root), plan.sweep, spec.sha256)
-        assert out["status"] == "ok", out
-    assert torch.get_num_threads() == before  # each unit puts the thread count back
+    summary = launch_in_process(root, _spec([GOOD, BAD, TORCH], 'out_dtype = ["bf16", "fp32"]\nthreads = [1, 2]\n'),
+                                on_event=after_each)
+    assert summary.n_ok == summary.n_units, summary.failures
+    assert threads == [before] * summary.n_units and torch.get_num_threads() == before  # each unit puts it back
     return root
 
 

@@ -1,7 +1,7 @@
 """CLI conventions: formats per command, unknown sweeps, --version, -o, plurals, full width when piped,
 progress without a terminal, nightly paths and messages, each sweep of a report on its own, named queries.
 
-Results are small and real: units of the tiny spec run in-process (``execute_unit``), no Ray.
+Results are small and real: the tiny spec launched in-process (``launch_in_process``), no Ray.
 """
 
 from __future__ import annotations
@@ -17,32 +17,18 @@ import pytest
 from typer.testing import CliRunner
 
 from orchestrator.cli.main import app
-from orchestrator.plan import make_plan
-from orchestrator.spec import parse_spec
-from orchestrator.worker import execute_unit
-from tests.conftest import REPO, tiny_spec_text
+from tests.conftest import REPO, launch_in_process, tiny_spec_text
 
 cli = CliRunner()
 SWEEPS = ("kdepth-demo", "kdepth-other")
-
-
-def _run_units(root: Path, name: str, n: int | None = None) -> str:
-    from orchestrator.runner import write_sweep_record
-    from storage.store import open_store
-
-    spec = parse_spec(tiny_spec_text(name=name, seeds=1))
-    plan = make_plan(spec)
-    write_sweep_record(open_store(root), spec, plan)
-    for u in plan.units[:n]:
-        assert execute_unit({**u.to_payload(), "description": u.describe()}, str(root), plan.sweep, spec.sha256)["status"] == "ok"
-    return plan.sweep
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("conventions") / "results"
     for name in SWEEPS:
-        _run_units(root, name, n=2)
+        summary = launch_in_process(root, tiny_spec_text(name=name, seeds=1))
+        assert summary.n_ok == summary.n_units, summary.failures
     return root
 
 
@@ -225,29 +211,18 @@ def test_progress_every_ten_seconds_when_units_are_slow(capsys: pytest.CaptureFi
 
 # -- nightly: paths, progress, the first baseline --------------------------------------------------------
 
-def _fake_launch(spec: Any, results: Any, address: Any = None, num_cpus: Any = None, on_event: Any = None, **_: Any) -> Any:
-    """orchestrator.runner.launch without Ray: the same events, units run in-process."""
-    from orchestrator.runner import LaunchSummary, write_sweep_record
-    from storage.store import open_store
-
-    plan = make_plan(spec)
-    write_sweep_record(open_store(results), spec, plan)
-    emit = on_event or (lambda kind, info: None)
-    summary = LaunchSummary(plan.sweep, str(results), len(plan.units), 0)
-    emit("start", {"total": len(plan.units), "pending": len(plan.units), "skipped": 0})
-    for u in plan.units:
-        result = execute_unit({**u.to_payload(), "description": u.describe()}, str(results), plan.sweep, spec.sha256)
-        summary.n_ok += result["status"] == "ok"
-        emit("unit", {"unit": u, "result": result})
-    emit("end", {"summary": summary})
-    return summary
-
-
 @pytest.mark.slow  # default-suite budget (6 min on a clean clone); CI runs the slow set too
 def test_nightly_paths_progress_and_baseline_created(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import orchestrator.runner
 
-    monkeypatch.setattr(orchestrator.runner, "launch", _fake_launch)
+    real = orchestrator.runner.launch
+
+    def launch_here(spec: Any, results: Any, address: Any = None, num_cpus: Any = None, **kw: Any) -> Any:
+        """The real launch as nightly calls it, in this process (no Ray): the same records and events."""
+        assert address is None
+        return real(spec, results, num_cpus=num_cpus, in_process=True, **kw)
+
+    monkeypatch.setattr(orchestrator.runner, "launch", launch_here)
     suite, baseline, results = tmp_path / "nightly.toml", tmp_path / "baseline.json", tmp_path / "results"
     suite.write_text(tiny_spec_text(name="nightly", seeds=1))
     first = _invoke("nightly", str(suite), "--baseline", str(baseline), "--results", str(results), "--update-baseline")

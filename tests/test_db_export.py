@@ -11,27 +11,18 @@ import pytest
 from typer.testing import CliRunner
 
 from orchestrator.cli.main import app
-from orchestrator.plan import make_plan
-from orchestrator.spec import parse_spec
-from orchestrator.worker import execute_unit
 from storage.schemas import TABLES
-from tests.conftest import tiny_spec_text
+from tests.conftest import launch_in_process, tiny_spec_text
 
 cli = CliRunner()
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from orchestrator.runner import write_sweep_record
-    from storage.store import open_store
-
     root = tmp_path_factory.mktemp("db") / "it's [results]"  # quotes and brackets are plain characters
     for name in ("kdepth-demo", "kdepth-other"):
-        spec = parse_spec(tiny_spec_text(name=name, seeds=1))
-        plan = make_plan(spec)
-        write_sweep_record(open_store(root), spec, plan)
-        for u in plan.units[:2]:
-            assert execute_unit({**u.to_payload(), "description": u.describe()}, str(root), plan.sweep, spec.sha256)["status"] == "ok"
+        summary = launch_in_process(root, tiny_spec_text(name=name, seeds=1))
+        assert summary.n_ok == summary.n_units, summary.failures
     # An orphan (no ledger row names it): the catalog does not read it, so neither may the export.
     part = root / "table=kdepth" / "sweep=kdepth-demo"
     shutil.copy(sorted(part.glob("*.parquet"))[0], part / "orphan.parquet")

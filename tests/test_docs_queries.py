@@ -21,11 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.plan import make_plan
-from orchestrator.spec import parse_spec
-from orchestrator.worker import execute_unit
 from storage.catalog import Catalog, open_catalog
-from tests.conftest import REPO
+from tests.conftest import REPO, launch_in_process
 
 DOC = REPO / "docs" / "duckdb.md"
 #: The placeholder each worked query filters on; the reader puts a sweep's name there.
@@ -79,19 +76,13 @@ def _title(sql: str) -> str:
 @pytest.fixture(scope="module")
 def trees(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """``pooled``: both sweeps in one results directory; each sweep's name: that sweep alone."""
-    from orchestrator.runner import write_sweep_record
-    from storage.store import open_store
-
     base = tmp_path_factory.mktemp("docs-queries")
     pooled = base / "pooled"
     for name in SWEEPS:
-        spec = parse_spec(SPEC.format(name=name), str(base / f"{name}.toml"))
-        plan = make_plan(spec)
-        write_sweep_record(open_store(pooled), spec, plan)
-        # Plan order is stage order: the teacher-forced unit reads what the generate units wrote.
-        for u in plan.units:
-            done = execute_unit({**u.to_payload(), "description": u.describe()}, str(pooled), plan.sweep, spec.sha256)
-            assert done["status"] == "ok", done
+        # Stage by stage: the teacher-forced unit reads what the generate units wrote.
+        summary = launch_in_process(pooled, SPEC.format(name=name), spec_path=str(base / f"{name}.toml"),
+                                    restarts_here=True)
+        assert summary.n_ok == summary.n_units, summary.failures
     out = {"pooled": pooled}
     for name in SWEEPS:  # the same files, only this sweep's partitions: what launching it alone writes
         alone = base / name

@@ -1,4 +1,4 @@
-"""The ``localize`` kind end to end (slow): units through the worker's own code path (``execute_unit``,
+"""The ``localize`` kind end to end (slow): units through the worker's own code path (an in-process launch,
 no Ray), the Parquet rows, ``report localize`` (JSON equal to the rows; its per-pair figures recomputed
 with plain DuckDB over the Parquet files) and the culprit artifact under the results root.
 
@@ -18,9 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 from orchestrator.cli.main import app
-from orchestrator.plan import make_plan
-from orchestrator.spec import parse_spec
-from orchestrator.worker import execute_unit
+from tests.conftest import launch_in_process
 
 pytestmark = pytest.mark.slow
 runner = CliRunner()
@@ -56,16 +54,9 @@ SPEC = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from orchestrator.runner import write_sweep_record
-    from storage.store import open_store
-
     root = tmp_path_factory.mktemp("localize-e2e") / "results"
-    spec = parse_spec(SPEC)
-    plan = make_plan(spec)
-    write_sweep_record(open_store(root), spec, plan)
-    for u in plan.units:
-        out = execute_unit({**u.to_payload(), "description": u.describe()}, str(root), plan.sweep, spec.sha256)
-        assert out["status"] == "ok", out
+    summary = launch_in_process(root, SPEC)
+    assert summary.n_ok == summary.n_units, summary.failures
     return root
 
 

@@ -41,6 +41,7 @@ from storage.store import ResultStore
 from tasks.attention import AttentionKernel, get_attention, register_attention
 from tasks.attention.registry import _unregister
 from tasks.kinds import get_kind
+from tests.conftest import launch_in_process
 
 runner = CliRunner()
 pytestmark = pytest.mark.usefixtures("ledgered_writes")  # hand-written result files are committed
@@ -50,18 +51,10 @@ PLANTED = "h6-planted-bf16-above-b16"
 
 
 def _run_all(root: Path, text: str) -> str:
-    """Plan ``text`` and run every unit in this process (the worker's code path), as the runner would."""
-    from orchestrator.runner import write_sweep_record
-    from orchestrator.worker import execute_unit
-    from storage.store import open_store
-
-    spec = parse_spec(text)
-    plan = make_plan(spec)
-    write_sweep_record(open_store(root), spec, plan)
-    for u in plan.units:
-        out = execute_unit({**u.to_payload(), "description": u.describe()}, str(root), plan.sweep, spec.sha256)
-        assert out["status"] == "ok", out
-    return plan.sweep
+    """Launch ``text`` in this process (the runner's in-process launch: the worker's code path)."""
+    summary = launch_in_process(root, text)
+    assert summary.n_ok == summary.n_units, summary.failures
+    return summary.sweep
 
 
 def _parquet(root: Path, table: str) -> list[dict[str, Any]]:

@@ -1,6 +1,6 @@
 """The ``quantize`` kind, its named queries and ``report quantize``; the ``quantizer`` arm field.
 
-Units run in this process through the worker's own code path (``execute_unit``), no Ray. The
+Units run in this process through the worker's own code path (an in-process launch), no Ray. The
 figures the report prints are recomputed here from the Parquet rows.
 """
 
@@ -20,7 +20,7 @@ from orchestrator.cli.main import app
 from orchestrator.errors import SpecError
 from orchestrator.plan import make_plan
 from orchestrator.spec import parse_spec
-from orchestrator.worker import execute_unit
+from tests.conftest import launch_in_process
 
 runner = CliRunner()
 
@@ -43,16 +43,9 @@ SPEC = textwrap.dedent("""
 
 
 def _run_all(root: Path, text: str) -> str:
-    from orchestrator.runner import write_sweep_record
-    from storage.store import open_store
-
-    spec = parse_spec(text)
-    plan = make_plan(spec)
-    write_sweep_record(open_store(root), spec, plan)
-    for u in plan.units:
-        out = execute_unit({**u.to_payload(), "description": u.describe()}, str(root), plan.sweep, spec.sha256)
-        assert out["status"] == "ok", out
-    return plan.sweep
+    summary = launch_in_process(root, text)
+    assert summary.n_ok == summary.n_units, summary.failures
+    return summary.sweep
 
 
 def _parquet(root: Path, table: str) -> list[dict[str, Any]]:

@@ -1,7 +1,7 @@
 """Quantizer swaps in the CLI and the reports: ``kernels quantizers``, the "Quantizer swaps" section
 of ``report all`` and the quantizer-pair certificate.
 
-Units run in this process through the worker's own code path (``execute_unit``), no Ray. Every
+Units run in this process through the worker's own code path (an in-process launch), no Ray. Every
 certificate figure is recomputed here from the Parquet rows (quantize, sequences, teacher_forced).
 """
 
@@ -17,10 +17,8 @@ import pytest
 from typer.testing import CliRunner
 
 from orchestrator.cli.main import app
-from orchestrator.plan import make_plan
-from orchestrator.spec import parse_spec
-from orchestrator.worker import execute_unit
 from reports.quantizer_swap import identity
+from tests.conftest import launch_in_process
 
 runner = CliRunner()
 
@@ -95,17 +93,10 @@ def _parquet(root: Path, table: str) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    from orchestrator.runner import write_sweep_record
-    from storage.store import open_store
-
     root = tmp_path_factory.mktemp("quantize-report") / "results"
-    spec = parse_spec(SPEC)
-    plan = make_plan(spec)
-    write_sweep_record(open_store(root), spec, plan)
-    for u in sorted(plan.units, key=lambda u: u.stage):
-        out = execute_unit({**u.to_payload(), "description": u.describe()}, str(root), plan.sweep, spec.sha256)
-        assert out["status"] == "ok", out
-    return root, plan.sweep
+    summary = launch_in_process(root, SPEC, restarts_here=True)  # stage by stage: teacher-forced units read what generate wrote
+    assert summary.n_ok == summary.n_units, summary.failures
+    return root, summary.sweep
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ from orchestrator.cli.main import app
 from orchestrator.errors import SpecError
 from orchestrator.plan import make_plan
 from orchestrator.spec import parse_spec
-from orchestrator.worker import execute_unit
+from tests.conftest import launch_in_process
 
 runner = CliRunner()
 
@@ -49,16 +49,11 @@ def _parquet(root: Path, table: str) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
-    from orchestrator.runner import write_sweep_record
-    from storage.store import open_store
-
     root = tmp_path_factory.mktemp("quantize-fp8") / "results"
     spec = parse_spec(SPEC)
-    plan = make_plan(spec)
-    write_sweep_record(open_store(root), spec, plan)
-    (unit,) = plan.units
-    out = execute_unit({**unit.to_payload(), "description": unit.describe()}, str(root), plan.sweep, spec.sha256)
-    assert out["status"] == "ok", out
+    (unit,) = make_plan(spec).units
+    summary = launch_in_process(root, spec)
+    assert summary.n_ok == summary.n_units == 1, summary.failures
     return root, unit
 
 

@@ -13,30 +13,21 @@ from typing import Any
 
 import pytest
 
-from orchestrator.plan import make_plan
-from orchestrator.spec import parse_spec
-from orchestrator.worker import execute_unit
 from reports.registry import Report, View, merge_json, report_registry, reports
-from tests.conftest import REPO, tiny_spec_text
+from tests.conftest import REPO, launch_in_process, tiny_spec_text
 
 SWEEPS = ("alpha", "beta")
+UNITS = 6  #: units of the tiny spec with one seed (3 K values x 2 scale modes), each sweep's all "ok"
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Two sweeps of the same tiny K-depth spec (identical units, different sweep names): a report that
     pooled them would count every output twice."""
-    from orchestrator.runner import write_sweep_record
-    from storage.store import open_store
-
     root = tmp_path_factory.mktemp("registry") / "results"
     for name in SWEEPS:
-        spec = parse_spec(tiny_spec_text(name=name, seeds=1))
-        plan = make_plan(spec)
-        write_sweep_record(open_store(root), spec, plan)
-        for u in plan.units[:2]:
-            row = execute_unit({**u.to_payload(), "description": u.describe()}, str(root), plan.sweep, spec.sha256)
-            assert row["status"] == "ok"
+        summary = launch_in_process(root, tiny_spec_text(name=name, seeds=1))
+        assert summary.n_ok == summary.n_units == UNITS, summary.failures
     return root
 
 
@@ -156,18 +147,18 @@ def test_a_toy_report_appears_in_help_its_command_report_all_and_the_nightly(res
     assert "toy" in _cli("report", "--help", env={**toy_env, "COLUMNS": "200"}).stdout
     rows: list[dict[str, Any]] = json.loads(_cli("report", "toy", "--results", str(results), "--format", "json",
                                                   env=toy_env).stdout)
-    assert rows == [{"sweep": s, "status": "ok", "units": 2} for s in SWEEPS]
+    assert rows == [{"sweep": s, "status": "ok", "units": UNITS} for s in SWEEPS]
     md = _cli("report", "toy", "--results", str(results), "--sweep", "beta", "--format", "markdown", env=toy_env).stdout
-    assert "### toy: units per status" in md and "| beta | ok | 2 |" in md and "alpha" not in md
+    assert "### toy: units per status" in md and f"| beta | ok | {UNITS} |" in md and "alpha" not in md
     doc = json.loads(_cli("report", "all", "--results", str(results), "--format", "json", env=toy_env).stdout)
     toy = [t for t in doc["tables"] if "toy: units per status" in t["title"]]
-    assert [(t["sweep"], t["rows"]) for t in toy] == [(s, [{"sweep": s, "status": "ok", "units": 2}]) for s in SWEEPS]
+    assert [(t["sweep"], t["rows"]) for t in toy] == [(s, [{"sweep": s, "status": "ok", "units": UNITS}]) for s in SWEEPS]
     code = ("import json, sys; from storage.catalog import open_catalog; from reports.metrics import sweep_metrics\n"
             "with open_catalog(sys.argv[1]) as cat: print(json.dumps(sweep_metrics(cat, 'beta')))")
     nightly = subprocess.run([sys.executable, "-c", code, str(results)], cwd=REPO, capture_output=True, text=True,
                              env={**os.environ, **toy_env}, check=True)
     metrics = json.loads(nightly.stdout)
-    assert metrics["toy/ok"] == {"value": 2, "rule": "exact"} and metrics["units/ok"]["value"] == 2, "the nightly too"
+    assert metrics["toy/ok"] == {"value": UNITS, "rule": "exact"} and metrics["units/ok"]["value"] == UNITS, "the nightly too"
 
 
 def test_reports_are_listed_in_one_order() -> None:

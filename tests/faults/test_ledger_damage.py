@@ -1,9 +1,9 @@
 """Issue #24, item 2: the ledger is verified like the data, recomputed, never a stack dump; issue #36: a
 result file never vouches for itself.
 
-A real kdepth sweep (6 units, the worker's own commit path) is computed once; each case damages ONE
-ledger file (``table=units/sweep=ledg/<unit>.parquet``) in one way: truncated, emptied, garbage,
-one bit or byte flipped at a named place (the magic, a page header, a data page of several columns,
+A real kdepth sweep (6 units, launched in-process: the worker's own commit path) is computed once;
+each case damages ONE ledger file (``table=units/sweep=ledg/<unit>.parquet``) in one way: truncated,
+emptied, garbage, one bit or byte flipped at a named place (the magic, a page header, a data page of several columns,
 the footer: its schema, created_by, Arrow schema and statistics, its length) or at evenly spread
 offsets, a row of another unit, two rows, no row, a foreign or changed schema, a well-formed row
 with altered values, a rewrite without page checksums, deleted. Then, per case:
@@ -41,14 +41,13 @@ from typer.testing import CliRunner
 
 from orchestrator.cli.main import app
 from orchestrator.plan import make_plan
-from orchestrator.runner import write_sweep_record
 from orchestrator.spec import load_spec
 from orchestrator.worker import execute_unit
 from storage.catalog import read_only_query
 from storage.schemas import UNITS
 from storage.store import ResultStore
 from storage.verify import compare_with_aside, damaged_units, repair, verify
-from tests.conftest import REPO, tiny_spec_text
+from tests.conftest import REPO, launch_in_process, tiny_spec_text
 
 SWEEP = "ledg"
 TIMING = {"seconds_a", "seconds_b"}  # kdepth columns that time the kernels: never equal between runs
@@ -65,12 +64,9 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     base = tmp_path_factory.mktemp("ledger")
     spec_path = base / "s.toml"
     spec_path.write_text(tiny_spec_text(name=SWEEP, seeds=1))
-    spec = load_spec(spec_path)
-    plan = make_plan(spec)
     root = base / "results"
-    write_sweep_record(ResultStore(root), spec, plan)
-    for u in plan.units:
-        assert execute_unit({**u.to_payload(), "description": u.describe()}, str(root), plan.sweep, spec.sha256)["status"] == "ok"
+    summary = launch_in_process(root, spec_path)
+    assert summary.n_ok == summary.n_units == 6, summary.failures
     return spec_path, root
 
 
@@ -357,6 +353,9 @@ def test_verify_flags_the_unit_reads_never_raise_and_repair_recomputes_and_compa
 
 
 def _recompute(spec_path: Path, root: Path, unit: str) -> None:
+    """The one unit ``repair`` set aside, through the worker's commit path. Not a relaunch: the tree is
+    then compared with the undisturbed one file for file, and a launch adds a launch record of its own
+    (the relaunch itself is the Ray tests' below)."""
     spec = load_spec(spec_path)
     (u,) = [u for u in make_plan(spec).units if u.id == unit]
     assert execute_unit({**u.to_payload(), "description": u.describe()}, str(root), SWEEP, spec.sha256)["status"] == "ok"

@@ -19,10 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 from orchestrator.cli.main import app
-from orchestrator.plan import make_plan
-from orchestrator.spec import parse_spec
-from orchestrator.worker import execute_unit
-from tests.conftest import tiny_spec_text
+from tests.conftest import launch_in_process, tiny_spec_text
 
 cli = CliRunner()
 
@@ -39,16 +36,10 @@ def tree_hash(root: Path) -> str:
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A small results tree: one sweep, two committed units."""
-    from orchestrator.runner import write_sweep_record
-    from storage.store import open_store
-
+    """A small results tree: one sweep launched in-process, its six units committed."""
     root = tmp_path_factory.mktemp("small") / "results"
-    spec = parse_spec(tiny_spec_text(name="small-faults", seeds=1))
-    plan = make_plan(spec)
-    write_sweep_record(open_store(root), spec, plan)
-    for u in plan.units[:2]:
-        assert execute_unit({**u.to_payload(), "description": u.describe()}, str(root), plan.sweep, spec.sha256)["status"] == "ok"
+    summary = launch_in_process(root, tiny_spec_text(name="small-faults", seeds=1))
+    assert summary.n_ok == summary.n_units == 6, summary.failures
     return root
 
 

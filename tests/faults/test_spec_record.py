@@ -15,12 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from orchestrator.cli.main import app
-from orchestrator.plan import make_plan
-from orchestrator.runner import write_sweep_record
-from orchestrator.spec import parse_spec
-from orchestrator.worker import execute_unit
-from storage.store import open_store
-from tests.conftest import tiny_spec_text
+from tests.conftest import launch_in_process, tiny_spec_text
 from tests.faults.test_small_faults import tree_hash
 
 SWEEP = "rec"
@@ -30,11 +25,8 @@ cli = CliRunner()
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("spec-record") / "results"
-    spec = parse_spec(tiny_spec_text(name=SWEEP, seeds=1))
-    plan = make_plan(spec)
-    write_sweep_record(open_store(root), spec, plan)
-    for u in plan.units[:2]:
-        assert execute_unit({**u.to_payload(), "description": u.describe()}, str(root), plan.sweep, spec.sha256)["status"] == "ok"
+    summary = launch_in_process(root, tiny_spec_text(name=SWEEP, seeds=1))
+    assert summary.n_ok == summary.n_units == 6, summary.failures
     return root
 
 
