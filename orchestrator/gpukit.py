@@ -78,11 +78,9 @@ def _say(line: str = "") -> None:
 # -- the spec that runs here ------------------------------------------------------------------------
 
 _KERNEL_LISTS = {"kdepth": ("implementations",), "exact_match": ("kernels",), "bounds": ("kernels",),
-                 "batch_invariance": ("kernels", "attention_kernels"), "attention_checks": ("kernels",),
-                 "attention_replay": ("pairs",)}
+                 "batch_invariance": ("kernels", "attention_kernels"), "attention_replay": ("pairs",)}
 #: Fields whose entries are attention kernels (the rest name GEMM kernels), by kind; every field of those kinds.
-_ATTENTION_FIELDS = {"batch_invariance": ("attention_kernels",), "attention_checks": ("kernels",),
-                     "attention_replay": ("pairs",)}
+_ATTENTION_FIELDS = {"batch_invariance": ("attention_kernels",), "attention_replay": ("pairs",)}
 #: Per-kernel tables of a kind that its kernel lists name the keys of (the kind refuses a key no entry names).
 _KEYED_BY_KERNEL = {"attention_replay": ("algorithms", "ulps")}
 #: A module an experiment's kind needs beyond the kit's own (the replay builds the tiny model with transformers).
@@ -263,7 +261,7 @@ def headline_pairs(data: dict[str, Any]) -> list[tuple[str, str]]:
             gpu.append(label)
             if emulation is None:
                 continue
-            emu = emulation(exp.get("dtype")) if _takes_dtype(emulation) else emulation()
+            emu = emulation(exp.get("dtype", "int8"))
             target = built(emu["kernel"], emu.get("params", {})) if emu else None
             match = [lb for lb, ident in identity.items() if target is not None and ident == (target.name, target.params)]
             if match:
@@ -276,15 +274,6 @@ def headline_pairs(data: dict[str, Any]) -> list[tuple[str, str]]:
             seen.add(frozenset(p))
             out.append(p)
     return out
-
-
-def _takes_dtype(fn: Any) -> bool:
-    import inspect
-
-    try:
-        return len(inspect.signature(fn).parameters) >= 1
-    except (TypeError, ValueError):
-        return False
 
 
 # -- the device -------------------------------------------------------------------------------------
@@ -371,6 +360,7 @@ def summary_lines(results: Path, sweep: str, run: dict[str, Any]) -> list[str]:
         certs = certificate.certificates(cat, sweep)
         checks = certificate.check_verdicts(cat, sweep)
         nf = noise_floor.noise_floor(cat, sweep)
+        scored = predictions.score(cat, sweep)
     wanted = {frozenset(p): i for i, p in enumerate(run.get("pairs", []))}
     head = sorted((c for c in certs if frozenset((c["kernel_a"], c["kernel_b"])) in wanted),
                   key=lambda c: wanted[frozenset((c["kernel_a"], c["kernel_b"]))])
@@ -383,8 +373,6 @@ def summary_lines(results: Path, sweep: str, run: dict[str, Any]) -> list[str]:
             lines.append(f"      {c['answer']}")
     if len(certs) > len(head):
         lines.append(f"  ({len(certs) - len(head)} more pairs of the same experiments: swapcheck report certificate)")
-    with open_catalog(results) as cat:
-        scored = predictions.score(cat, sweep)
     if scored:
         lines += ["", "pre-registered predictions (infra/gpu-kit/predictions.toml):"]
         for r in scored:

@@ -333,8 +333,9 @@ class CublasInt8(_CublasKernel):
     def caveat(self) -> str | None:
         return accumulator_path().native_note() if self.device == "cpu" else None
 
-    def emulation(self) -> dict[str, Any]:
-        """The CPU emulation this kernel is paired with: ``{"kernel": name, "params": {...}}``."""
+    def emulation(self, operand_dtype: str = "int8") -> dict[str, Any]:
+        """The CPU emulation this kernel is paired with: ``{"kernel": name, "params": {...}}`` (INT8 operands
+        only; ``operand_dtype`` is the call every kit kernel's ``emulation`` shares)."""
         emu = EMULATIONS[self.params["epilogue"]]
         return {"kernel": emu["kernel"], "params": dict(emu["params"])}
 
