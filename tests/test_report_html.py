@@ -2,8 +2,8 @@
 
 A small real results tree (K-depth with two seeds and a bit-identical pair, per-layer replay written
 in a scrambled order, kernel checks, no end-to-end arms) is rendered to HTML. Without a browser the
-page's structure is checked; with Debian's ``chromium`` (installed by ``make test`` where missing)
-the page is loaded headless: no console errors, and a screenshot is produced.
+page's structure is checked; with Debian's ``chromium`` (``make test`` does not install it; CI's
+``.ci/run`` does) the page is loaded headless: no console errors, and a screenshot is produced.
 """
 
 from __future__ import annotations
@@ -191,7 +191,8 @@ def test_markdown_preface_is_rendered_by_a_library() -> None:
 def test_page_loads_in_headless_chromium(page: Path) -> None:
     chromium = shutil.which("chromium")
     if chromium is None:
-        pytest.skip("Debian's chromium is not installed (`make test` installs it: apt-get install chromium)")
+        pytest.skip("no `chromium` on PATH, so the page is not loaded in a headless browser; install Debian's "
+                    "chromium to run this test (`sudo apt-get install chromium`; .ci/run installs it on CI)")
     base = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0",
             "--window-size=1280,2000"]
     res = subprocess.run([*base, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
