@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import duckdb
@@ -81,3 +84,61 @@ def test_export_refuses_a_missing_results_tree(tmp_path: Path) -> None:
     res = cli.invoke(app, ["db", "--results", str(tmp_path / "nothing"), "--out", str(tmp_path / "x.duckdb")])
     assert res.exit_code == 2 and "no such directory" in res.output
     assert not (tmp_path / "x.duckdb").exists()
+
+
+def _units_per_sweep(results: Path) -> dict[str, int]:
+    res = cli.invoke(app, ["query", "SELECT sweep, count(*)::BIGINT AS n FROM units GROUP BY ALL", "--results", str(results),
+                           "--format", "json"])
+    assert res.exit_code == 0, res.output
+    return {r["sweep"]: int(r["n"]) for r in json.loads(res.stdout)}
+
+
+#: The message's Python route: the command after this label, to the end of its line.
+PYTHON_ROUTE = "no extra install): "
+
+
+@pytest.mark.parametrize("name", ["swapcheck.duckdb", "views.sql", "it's \"my\" $HOME.duckdb"])
+def test_the_message_names_a_python_command_that_opens_the_export(results: Path, tmp_path: Path, name: str) -> None:
+    """The venv has no DuckDB shell; the command the message prints runs with the venv's own DuckDB."""
+    out = tmp_path / name
+    res = cli.invoke(app, ["db", "--results", str(results), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    line = next(line for line in res.stderr.splitlines() if PYTHON_ROUTE in line)
+    command = line.split(PYTHON_ROUTE, 1)[1]
+    assert "docs/duckdb.md" in res.stderr and "duckdb-cli" in res.stderr
+    run = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, (command, run.stderr)
+    for sweep, n in _units_per_sweep(results).items():
+        assert re.search(rf"│\s*{re.escape(sweep)}\s*│\s*{n}\s*│", run.stdout), (sweep, n, run.stdout)
+
+
+def _duckdb_shell() -> tuple[str, str] | None:
+    """A DuckDB shell: the venv's (``pip install duckdb-cli`` there), else one on PATH; with its version."""
+    venv_shell = Path(sys.executable).parent / "duckdb"
+    shell = str(venv_shell) if venv_shell.is_file() else shutil.which("duckdb")
+    if shell is None:
+        return None
+    out = subprocess.run([shell, "--version"], capture_output=True, text=True, timeout=60).stdout
+    m = re.match(r"v?(\d+\.\d+\.\d+)", out.strip())
+    return shell, (m.group(1) if m else out.strip())
+
+
+@pytest.mark.parametrize("suffix", [".duckdb", ".sql"])
+def test_export_opens_in_the_duckdb_shell(results: Path, tmp_path: Path, suffix: str) -> None:
+    found = _duckdb_shell()
+    if found is None:
+        pytest.skip("no DuckDB shell (`duckdb`) in the venv or on PATH; the venv does not ship one: `pip install "
+                    "duckdb-cli` or DuckDB's own install (docs/duckdb.md). The export's Python route is tested above")
+    shell, version = found
+    if suffix == ".duckdb" and version != duckdb.__version__:
+        pytest.skip(f"the DuckDB shell {shell} is {version}; a database file written by DuckDB {duckdb.__version__} "
+                    "opens only in a shell that reads its storage version (the .sql export opens in any)")
+    out = tmp_path / f"swapcheck{suffix}"
+    assert cli.invoke(app, ["db", "--results", str(results), "--out", str(out)]).exit_code == 0
+    sql = "SELECT sweep, count(*) AS n FROM units GROUP BY ALL ORDER BY sweep"
+    opener = ["-readonly", str(out)] if suffix == ".duckdb" else ["-init", str(out)]
+    run = subprocess.run([shell, "-csv", *opener, "-c", sql], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    rows = [line.split(",") for line in run.stdout.splitlines() if line and not line.startswith("--")]
+    assert rows[0] == ["sweep", "n"]
+    assert {sweep: int(n) for sweep, n in rows[1:]} == _units_per_sweep(results)

@@ -44,7 +44,7 @@ def test_install_announces_the_bytecode_step_before_it_runs() -> None:
     recipe = _recipe("$(STAMP)")
     lines = recipe.splitlines()
     step = next(i for i, line in enumerate(lines) if "--compile-bytecode" in line)
-    said = []  # the echo lines right before the step
+    said: list[str] = []  # the echo lines right before the step
     for line in reversed(lines[:step]):
         if not line.startswith("\t@echo"):
             break

@@ -88,6 +88,42 @@ def _check_out(out_file: Path, store: ResultStore, results: str, force: bool) ->
                              "another --out, or pass --force to replace it (nothing was written)")
 
 
+def _python_command(code: str) -> str:
+    """A shell command running ``code`` with this Python (the venv's, relative to the cwd inside it)."""
+    import shlex
+    import sys
+
+    python = sys.executable
+    rel = os.path.relpath(python)
+    if not rel.startswith(".."):
+        python = rel if os.sep in rel else f".{os.sep}{rel}"
+    # Double quotes keep the code's single-quoted strings readable; anything the shell would expand
+    # inside them falls back to full quoting.
+    quoted = f'"{code}"' if not set(code) & set('"$`\\!') else shlex.quote(code)
+    return f"{shlex.quote(python)} -c {quoted}"
+
+
+def how_to_open(out_file: Path) -> str:
+    """Where an export opens: this venv's Python (its DuckDB, nothing to install), or a DuckDB shell,
+    which the venv does not have (docs/duckdb.md says where one comes from)."""
+    import shlex
+
+    import duckdb
+
+    path = str(out_file)
+    query = "con.sql('SELECT sweep, count(*) AS units FROM units GROUP BY ALL').show()"
+    if out_file.suffix.lower() == ".sql":
+        code = f"import duckdb; con = duckdb.connect(); con.execute(open({path!r}).read()); {query}"
+        shell = (f"`duckdb -init {shlex.quote(path)}` in any recent DuckDB shell (none in the venv: "
+                 "`pipx install duckdb-cli` from PyPI, or DuckDB's own install; docs/duckdb.md)")
+    else:
+        code = f"import duckdb; con = duckdb.connect({path!r}, read_only=True); {query}"
+        shell = (f"`duckdb -readonly {shlex.quote(path)}` in a DuckDB {duckdb.__version__} shell, the version "
+                 "that wrote it (none in the venv: DuckDB's own install, or PyPI's duckdb-cli where it has "
+                 f"{duckdb.__version__}; docs/duckdb.md)")
+    return f"open them with this venv's Python (its DuckDB, no extra install): {_python_command(code)}\nor with {shell}"
+
+
 def db(
     results: ResultsOpt = DEFAULT_RESULTS,
     out_file: Path = typer.Option(Path("swapcheck.duckdb"), "--out", "--output", "-o", dir_okay=False,
@@ -108,7 +144,11 @@ def db(
     swapcheck's header, or a DuckDB database holding nothing but swapcheck's views); any other file
     is refused (exit 2) unless --force is given. --out inside the results tree is always refused.
 
-    Example: swapcheck db --results results --out swapcheck.duckdb && duckdb swapcheck.duckdb -c "SELECT sweep, count(*) FROM units GROUP BY ALL"
+    The venv has no DuckDB shell: the export opens in its Python (`import duckdb`), and the message
+    prints that command; a `duckdb` shell comes from DuckDB's own install or PyPI's duckdb-cli
+    (docs/duckdb.md).
+
+    Example: swapcheck db --results results --out swapcheck.duckdb && .venv/bin/python -c "import duckdb; duckdb.connect('swapcheck.duckdb', read_only=True).sql('SELECT sweep, count(*) FROM units GROUP BY ALL').show()"
     """
     from rich.markup import escape
 
@@ -124,5 +164,4 @@ def db(
         views, warnings = write_views(results, out_file)
         for line in warnings:
             err.print(f"[bold yellow]warning:[/] {escape(line)}", highlight=False, markup=True)
-        opener = f"duckdb -init {out_file}" if out_file.suffix.lower() == ".sql" else f"duckdb {out_file}"
-        note(f"wrote {len(views)} views ({', '.join(views)}) to {out_file}; open them with `{opener}`")
+        note(f"wrote {len(views)} views ({', '.join(views)}) to {out_file}; {how_to_open(out_file)}")
