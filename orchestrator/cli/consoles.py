@@ -8,21 +8,28 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from rich.console import Console
 
-#: Width of standard output when it is not a terminal (a pipe, a file, CI): never cut a table there.
-PIPE_WIDTH = 10_000
+#: Width of standard output when it is not a terminal (a pipe, a file, CI) and ``COLUMNS`` is unset:
+#: what a CI log viewer shows without scrolling sideways. Tables fit it (orchestrator/cli/tables.py)
+#: and say once how to widen them (:data:`WIDEN_HINT`).
+PIPE_WIDTH = 120
+
+#: Said once per process, on stderr, when a table printed to a pipe was fitted to :data:`PIPE_WIDTH`.
+WIDEN_HINT = (f"note: piped tables fit {PIPE_WIDTH} columns; COLUMNS=250 widens them; "
+              "--format markdown or json keeps each row on one line")
 
 
 def stdout_console() -> Console:
-    """Standard output's console: as wide as its content when not writing to a terminal (rich would take
-    the width of any terminal among stdin/stdout/stderr, or 80), so a pipe or file is never cut;
-    ``COLUMNS`` wins. Colour follows rich: off when not a terminal, and off under ``NO_COLOR``."""
+    """Standard output's console: on a terminal, the terminal's width; otherwise (a pipe, a file, CI)
+    :data:`PIPE_WIDTH` rather than the width of some terminal among stdin/stderr, or 80. ``COLUMNS``
+    wins, read when printing (not frozen when the console is made). Colour follows rich: off when
+    not a terminal, and off under ``NO_COLOR``."""
     from rich.console import Console, ConsoleDimensions
 
     class _Console(Console):
         @property
         def size(self) -> ConsoleDimensions:
             size = Console.size.fget(self)  # type: ignore[attr-defined]
-            if self._width is None and not self.is_terminal and not self._environ.get("COLUMNS", "").isdigit():
+            if self._width is None and piped_default(self):
                 return ConsoleDimensions(PIPE_WIDTH, size.height)
             return size  # type: ignore[no-any-return]
 
@@ -30,7 +37,14 @@ def stdout_console() -> Console:
         def size(self, new_size: tuple[int, int]) -> None:
             Console.size.fset(self, new_size)  # type: ignore[attr-defined]
 
-    return _Console(soft_wrap=True)
+    console = _Console(soft_wrap=True)
+    console._width = None  # rich froze COLUMNS at construction; Console.size reads it on every call
+    return console
+
+
+def piped_default(console: Console) -> bool:
+    """Whether ``console`` writes to a pipe or file at :data:`PIPE_WIDTH` (no terminal, no ``COLUMNS``)."""
+    return not console.is_terminal and not console._environ.get("COLUMNS", "").isdigit()
 
 
 def stderr_console() -> Console:

@@ -83,12 +83,12 @@ def _human(report: Report, views: list[View], fmt: TableFormat, table: str) -> N
                 continue
             if b.heading:
                 out.print(f"\n## {b.heading}\n" if md else f"\n[bold]{escape(b.heading)}[/]", highlight=False)
-            for line in b.lines:
-                out.print(f"{line}\n" if md else line, highlight=False, markup=False)
+            for line in b.lines:  # a table's text wraps at the width its tables fit (Markdown: one line)
+                out.print(f"{line}\n" if md else line, highlight=False, markup=False, soft_wrap=md)
             if b.rows is not None:
                 emit_rows(b.rows, fmt, title=b.title)
             for line in b.after:
-                out.print(f"- {line}" if md else f"  {line}", highlight=False, markup=False)
+                out.print(f"- {line}" if md else f"  {line}", highlight=False, markup=False, soft_wrap=md)
 
 
 def _run(report: Report, results: str, sweep: str | None, fmt: TableFormat, output: Path | None,
