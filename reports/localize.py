@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from storage.catalog import Catalog
 
-__all__ = ["linear_table", "linears", "pair_table", "pairs", "prompt_table", "prompts"]
+__all__ = ["answer", "linear_table", "linears", "pair_table", "pairs", "prompt_table", "prompts"]
 
 
 def pairs(cat: Catalog, sweep: str | None) -> list[dict[str, Any]]:
@@ -91,3 +91,23 @@ def prompt_table(rows: list[dict[str, Any]], root: str | None = None) -> list[di
             "error": r["error"] or "",
         })
     return out
+
+
+def answer(cat: Catalog, sweep: str) -> str | None:
+    """One line per sweep for the summary of ``report all``: per arm pair, the prompts that parted,
+    where, and the culprit sets' sizes; the linear named most often."""
+    rows = pairs(cat, sweep)
+    if not rows:
+        return None
+    parts = []
+    for r in rows:
+        d = r["diverged"]
+        where = "" if not d else (f", first at generated token {r['first_divergence_min']} "
+                                  f"(median {r['first_divergence_median']:g})")
+        sizes = sorted(set(r["culprit_sizes"] or []))
+        culprit = "" if not sizes else (f"; minimal culprit sets of {'/'.join(str(s) for s in sizes)} "
+                                        f"linear{'s' if sizes != [1] else ''}, {r['one_minimal']}/{d} verified 1-minimal")
+        parts.append(f"{r['pair']}: {d}/{r['prompts']} prompts part within {r['max_new_tokens']} tokens{where}{culprit}")
+    named = sorted(linears(cat, sweep), key=lambda r: -(r["in_culprit"] or 0))
+    most = f"; named most: {named[0]['linear']} ({named[0]['in_culprit']}x)" if named and named[0]["in_culprit"] else ""
+    return "; ".join(parts) + most

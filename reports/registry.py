@@ -109,6 +109,9 @@ class Report:
     columns: dict[str, str] = field(default_factory=dict)
     document: Callable[[Catalog, str], list[Section]] | None = None
     metrics: Callable[[Catalog, str], dict[str, dict[str, Any]]] | None = None
+    #: Optional: the one-line answer this report gives one sweep's question (None: nothing to say),
+    #: shown in the summary that opens ``report all`` beside the kernel pairs' verdicts.
+    answer: Callable[[Catalog, str], str | None] | None = None
     order: int = 100
     sql_dir: Path | None = None
 

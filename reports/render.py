@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -30,8 +31,8 @@ from reports import conformance, spacing
 if TYPE_CHECKING:
     from storage.catalog import Catalog
 
-__all__ = ["document", "html_document", "json_document", "markdown_document", "markdown_to_html",
-           "md_table", "nightly_markdown", "provenance", "verdict_rows", "verdict_view"]
+__all__ = ["document", "first_word", "html_document", "identifying", "json_document", "markdown_document",
+           "markdown_to_html", "md_table", "nightly_markdown", "provenance", "verdict_rows", "verdict_view"]
 
 TEMPLATES = Path(__file__).with_name("templates")
 NOT_RUN = "not run"
@@ -140,9 +141,11 @@ def document(cat: Catalog, sweep: str | None = None, *, draw: bool = True) -> di
     pools two sweeps; with several sweeps every section title and id names its sweep.
     ``draw=False`` lists the figures (id, title, caption) without drawing them.
     """
+    from reports import summary
     from reports.registry import reports
 
-    sweeps = [sweep] if sweep else cat.all_sweeps()
+    asked = summary.questions(cat, sweep)
+    sweeps = [sweep] if sweep else summary.launch_order(cat.all_sweeps(), asked)
     several = len(sweeps) > 1
     source, verdicts = "certificate", []
     sections: list[dict[str, Any]] = []
@@ -170,6 +173,10 @@ def document(cat: Catalog, sweep: str | None = None, *, draw: bool = True) -> di
         "generated_date": now.strftime("%Y-%m-%d %H:%M UTC"),
         "verdicts": {"id": "verdicts", "title": "Verdicts per kernel pair", "source": source, "rows": verdicts,
                      "view": verdict_view(verdicts)},
+        "answers": [{**a, "id": f"answer-{_anchor(a['sweep'])}", "table_id": f"verdicts-{_anchor(a['sweep'])}",
+                     "first": not_run(a["first"]), "detail": verdict_view(not_run(a["detail"])),
+                     "sections": [s for s in sections if s["sweep"] == a["sweep"]]}
+                    for a in summary.answers(cat, sweeps, verdicts, asked)],
         "sections": sections,
         "provenance": provenance(cat, sweep),
     }
@@ -183,6 +190,8 @@ def json_document(cat: Catalog, sweep: str | None = None) -> dict[str, Any]:
         "title": doc["title"], "sweep": sweep, "generated_at": doc["generated_at"],
         "certificate": doc["verdicts"],
         "sweeps": doc["sweeps"],
+        "summary": [{k: a[k] for k in ("sweep", "question", "created_at", "about", "reports", "verdict_counts", "pairs")}
+                    for a in doc["answers"]],
         "tables": [{"section": s["id"], **t} for s in doc["sections"] for t in s["tables"]],
         "figures": [{**{k: f[k] for k in ("id", "title", "caption", "sweep")}, "section": s["id"]}
                     for s in doc["sections"] for f in s["figures"]],
@@ -220,6 +229,24 @@ def md_table(rows: list[dict[str, Any]], cell: Callable[[str, Any], str] | None 
     return "\n".join(lines) + "\n"
 
 
+#: Names whose column identifies a row: the first word of a column's name (``pair (A~B)``, ``arm(s)``,
+#: ``kernel_a``) or the whole name (``first differing linear``). Such cells are never cut: the
+#: terminal's tables keep them on one line (``orchestrator/cli/tables.py``), the HTML does not wrap them.
+ID_WORDS = frozenset({"sweep", "pair", "pairs", "arm", "arms", "kernel", "kernels", "impl", "ref", "layer",
+                      "linear", "experiment", "name", "model", "quantizer", "prompt"})
+ID_NAMES = frozenset({"first differing linear", "culprit set s", "ref_arm", "arm(s)", "impl_a", "impl_b",
+                      "kernel_a", "kernel_b"})
+
+
+def first_word(column: str) -> str:
+    return re.split(r"[\s_(~]", column.strip().lower(), maxsplit=1)[0]
+
+
+def identifying(column: str) -> bool:
+    """Whether the column names what a row is about (sweep, pair, arm, kernel, layer, ...)."""
+    return column.strip().lower() in ID_NAMES or first_word(column) in ID_WORDS
+
+
 def _cell_class(v: Any) -> str:
     text = fmt_cell(v).lower()
     if text == NOT_RUN:
@@ -240,6 +267,7 @@ def _env(autoescape: bool) -> Any:
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
                              keep_trailing_newline=True)
     env.filters.update(cell=fmt_cell, cell_class=_cell_class, md_table=md_table)
+    env.tests.update(identifying=identifying)
     return env
 
 

@@ -1,6 +1,7 @@
 """Rich tables that fit the width they are printed at, never cutting a name.
 
-A row's identifying cells (sweep, pair, arm, kernel, layer, linear, experiment: :func:`identifying`)
+A row's identifying cells (sweep, pair, arm, kernel, layer, linear, experiment:
+:func:`reports.render.identifying`, the rule the HTML report keeps them whole by too)
 are never cut, wrapped or ellipsised: their columns are ``no_wrap`` with ``min_width`` of their
 longest cell, so a name reads whole on one line and two rows never read the same. Every other
 column wraps at words and folds a word longer than its width (``overflow="fold"``: nothing is
@@ -14,22 +15,17 @@ decides which columns share a table.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
+
+from reports.render import first_word, identifying
 
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
 
-__all__ = ["MOVED_NOTE", "fitted_tables", "identifying", "natural_width"]
+__all__ = ["MOVED_NOTE", "fitted_tables", "natural_width"]
 
-#: Names whose column identifies a row: the first word of a column's name (``pair (A~B)``, ``arm(s)``,
-#: ``kernel_a``) or the whole name (``first differing linear``).
-ID_WORDS = frozenset({"sweep", "pair", "pairs", "arm", "arms", "kernel", "kernels", "impl", "ref", "layer",
-                      "linear", "experiment", "name", "model", "quantizer", "prompt"})
-ID_NAMES = frozenset({"first differing linear", "culprit set s", "ref_arm", "arm(s)", "impl_a", "impl_b",
-                      "kernel_a", "kernel_b"})
 #: The key a continued table repeats reaches at least the first column named by one of these words.
 PAIR_WORDS = frozenset({"pair", "pairs", "arm", "arms", "kernel", "impl", "ref"})
 
@@ -40,11 +36,6 @@ MOVED_NOTE = "(more columns below, each row named again; --format markdown or js
 #: word folds).
 FLOOR = 14
 MIN_FLOOR = 6
-
-
-def identifying(column: str) -> bool:
-    """Whether the column names what a row is about (its cells are never cut)."""
-    return column.strip().lower() in ID_NAMES or _first_word(column) in ID_WORDS
 
 
 def _measure(console: Console, texts: Sequence[str]) -> tuple[int, int]:
@@ -73,14 +64,10 @@ def natural_width(console: Console, cols: Sequence[str], cells: dict[str, list[s
     return console.measure(t, options=console.options.update_width(1 << 20)).maximum
 
 
-def _first_word(column: str) -> str:
-    return re.split(r"[\s_(~]", column.strip().lower(), maxsplit=1)[0]
-
-
 def _key(ids: list[str], cells: dict[str, list[str]]) -> list[str]:
     """The fewest leading identifying columns whose values tell the rows apart (all of them if none
     do), reaching at least the first pair, arm or kernel column: a continued row names its pair."""
-    named = [i for i, c in enumerate(ids) if _first_word(c) in PAIR_WORDS]
+    named = [i for i, c in enumerate(ids) if first_word(c) in PAIR_WORDS]
     for n in range(named[0] + 1 if named else 1, len(ids) + 1):
         seen = list(zip(*(cells[c] for c in ids[:n]), strict=True))
         if len(set(seen)) == len(seen):

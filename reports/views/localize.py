@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from reports.registry import Block, Report, View
+from reports.registry import Block, Report, View, lazy
 
 
 def _build(cat: Any, sweep: str, opts: dict[str, Any]) -> View:
@@ -46,6 +46,7 @@ Then how often each linear is named, and one line per diverging prompt with the 
 replay` command of its culprit artifact. JSON and CSV: one object per (pair, prompt).""",
     example="swapcheck report localize --results results --sweep localize-demo",
     build=_build,
+    answer=lazy("reports.localize:answer"),
     columns={"first divergence": "generated-token index (0-based)",
              "search generations": "greedy generations of one prompt run by ddmin"},
 )
