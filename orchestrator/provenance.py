@@ -50,7 +50,7 @@ __all__ = ["GEMM_FLAGS", "KERNEL_ENV", "NOT_EXPOSED", "PACKAGES", "autotune_cach
 
 PACKAGES = ("swapcheck", "torch", "ray", "pyarrow", "duckdb", "numpy", "ml_dtypes", "vllm", "triton", "transformers")
 
-#: Environment variables that change which kernel runs or how it rounds (reference/vllm-kernels.md).
+#: Environment variables that change which kernel runs or how it rounds (docs/reference/vllm-kernels.md).
 KERNEL_ENV = re.compile(r"^(VLLM_|TRITON_|CUBLAS|CUBLASLT_|NVIDIA_TF32|TORCH_|OMP_NUM_THREADS|MKL_|OPENBLAS_|CUDA_VISIBLE_DEVICES|SWAPCHECK_|ONEDNN_|DNNL_)")
 
 

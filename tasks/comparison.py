@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 #: Outputs at least this fraction of max|reference| count for ``max_spacing_significant``: spacing
-#: counts near zero run through every tiny binade and say little (reference/numerics.md §5.1).
+#: counts near zero run through every tiny binade and say little (docs/reference/numerics.md §5.1).
 SIGNIFICANT = 0.05
 
 

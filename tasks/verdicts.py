@@ -149,7 +149,7 @@ def flat_in_k(differing_by_k: Mapping[int, tuple[int, int]], factor: float = 4.0
     ``differing_by_k`` maps K to ``(differing, elements)``.  The rate is flat when the rate at the
     largest K is at most ``factor`` times the rate at the smallest K, after adding one differing
     element to both (so that a handful of events at small counts is not read as growth).  An
-    accumulation-order difference grows with K (FP8: reference/numerics.md §5.1); an epilogue
+    accumulation-order difference grows with K (FP8: docs/reference/numerics.md §5.1); an epilogue
     difference does not (INT8: §4).
     """
     if len(differing_by_k) < 2:

@@ -2,7 +2,7 @@
 
 Plain matmuls ``f(A, B) -> C``, marked ``@kernel_function`` (operands in the check's dtype, output in the same dtype), except
 ``WrongChannelScale``, a scaled INT8 kernel.  Each imitates one bug of a tiled GEMM
-(reference/numerics.md §6.3), with tiles of TILE x TILE outputs and K-blocks of BK:
+(docs/reference/numerics.md §6.3), with tiles of TILE x TILE outputs and K-blocks of BK:
 
 =========================  ====================================================================
 attr                       defect

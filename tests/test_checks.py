@@ -28,7 +28,7 @@ SHAPES = [(64, 100, 48), (64, 1000, 48)]  # K not a multiple of 64 or 128
 TRIALS = 20
 
 
-# -- p from K and the output format (reference/numerics.md §6.1) ----------------------------------
+# -- p from K and the output format (docs/reference/numerics.md §6.1) ----------------------------------
 
 
 def test_exact_limits():

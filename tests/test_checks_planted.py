@@ -1,6 +1,6 @@
 """Planted defects, named the way a user names a kernel (``_planted_kernels:attr``): each is reported
 INCORRECT by the checks listed in ``_planted_kernels.CAUGHT_BY`` and passed by the others; and which
-of them ``torch.allclose`` with the usual bf16 tolerances would pass (reference/numerics.md §6.3).
+of them ``torch.allclose`` with the usual bf16 tolerances would pass (docs/reference/numerics.md §6.3).
 """
 
 from __future__ import annotations

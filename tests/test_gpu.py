@@ -3,7 +3,7 @@
 They need an NVIDIA GPU (and, for everything but ``torch-scaled-mm-cuda``, vLLM 0.29-0.32); without
 them every test here is skipped with the reason.  Run them with ``pytest -m gpu``.
 
-Expectations are the reference's (reference/vllm-kernels.md): INT8 accumulation is exact, so without
+Expectations are the reference's (docs/reference/vllm-kernels.md): INT8 accumulation is exact, so without
 bias ``vllm-cutlass`` must equal ``int8-cutlass-order`` and ``vllm-triton`` must equal
 ``int8-triton-order`` bit for bit (§2.1, §2.2 [read]); with bias the CUTLASS multiply-add
 contraction is [inferred] (§2.1), so only one spacing is required there.  The engine tests build the

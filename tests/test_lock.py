@@ -62,7 +62,7 @@ def test_the_lock_satisfies_pyproject(which: str) -> None:
 
 
 def test_vllm_032_constraints_hold_in_the_gpu_lock() -> None:
-    """vLLM 0.32 requires torch==2.13.0 and transformers>=5.16.1,<5.20 (shared/reference)."""
+    """vLLM 0.32 requires torch==2.13.0 and transformers>=5.16.1,<5.20 (docs/reference/vllm-kernels.md)."""
     pins = read_lock(LOCKS["gpu"][0])
     assert pins["torch"] == "2.13.0" and pins["vllm"].startswith("0.3")
     major, minor, *_ = (int(x) for x in pins["transformers"].split("."))

@@ -1,6 +1,6 @@
 """VllmEngine's plumbing on the CPU, against a fake ``vllm`` package.
 
-The fake is small but wired like vLLM 0.32 where the engine depends on it (reference/vllm-kernels.md):
+The fake is small but wired like vLLM 0.32 where the engine depends on it (docs/reference/vllm-kernels.md):
 ``LLM`` picks the first INT8 kernel class not named in ``VLLM_DISABLED_KERNELS`` (§1.2) and logs
 ``Selected <class> for CompressedTensorsW8A8Int8`` (§1.3); every quantized layer has
 ``scheme.kernel`` whose ``apply_weights`` quantizes per token and calls

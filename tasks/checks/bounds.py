@@ -1,6 +1,6 @@
 """The ``bounds`` check: general inputs, every output within a named algorithm's error bound.
 
-The exact-match check cannot see precision bugs (reference/numerics.md §6.3): on binary inputs a
+The exact-match check cannot see precision bugs (docs/reference/numerics.md §6.3): on binary inputs a
 bf16 accumulator, split-K with bf16 partials and a truncating epilogue all return exact integers.
 This check runs the kernel on randn and adversarial inputs (:mod:`.operands`) and asks, for every
 output, whether the named accumulation algorithm (:mod:`tasks.numerics.products`) could have

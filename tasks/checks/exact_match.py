@@ -15,7 +15,7 @@ The procedure of CUDA-L2's correctness check (seed 000), done for every output f
 5. The fraction of positions checked must be at least :data:`MIN_CHECKED_FRACTION` (else the
    trial is INCONCLUSIVE); any mismatch makes it INCORRECT.
 
-What it catches and misses (reference/numerics.md §6.3): structural and additive bugs (a dropped or
+What it catches and misses (docs/reference/numerics.md §6.3): structural and additive bugs (a dropped or
 duplicated K-block, a transposed or misplaced tile, wrong indexing) and small multiplicative errors
 that ``allclose`` lets through (a tile scaled by 1 + 2**-8, a wrong per-channel scale); it cannot
 see precision bugs (a bf16 accumulator, bf16 split-K partials, a truncating epilogue), because 0, 1

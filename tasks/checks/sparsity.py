@@ -2,7 +2,7 @@
 
 Each operand entry is 0 with probability ``p`` and 1 otherwise, independently.  An output
 ``C[i, j] = sum_k A[i, k] B[k, j]`` then counts the ``k`` where both are 1, so it is
-``Binomial(K, q)`` with ``q = (1 - p)**2`` and mean ``K q`` (reference/numerics.md §6.1).
+``Binomial(K, q)`` with ``q = (1 - p)**2`` and mean ``K q`` (docs/reference/numerics.md §6.1).
 
 The check needs the reference sums inside the output format's exact-integer range ``[0, L]``: every
 integer up to ``L = 2**precision`` is a value of the format (fp16 2048, bf16 256, fp32 2**24;
@@ -13,7 +13,7 @@ smallest ``p`` for which at most a fraction ``overflow`` of the outputs is expec
 :func:`zero_probability` uses it, but never goes below ``floor`` (0.5): a denser draw would make the
 operands nearly all ones, and a matrix of equal outputs hides transposed or permuted tiles.
 
-Numbers to compare with reference/numerics.md §6.1 (overflow 0.01): K = 4096 needs p >= 0.3058
+Numbers to compare with docs/reference/numerics.md §6.1 (overflow 0.01): K = 4096 needs p >= 0.3058
 (fp16) and 0.7671 (bf16); K = 16384 needs 0.6549 (fp16) and 0.8837 (bf16).  Asking that *all* of
 1024 x 1024 outputs stay in range with probability 0.99 is ``overflow = 1 - 0.99**(1 / 1024**2)``
 and gives 0.3245 and 0.7912 at K = 4096.

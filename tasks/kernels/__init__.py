@@ -1,6 +1,6 @@
 """Scaled-GEMM implementations ("kernels") behind one call and one registry.
 
-``kernel(a, b, scale_a, scale_b, out_dtype, bias=None) -> Tensor [M, N]`` (DESIGN.md contract;
+``kernel(a, b, scale_a, scale_b, out_dtype, bias=None) -> Tensor [M, N]`` (docs/reference/design.md contract;
 operand rules in :mod:`.operands`).  Get one with :func:`get_kernel`::
 
     from tasks.kernels import get_kernel

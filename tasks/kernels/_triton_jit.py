@@ -1,6 +1,6 @@
 """The Triton code of ``triton-scaled-mm`` (:mod:`.triton_mm`): one scaled-GEMM kernel and its launcher.
 
-Written for this repository from the facts of reference/vllm-kernels.md §2.2 about vLLM 0.32's
+Written for this repository from the facts of docs/reference/vllm-kernels.md §2.2 about vLLM 0.32's
 ``triton_scaled_mm`` (not a copy of it): a plain 2-D grid of ``BLOCK_M x BLOCK_N`` output tiles, no
 split-K; ``tl.dot(a, b, acc, out_dtype=int32)`` for int8 and ``out_dtype=float32`` for fp8, one
 ``BLOCK_K`` slab of K at a time with masked loads (no alignment requirement); the epilogue

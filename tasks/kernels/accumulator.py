@@ -72,7 +72,7 @@ ACCUMULATOR_ENV = "SWAPCHECK_INT8_ACCUMULATOR"
 PATHS = ("int_mm", "float64", "float32-chunked")
 
 # Largest K for which every int8 x int8 dot product is exact in int32 whatever the operands
-# (both may be -128): floor((2**31 - 1) / 16384) = 131071 (reference/numerics.md §3).
+# (both may be -128): floor((2**31 - 1) / 16384) = 131071 (docs/reference/numerics.md §3).
 INT32_EXACT_K = (2**31 - 1) // (128 * 128)
 #: K-chunk of the float32 path: 1024 * 128 * 128 = 2**24, the largest run of int8 products whose
 #: partial sums are all exact in fp32.

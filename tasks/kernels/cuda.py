@@ -1,7 +1,7 @@
 """GPU scaled-GEMM kernels: vLLM's CUTLASS and Triton entries, and ``torch._scaled_mm`` on CUDA.
 
 =========================  ==========  ==========================================================
-name                       operands    what it calls (reference/vllm-kernels.md)
+name                       operands    what it calls (docs/reference/vllm-kernels.md)
 =========================  ==========  ==========================================================
 vllm-cutlass               int8, fp8   ``vllm._custom_ops.cutlass_scaled_mm`` (§3), the entry vLLM's
                                        CUTLASS kernel classes call, *including* its silent Triton
@@ -13,7 +13,7 @@ torch-scaled-mm-cuda       fp8         ``torch._scaled_mm`` (cuBLASLt, §2.4), `
                                        ``device="cpu"``: the same call on the CPU (kit ``--cpu``)
 =========================  ==========  ==========================================================
 
-They take the shared call (DESIGN.md) on CUDA tensors and convert the layouts at the boundary
+They take the shared call (docs/reference/design.md) on CUDA tensors and convert the layouts at the boundary
 (:func:`vllm_operands`): ``a`` row-major, ``b`` ``[K, N]`` column-major (§2.1 "b.stride(0)==1"),
 scales fp32 and contiguous (``scale_a`` ``[M, 1]`` or ``[1, 1]``; ``scale_b`` ``[1, N]`` for
 CUTLASS, ``[N, 1]`` for Triton, which rejects ``(1, N)``, §3), bias ``[N]`` contiguous in the output

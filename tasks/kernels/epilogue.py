@@ -1,4 +1,4 @@
-"""Scaled-GEMM epilogues, emulated bit for bit (reference/vllm-kernels.md §2).
+"""Scaled-GEMM epilogues, emulated bit for bit (docs/reference/vllm-kernels.md §2).
 
 Each function takes the fp32 accumulator ``accf`` ``[M, N]`` (for INT8: the int32 accumulator
 converted to fp32 with round-to-nearest-even), the scales as float32 ``[M, 1]`` and ``[1, N]``, the
@@ -57,7 +57,7 @@ def _add_in_output_dtype(
 
     The float64 sum of two values of <= 24 significant bits is exact unless their exponents differ
     by more than ~29, and then rounding float64 -> out_dtype is still correct (double rounding is
-    innocuous from 53 >= 2p + 2 bits; DESIGN.md numerics notes).
+    innocuous from 53 >= 2p + 2 bits; docs/reference/design.md numerics notes).
     """
     return (c.to(torch.float64) + bias.to(torch.float64)).to(out_dtype)
 

@@ -21,7 +21,7 @@ accumulator registers do, so an all-zero sum is +0.0):
   may be shorter), giving block sums ``s_0 .. s_{ceil(K/b)-1}``; then ``sequential`` across them:
   ``acc = ((0 + s_0) + s_1) + ...``.  This is a split-K / promotion-interval structure with an
   exact fp32 inner accumulator; it is not a model of Hopper's limited-precision tensor-core
-  accumulator (reference/numerics.md §5.2).
+  accumulator (docs/reference/numerics.md §5.2).
 
 Epilogue (``epilogue`` parameter): "cutlass" (default, vllm-kernels.md §2.1) or "triton" (§2.2,
 bias added in fp32), applied to the fp32 accumulator exactly as for INT8 (see :mod:`.epilogue`).

@@ -2,7 +2,7 @@
 
 INT8 products summed in int32 are exact and order-free while no sum overflows: with weights in
 [-127, 127] and activations in [-128, 127] up to K = 132104, and up to K = 131071 when both operands
-may be -128 (reference/numerics.md §3).  So every INT8 kernel computes the same integer accumulator,
+may be -128 (docs/reference/numerics.md §3).  So every INT8 kernel computes the same integer accumulator,
 and INT8 kernels can differ only in their epilogue (vllm-kernels.md §2.1, §2.2, §2.4).
 
 The accumulator is the int32 one (:func:`.accumulator.int32_accumulator`), computed on the fastest

@@ -1,4 +1,4 @@
-"""Operand validation shared by every kernel: the DESIGN.md call contract, checked once.
+"""Operand validation shared by every kernel: the docs/reference/design.md call contract, checked once.
 
 ``kernel(a, b, scale_a, scale_b, out_dtype, bias=None)``:
 

@@ -43,7 +43,7 @@ which :func:`user_kernels_enabled` reads at every resolution.
 A registered name may declare a *suffix parameter*: ``fp8-blocked`` declares ``block_size``, so
 ``get_kernel("fp8-blocked-128")`` is ``get_kernel("fp8-blocked", block_size=128)``.
 
-Every kernel shares one call (DESIGN.md): ``kernel(a, b, scale_a, scale_b, out_dtype, bias=None)``
+Every kernel shares one call (docs/reference/design.md): ``kernel(a, b, scale_a, scale_b, out_dtype, bias=None)``
 returns the ``[M, N]`` output.  :class:`Kernel.__call__` validates the operands (see
 :mod:`.operands`), asks :meth:`Kernel.supports` and :meth:`Kernel.available`, and only then runs
 :meth:`Kernel.compute`; anything unsupported is a :class:`KernelError` whose message says what is

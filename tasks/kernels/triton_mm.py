@@ -1,6 +1,6 @@
 """``triton-scaled-mm``: swapcheck's own Triton INT8/FP8 scaled-mm kernel, after vLLM 0.32's ``triton_scaled_mm``.
 
-Written here from reference/vllm-kernels.md §2.2 and §3 (the Triton code is :mod:`._triton_jit`), so a
+Written here from docs/reference/vllm-kernels.md §2.2 and §3 (the Triton code is :mod:`._triton_jit`), so a
 GPU with only torch and Triton (issue #38: no vLLM) runs the Triton side of the CUTLASS-vs-Triton
 question:
 

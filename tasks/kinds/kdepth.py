@@ -1,7 +1,7 @@
 """The ``kdepth`` kind: one GEMM shape and seed, every implementation and the exact reference.
 
 Operands are drawn the way a real W8A8 layer produces them (:func:`tasks.models.operands.draw_operands`,
-reference/vllm-kernels.md §2.6); under scale mode ``pow2`` all epilogue orders must agree bit for bit.
+docs/reference/vllm-kernels.md §2.6); under scale mode ``pow2`` all epilogue orders must agree bit for bit.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``W8A8Linear``: one decoder linear layer computed as vLLM's W8A8 INT8 path computes it.
 
-Per call (reference/vllm-kernels.md §4, the chain ``apply_weights`` -> ``scaled_int8_quant`` ->
+Per call (docs/reference/vllm-kernels.md §4, the chain ``apply_weights`` -> ``scaled_int8_quant`` ->
 ``cutlass_scaled_mm`` / ``triton_scaled_mm``):
 
 1. the input ``[..., K]`` is viewed as ``x`` ``[M, K]`` and quantized per token

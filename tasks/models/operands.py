@@ -1,6 +1,6 @@
 """Synthetic GEMM operands, drawn and quantized as a real W8A8 layer produces them.
 
-How (reference/vllm-kernels.md §2.6):
+How (docs/reference/vllm-kernels.md §2.6):
 
 * int8 activations: per-token scale ``sa = absmax(row) / 127`` (fp32) and
   ``q = round_half_even(x * (127 / absmax))`` saturated to [-128, 127], as ``scaled_int8_quant``;

@@ -1,7 +1,7 @@
 """W8A8 INT8 quantization: per-token activations exactly as vLLM, per-channel symmetric weights.
 
 Activations, dynamic symmetric per token, as vLLM's ``scaled_int8_quant`` kernel computes them
-(reference/vllm-kernels.md §2.6; ``csrc/quantization/w8a8/int8/scaled_quant.cu``), ``scales="real"``:
+(docs/reference/vllm-kernels.md §2.6; ``csrc/quantization/w8a8/int8/scaled_quant.cu``), ``scales="real"``:
 
 * ``absmax = max_j |x[i, j]|`` (a maximum is exact and order-free), in fp32;
 * ``scale = fl(absmax / 127)``, the fp32 scale stored and handed to the GEMM (``[M, 1]``);
@@ -39,7 +39,7 @@ an FP8 quantizer pair in the ``quantize`` kind): ``scale[n] = fl32(absmax(w[n, :
 ``q = e4m3(clamp(fl32(w / scale[n]), -448, 448))`` rounded to nearest, ties to even (torch's fp32 ->
 ``float8_e4m3fn`` conversion); an all-zero channel gets scale 1.0 and q 0.  This is the per-channel
 ("channel" strategy) layout vLLM's FP8 W8A8 kernels take as ``weight_scale`` ``[N, 1]``
-(reference/vllm-kernels.md §2.4: the channel-wise path is taken unless both scales are per tensor),
+(docs/reference/vllm-kernels.md §2.4: the channel-wise path is taken unless both scales are per tensor),
 computed the way a symmetric absmax quantizer computes it.
 """
 

@@ -1,7 +1,7 @@
 """The vLLM engine adapter: one arm = ``vllm.LLM`` with one INT8/FP8 linear kernel forced (GPU-only).
 
 :class:`VllmEngine` builds ``vllm.LLM`` in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` set
-before vLLM is imported, reference/vllm-kernels.md §4), with ``enforce_eager=True`` (Python hooks
+before vLLM is imported, docs/reference/vllm-kernels.md §4), with ``enforce_eager=True`` (Python hooks
 run on every step: no CUDA graphs, no torch.compile, §4), a fixed seed,
 ``logprobs_mode="raw_logits"`` (§5), prefix caching off, and the kernel forced
 (:func:`~tasks.models.vllm_selection.forcing`, §1.1-1.2).  ``generate``/``score`` return

@@ -3,7 +3,7 @@
 Pure logic, tested without a GPU (tests/test_vllm_logic.py); :mod:`.vllm_engine` applies it.
 
 * :func:`generation_from_outputs`, :func:`score_from_prompt_logprobs`, :func:`assemble_logits`,
-  :func:`score_from_logits` -- vLLM's logprob structures (reference/vllm-kernels.md §5) mapped to
+  :func:`score_from_logits` -- vLLM's logprob structures (docs/reference/vllm-kernels.md §5) mapped to
   :class:`~tasks.models.GenerationResult` / :class:`~tasks.models.ScoreResult` rows: top-k ids
   sorted by value (ties: lower id first), margin top-1 minus top-2 in float64;
 * :func:`token_logprobs`, :func:`target_logprobs`, :func:`generated_logprobs` -- the float64

@@ -3,7 +3,7 @@
 Pure logic, tested without a GPU (tests/test_vllm_logic.py); :mod:`.vllm_engine` applies it.
 
 * :func:`forcing` -- the environment and ``LLM`` keyword arguments that force a kernel family in a
-  vLLM version (reference/vllm-kernels.md §1.1-1.2), and what must then be observed;
+  vLLM version (docs/reference/vllm-kernels.md §1.1-1.2), and what must then be observed;
 * :func:`parse_selection_log` -- the ``Selected <kernel> for <scheme>`` (0.16+) and ``Using <kernel>
   for <scheme>`` (<= 0.14) log lines (§1.3);
 * :func:`layer_kernels` -- ``type(module.scheme.kernel).__name__`` per named module (§1.3), and

@@ -135,7 +135,7 @@ _IEEE_NAN = "exponent all ones, mantissa != 0"
 
 #: K above which an int32 accumulator of int8 products can overflow: weights in [-127, 127] and
 #: activations in [-128, 127] give |product| <= 16256, and floor((2**31 - 1) / 16256) = 132104
-#: (reference/numerics.md §3).
+#: (docs/reference/numerics.md §3).
 INT8_MAX_K = 132104
 
 FORMATS: dict[str, FloatFormat] = {

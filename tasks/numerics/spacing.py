@@ -4,7 +4,7 @@ Results are compared in *spacings of the output format*: how many representable 
 two outputs.  That count comes from the bit patterns, not from float arithmetic, so it is exact and
 works across zero and across binades (where the float gap changes by a factor of two).
 
-Conventions (DESIGN.md asks for one to be stated):
+Conventions (docs/reference/design.md asks for one to be stated):
 
 * ``ordered`` maps a sign-magnitude pattern to a monotone integer: +x -> its magnitude bits m,
   -x -> -m - 1.  Hence +0 -> 0 and -0 -> -1: **+0 and -0 are one spacing apart**, so a distance of 0
