@@ -22,6 +22,19 @@ The embedded instance keeps its session (logs, sockets, spilled objects) in a di
 ``<RAY_TMPDIR or the temp dir>/sc-ray-<8 random characters>`` (mode 0700, never Ray's shared ``/tmp/ray``), removed
 when the process ends after a clean run and kept -- with a line saying where -- after a failure
 (:func:`keep_session`).
+
+Starting the embedded instance is tried up to ``SWAPCHECK_RAY_START_ATTEMPTS`` times (default 3), each
+try bounded by ``SWAPCHECK_RAY_START_TIMEOUT_S`` (default 120 s), with a pause of 2 s, 4 s, ... between
+tries. A failed try is shut down and every process it left is ended (found by its session directory,
+which is in each Ray process's command line: nobody else's Ray is touched) before the next one; failing
+every time is :class:`RayStartFailure`, exit 3, naming the cause and both knobs. While Ray starts (or
+a join waits), a line every 10 s goes to the callback :func:`report_waits` installed (the CLI's
+progress); the library prints nothing by itself.
+
+``python -m orchestrator.cluster add-node ADDRESS`` starts a second raylet on 127.0.0.1 joined to a
+loopback head (``ray start --head --node-ip-address=127.0.0.1``), which ``ray start --address``
+cannot do here: with ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` it refuses a worker node, and without it
+Ray rewrites 127.0.0.1 to the machine's external address (docs/cluster.md, "Two nodes on one machine").
 """
 
 from __future__ import annotations
@@ -29,12 +42,13 @@ from __future__ import annotations
 import atexit
 import importlib.util
 import logging
+import math
 import os
 import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -57,6 +71,13 @@ JOIN_GRACE_S = 15.0
 START_ATTEMPTS_ENV = "SWAPCHECK_RAY_START_ATTEMPTS"
 START_ATTEMPTS = 3
 START_BACKOFF_S = 2.0
+#: How long one attempt may take before it is stopped and counted as failed. Ray's own wait for the
+#: GCS's port (``RAY_gcs_server_port_wait_time_s``, 30 s) is raised to it unless set; Ray's wait for
+#: the raylet to register (30 s) is fixed inside Ray 2.60, so a busy machine is helped by the retries.
+START_TIMEOUT_ENV = "SWAPCHECK_RAY_START_TIMEOUT_S"
+START_TIMEOUT_S = 120.0
+#: While Ray starts or a join waits, a line every this many seconds (through :func:`report_waits`).
+WAIT_LINE_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -282,7 +303,9 @@ def connect(address: str | None = None, num_cpus: int | None = None, timeout_s: 
         _start_embedded(ray, num_cpus)
         return _connection(embedded, source, address)
     try:
-        with _address_env(address), _bounded(timeout_s + JOIN_GRACE_S):
+        with _address_env(address), _waiting(f"joining the Ray cluster at {address} (up to "
+                                              f"{timeout_s + JOIN_GRACE_S:g} s: --connect-timeout)"), \
+                _bounded(timeout_s + JOIN_GRACE_S):
             ray.init(address=address, log_to_driver=_verbose(), logging_level=logging.WARNING)
     except _JoinTimeout:
         raise InfrastructureError(
@@ -307,11 +330,26 @@ def start_attempts(env: dict[str, str] | None = None) -> int:
     return int(raw)
 
 
+def start_timeout(env: dict[str, str] | None = None) -> float:
+    """Seconds one start of the embedded instance may take (:data:`START_TIMEOUT_ENV`, 1 to 3600)."""
+    raw = (os.environ if env is None else env).get(START_TIMEOUT_ENV, "").strip()
+    if not raw:
+        return START_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not 1 <= value <= 3600:  # NaN too
+        raise UsageError(f"{START_TIMEOUT_ENV}={raw!r}: give the seconds one start of Ray may take, from 1 to 3600")
+    return value
+
+
 def with_retries(start: Any, attempts: int, *, pause_s: float = START_BACKOFF_S, sleep: Any = time.sleep,
-                 on_failure: Any = None) -> None:
+                 on_failure: Any = None, timeout_s: float | None = None) -> None:
     """``start()`` up to ``attempts`` times, pausing ``pause_s``, then twice that, ... between tries;
     ``on_failure(exc, attempt)`` after each failed one. The last failure is raised as
-    :class:`RayStartFailure` (exit 3) with what was tried and what to do."""
+    :class:`RayStartFailure` (exit 3) with what was tried and what to do (``timeout_s``: the bound of
+    each try, named in the message with its knob)."""
     last: BaseException | None = None
     for attempt in range(1, attempts + 1):
         try:
@@ -322,37 +360,57 @@ def with_retries(start: Any, attempts: int, *, pause_s: float = START_BACKOFF_S,
             if on_failure is not None:
                 on_failure(exc, attempt)
             if attempt < attempts:
-                sleep(pause_s * 2 ** (attempt - 1))
+                pause = pause_s * 2 ** (attempt - 1)
+                _wait_line(f"Ray did not start (attempt {attempt} of {attempts}: {_first_line(exc)}); "
+                           f"trying again in {pause:g} s")
+                sleep(pause)
     assert last is not None
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "unknown"
+    each = f" of up to {timeout_s:g} s each" if timeout_s is not None else ""
+    longer = f"raise {START_TIMEOUT_ENV} (now {timeout_s:g} s) or " if timeout_s is not None else "raise "
     raise RayStartFailure(
-        f"could not start a local Ray instance in {attempts} attempt(s) ({type(last).__name__}: "
-        f"{str(last).splitlines()[0] if str(last) else ''}); load average {load}. A busy machine can time out "
-        f"Ray's start: retry when it is quieter, raise {START_ATTEMPTS_ENV} (now {attempts}), or start Ray once "
-        "(`ray start --head`) and pass --address auto. Nothing was run.") from None
+        f"could not start a local Ray instance in {attempts} attempt(s){each} ({_first_line(last)}); load "
+        f"average {load}. A busy machine can time out Ray's start: retry when it is quieter, {longer}"
+        f"{START_ATTEMPTS_ENV} (now {attempts}), or start Ray once (`ray start --head`, docs/cluster.md) and "
+        "pass --address auto. Nothing was run; no Ray process of these attempts is left.") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
 
 
 def _start_embedded(ray: Any, num_cpus: int | None) -> None:
-    """Start the embedded instance, retried (:func:`with_retries`): each try in a new session directory,
-    a failed one shut down and its session kept for its logs."""
+    """Start the embedded instance, retried (:func:`with_retries`): each try in a new session directory
+    and bounded by :func:`start_timeout`; a failed one shut down, its processes ended and its session
+    kept for its logs."""
+    attempts, timeout_s = start_attempts(), start_timeout()
+    # Ray's own wait for the GCS to write its port (30 s by default) must not end a try before ours does.
+    os.environ.setdefault("RAY_gcs_server_port_wait_time_s", str(math.ceil(timeout_s)))
+    tries = [0]
 
     def start() -> None:
+        tries[0] += 1
         # "local": always a new instance of our own. Without it Ray joins a cluster that `ray start`
         # left on this machine (someone else's, with its own settings) and then refuses num_cpus
         # ("When connecting to an existing cluster, num_cpus and num_gpus must not be provided").
         session = _new_session_dir()
+        what = f"starting a local Ray instance (attempt {tries[0]} of {attempts}, up to {timeout_s:g} s: {START_TIMEOUT_ENV})"
         try:
-            ray.init(
-                address="local",
-                num_cpus=num_cpus or os.cpu_count() or 1,
-                include_dashboard=False,
-                log_to_driver=_verbose(),
-                logging_level=logging.WARNING,
-                configure_logging=True,
-                # Ray makes its temp dir world-writable (0777): it gets a folder inside ours (0700), so
-                # nobody else can reach what it keeps there.
-                _temp_dir=os.path.join(session, "ray"),
-            )
+            with _waiting(what), _bounded(timeout_s):
+                ray.init(
+                    address="local",
+                    num_cpus=num_cpus or os.cpu_count() or 1,
+                    include_dashboard=False,
+                    log_to_driver=_verbose(),
+                    logging_level=logging.WARNING,
+                    configure_logging=True,
+                    # Ray makes its temp dir world-writable (0777): it gets a folder inside ours (0700), so
+                    # nobody else can reach what it keeps there.
+                    _temp_dir=os.path.join(session, "ray"),
+                )
+        except _JoinTimeout:
+            raise TimeoutError(f"Ray did not start within {timeout_s:g} s") from None
         finally:
             _own_session(session)
 
@@ -362,8 +420,110 @@ def _start_embedded(ray: Any, num_cpus: int | None) -> None:
             ray.shutdown()
         except Exception:  # noqa: BLE001 - what a half-started instance left is cleaned as far as it goes
             pass
+        if _session["dir"] is not None:
+            end_processes(_session["dir"] + os.sep)
 
-    with_retries(start, start_attempts(), on_failure=failed)
+    with_retries(start, attempts, on_failure=failed, timeout_s=timeout_s)
+
+
+# -- lines while waiting, and the processes a failed start left ------------------------------------
+
+_reporter: dict[str, Callable[[str], None] | None] = {"fn": None}
+
+
+def report_waits(fn: Callable[[str], None] | None) -> None:
+    """Where the lines go while Ray starts or a join waits (the CLI: its progress notes); None: nowhere."""
+    _reporter["fn"] = fn
+
+
+def _wait_line(line: str) -> None:
+    fn = _reporter["fn"]
+    if fn is not None:
+        try:
+            fn(line)
+        except Exception:  # noqa: BLE001 - a status line must never fail a start
+            pass
+
+
+@contextmanager
+def _waiting(what: str, every_s: float = WAIT_LINE_S) -> Iterator[None]:
+    """A line ``<what>: N s so far`` every ``every_s`` seconds until the block ends (no silent minutes)."""
+    import threading
+
+    if _reporter["fn"] is None:
+        yield
+        return
+    done = threading.Event()
+    t0 = time.monotonic()
+
+    def tick() -> None:
+        while not done.wait(every_s):
+            _wait_line(f"{what}: {time.monotonic() - t0:.0f} s so far")
+
+    thread = threading.Thread(target=tick, name="swapcheck-ray-wait", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join(timeout=1.0)
+
+
+def _pids_with(mark: str) -> list[int]:
+    """The processes whose command line holds ``mark`` (a session directory of ours), this one aside."""
+    found = []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                cmdline = fh.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{entry}/stat") as fh:
+                state = fh.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if mark in cmdline and state != "Z":
+            found.append(int(entry))
+    return found
+
+
+def end_processes(mark: str, grace_s: float = 5.0) -> list[int]:
+    """End every process whose command line holds ``mark`` (SIGTERM, then SIGKILL after ``grace_s``) and
+    reap those that are our children. Returns the pids that were running.
+
+    A Ray start that failed half-way leaves its GCS, raylet and helpers running with no driver that
+    knows them (``ray.shutdown`` knows only a node that finished starting), and gcs_server and raylet
+    can outlive a SIGTERM. Every Ray process names its session directory on its command line, and ours
+    is unique (``sc-ray-`` plus random characters), so this ends exactly what the failed start made.
+    """
+    import signal
+
+    pids = _pids_with(mark)
+    left = list(pids)
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        for pid in left:
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+        deadline = time.monotonic() + wait_s
+        while left and time.monotonic() < deadline:
+            _reap(pids)
+            time.sleep(0.1)
+            left = [p for p in _pids_with(mark) if p in pids]
+        if not left:
+            break
+    _reap(pids)
+    return pids
+
+
+def _reap(pids: list[int]) -> None:
+    """Collect the exit status of those of ``pids`` that are our children and have ended (no zombies)."""
+    for pid in pids:
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:  # not our child (a raylet's worker), or already collected
+            pass
 
 
 def _resolved(address: str) -> str:
@@ -482,3 +642,113 @@ def disconnect(keep: bool = False) -> None:
 
 #: The name of the address check before it spoke Ray's protocol (kept for callers of the TCP check).
 _reachable = _probe
+
+
+# -- a second raylet on this machine (docs/cluster.md, "Two nodes on one machine") -------------------
+
+
+def add_local_node(address: str, num_cpus: int, num_gpus: int = 0) -> str:
+    """Start a raylet on 127.0.0.1 joined to the loopback head at ``address`` (``auto``: the head that
+    ``ray start`` recorded under ``RAY_TMPDIR``), as ``ray start --address`` would, and return its node
+    id once the head has registered it. Like ``ray start``, the node keeps running after this process
+    ends: ``ray stop``, or :func:`end_processes` with the cluster's temp dir, stops it. A start that
+    fails or passes :func:`start_timeout` ends the processes it made before raising."""
+    set_safe_env(embedded=False)
+    gcs = _resolved(address)
+    if _hostport(gcs) is None:
+        raise UsageError(f"no Ray head found for {address!r}: give the head's host:port (ray start prints it; "
+                         "it is also in $RAY_TMPDIR/ray/ray_current_cluster)")
+    _probe(gcs, 30.0)
+    from ray._private.node import Node
+    from ray._private.parameter import RayParams
+
+    params = RayParams(gcs_address=gcs, node_ip_address="127.0.0.1", num_cpus=num_cpus, num_gpus=num_gpus,
+                       min_worker_port=0, max_worker_port=0, node_manager_port=0,
+                       include_log_monitor=False)  # type: ignore[arg-type]  # Ray annotates it str | None; it takes a bool
+    params.dashboard_agent_listen_port = None  # a free port: the head's agent holds the default one
+    timeout_s = start_timeout()
+    try:
+        with _bounded(timeout_s):
+            node = Node(params, head=False, shutdown_at_exit=False, spawn_reaper=False)
+    except BaseException as exc:
+        ended = _end_children()
+        if isinstance(exc, _JoinTimeout):
+            raise RayStartFailure(f"the node did not join {gcs} within {timeout_s:g} s ({START_TIMEOUT_ENV}); "
+                                  f"its {len(ended)} process(es) were ended") from None
+        raise
+    return str(node.node_id)
+
+
+def _end_children() -> list[int]:
+    """End this process's descendants (what a failed node start made); returns their pids."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                parents[int(entry)] = int(fh.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    ours, frontier = [], [os.getpid()]
+    while frontier:
+        kids = [pid for pid, ppid in parents.items() if ppid in frontier]
+        ours += kids
+        frontier = kids
+    marks = [f"/proc/{pid}" for pid in ours]  # only these pids: matched by their own /proc entry below
+    import signal
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in ours:
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+        deadline = time.monotonic() + 5.0
+        while any(os.path.exists(m) for m in marks) and time.monotonic() < deadline:
+            _reap(ours)
+            time.sleep(0.1)
+    return ours
+
+
+def _main(argv: list[str] | None = None) -> int:
+    """``python -m orchestrator.cluster add-node ADDRESS`` / ``stop TEMPDIR`` (docs/cluster.md)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m orchestrator.cluster",
+                                     description="A second Ray node on 127.0.0.1, and stopping exactly one local cluster.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add = sub.add_parser("add-node", help="start a raylet on 127.0.0.1 joined to the loopback head at ADDRESS")
+    add.add_argument("address", help="the head's GCS address (127.0.0.1:PORT), or auto (the head under $RAY_TMPDIR)")
+    add.add_argument("--num-cpus", type=int, default=1)
+    add.add_argument("--num-gpus", type=int, default=0)
+    stop = sub.add_parser("stop", help="end every Ray process of the cluster whose temp dir is TEMPDIR")
+    stop.add_argument("tempdir", help="the cluster's RAY_TMPDIR (what its ray start --temp-dir is under)")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "stop":
+            where = _cluster_dir(args.tempdir)
+            pids = end_processes(where + os.sep)
+            left = _pids_with(where + os.sep)
+            sys.stderr.write(f"ended {len(pids)} Ray process(es) under {where}"
+                             + (f"; still running: {left}\n" if left else "\n"))
+            return 3 if left else 0
+        node_id = add_local_node(args.address, args.num_cpus, args.num_gpus)
+    except (UsageError, InfrastructureError) as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return exc.exit_code
+    sys.stderr.write(f"a Ray node on 127.0.0.1 joined the cluster (node {node_id}, {_n(args.num_cpus, 'CPU')}); "
+                     "`ray stop` or `python -m orchestrator.cluster stop \"$RAY_TMPDIR\"` stops it\n")
+    return 0
+
+
+def _cluster_dir(path: str) -> str:
+    """``path`` as a cluster's own temp dir: an existing directory holding Ray's ``ray/`` folder, never the
+    system temp dir or ``/`` (whose paths are in every Ray process's command line)."""
+    where = os.path.realpath(path)
+    if where in {os.sep, os.path.realpath(tempfile.gettempdir())} or not os.path.isdir(os.path.join(where, "ray")):
+        raise UsageError(f"{path!r} is not one cluster's own temp dir (a directory of its own holding ray/, "
+                         "as RAY_TMPDIR=$(mktemp -d) gives); nothing was stopped")
+    return where
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())
