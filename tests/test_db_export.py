@@ -127,8 +127,9 @@ def _duckdb_shell() -> tuple[str, str] | None:
 def test_export_opens_in_the_duckdb_shell(results: Path, tmp_path: Path, suffix: str) -> None:
     found = _duckdb_shell()
     if found is None:
-        pytest.skip("no DuckDB shell (`duckdb`) in the venv or on PATH; the venv does not ship one: `pip install "
-                    "duckdb-cli` or DuckDB's own install (docs/duckdb.md). The export's Python route is tested above")
+        pytest.skip("no DuckDB shell (`duckdb`) in the venv or on PATH; the venv does not ship one: DuckDB's own "
+                    f"install of {duckdb.__version__}, or `pipx install duckdb-cli` for the .sql export (docs/duckdb.md). "
+                    "The export's Python route is tested above")
     shell, version = found
     if suffix == ".duckdb" and version != duckdb.__version__:
         pytest.skip(f"the DuckDB shell {shell} is {version}; a database file written by DuckDB {duckdb.__version__} "
