@@ -142,15 +142,18 @@ def all_(
     out_file: Path = typer.Option(None, "--output", "-o", "--out", dir_okay=False,
                                   help="Write here instead of standard output (required for html)."),
 ) -> None:
-    """Everything in one document: verdicts per kernel pair first, then every report's figures and tables.
+    """Everything in one document: each sweep's question and answer first, then the verdicts, figures and tables.
 
-    Each sweep has sections of its own (nothing pooled across sweeps); provenance comes last.
+    Each sweep has sections of its own (nothing pooled across sweeps), sweeps in the order their
+    specs were launched; provenance comes last.
 
-    HTML is one self-contained page (images embedded; a table of contents; each figure with its
-    question and caption; the date in the header and the provenance at the end). Markdown carries
-    the same tables for terminals and PRs; JSON is one object: the certificate rows, every table,
-    the list of figures (title and caption), each with its sweep, the provenance and generated_at.
-    Rates are in ppm. `--out` is an alias of `-o/--output`.
+    HTML is one self-contained page (images embedded): a summary line per sweep (its question, the
+    verdict and one-line answer of the kernel pairs the question names), a table of contents, the
+    verdict table (pair, verdict, answer: the question's pairs first, then by severity; the spacing
+    columns in a detail below it), each figure with its question and caption, the provenance at the
+    end. Markdown carries the same summary and tables for terminals and PRs; JSON is one object: the
+    certificate rows, the summary, every table, the list of figures (title and caption), each with
+    its sweep, the provenance and generated_at. Rates are in ppm. `--out` is an alias of `-o/--output`.
 
     Example: swapcheck report all --results results --format html -o report.html
     """
