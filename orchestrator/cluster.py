@@ -155,8 +155,10 @@ def _hostport(address: str) -> tuple[str, int] | None:
     return host.strip("[]"), int(port)
 
 
-class _JoinTimeout(Exception):
-    """Raised in the main thread by the timer that bounds ``ray.init`` (:func:`_bounded`)."""
+class _JoinTimeout(BaseException):
+    """Raised in the main thread by the timer that bounds ``ray.init`` (:func:`_bounded`). A
+    ``BaseException``, like ``KeyboardInterrupt``: Ray's start catches and logs ``Exception`` in places
+    (starting the dashboard), which swallowed the timer and let a bounded start run on."""
 
 
 def _unreachable(address: str, timeout_s: float, what: str) -> InfrastructureError:
@@ -487,34 +489,37 @@ def _pids_with(mark: str) -> list[int]:
     return found
 
 
-def end_processes(mark: str, grace_s: float = 5.0) -> list[int]:
-    """End every process whose command line holds ``mark`` (SIGTERM, then SIGKILL after ``grace_s``) and
+def end_processes(mark: str, grace_s: float = 5.0, limit_s: float = 30.0) -> list[int]:
+    """End every process whose command line holds ``mark`` (SIGTERM, then SIGKILL ``grace_s`` later) and
     reap those that are our children. Returns the pids that were running.
 
     A Ray start that failed half-way leaves its GCS, raylet and helpers running with no driver that
     knows them (``ray.shutdown`` knows only a node that finished starting), and gcs_server and raylet
     can outlive a SIGTERM. Every Ray process names its session directory on its command line, and ours
-    is unique (``sc-ray-`` plus random characters), so this ends exactly what the failed start made.
+    is unique (``sc-ray-`` plus random characters), so this ends exactly what the failed start made --
+    looking again until none is left (up to ``limit_s``), since a raylet may start its agents meanwhile.
     """
     import signal
 
-    pids = _pids_with(mark)
-    left = list(pids)
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        for pid in left:
+    seen: dict[int, float] = {}  # pid -> when it was sent SIGTERM
+    deadline = time.monotonic() + limit_s
+    while True:
+        live = _pids_with(mark)
+        if not live or time.monotonic() > deadline:
+            break
+        now = time.monotonic()
+        for pid in live:
+            sig = signal.SIGKILL if now - seen.setdefault(pid, now) >= grace_s else signal.SIGTERM
+            if sig == signal.SIGTERM and seen[pid] != now:
+                continue  # sent already: wait for it, up to grace_s
             try:
                 os.kill(pid, sig)
             except OSError:
                 pass
-        deadline = time.monotonic() + wait_s
-        while left and time.monotonic() < deadline:
-            _reap(pids)
-            time.sleep(0.1)
-            left = [p for p in _pids_with(mark) if p in pids]
-        if not left:
-            break
-    _reap(pids)
-    return pids
+        _reap(list(seen))
+        time.sleep(0.1)
+    _reap(list(seen))
+    return sorted(seen)
 
 
 def _reap(pids: list[int]) -> None:
@@ -551,8 +556,13 @@ def _bounded(seconds: float) -> Iterator[None]:
         yield
         return
 
-    def expire(signum: int, frame: object) -> None:
-        raise _JoinTimeout()
+    def expire(signum: int, frame: Any) -> None:
+        # Only where Ray's own Python code runs: raised inside the standard library (logging's at-fork
+        # lock handlers, an import, subprocess) it was swallowed ("Exception ignored in ...") or could
+        # leave a lock held or a module half-imported. Elsewhere, look again in 0.1 s.
+        if _safe_to_interrupt(frame):
+            raise _JoinTimeout()
+        signal.setitimer(signal.ITIMER_REAL, 0.1)
 
     previous = signal.signal(signal.SIGALRM, expire)
     signal.setitimer(signal.ITIMER_REAL, seconds)
@@ -561,6 +571,20 @@ def _bounded(seconds: float) -> Iterator[None]:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def _safe_to_interrupt(frame: Any) -> bool:
+    """Whether the timer may raise in ``frame``: a function of Ray's package, not a module being imported."""
+    if frame is None:
+        return False
+    code = frame.f_code
+    return bool(code.co_name != "<module>" and code.co_filename.startswith(_ray_dir()))
+
+
+def _ray_dir() -> str:
+    ray = sys.modules.get("ray")
+    path = getattr(ray, "__file__", None)
+    return os.path.dirname(path) + os.sep if path else "\0"
 
 
 # -- the embedded instance's session directory ------------------------------------------------------
