@@ -56,7 +56,7 @@ for _p in (str(REPO), str(HERE)):
 import common  # noqa: E402
 
 #: Bump when the cached unit trees change.
-VERSION = "1"
+VERSION = "2"
 SWEEP = "growth"
 
 
@@ -117,6 +117,8 @@ def finished_sweep(directory: Path, n: int) -> tuple[Path, Any]:
             store.record_unit(plan.sweep, ledger_row(payload, spec.sha256, status="ok", attempts=1, started=utcnow(),
                                                      duration_s=0.0, error=None, tables=[rec.table], rows=rec.rows,
                                                      ran_here=False, files=[rec]))
+        # A launch ends with a ledger checkpoint (storage.records): the finished sweep has one, as a launched one would.
+        store.records(plan.sweep).checkpoint()
     finally:
         os.fsync = real_fsync
     os.sync()
@@ -150,6 +152,40 @@ def measure_units(directory: Path, n: int, repeat: int) -> dict[str, Any]:
            "load_before": load_before, "load_after": common.load_average()}
     print(f"  {n:>9,} units: plan {plan_s:.3f} s, skip-check {skip_s:.3f} s, relaunch {relaunch_s:.3f} s "
           f"(median of {repeat}; load {load_before[0]:.1f} -> {out['load_after'][0]:.1f})", flush=True)
+    return out
+
+
+PLAN_CHILD = """
+import resource, sys, time
+sys.path[:0] = [{repo!r}, {here!r}]
+import bench_growth, bench_scheduling
+from pathlib import Path
+from orchestrator.plan import make_plan
+bench_scheduling.register()
+spec = bench_growth.spec_for(Path(sys.argv[1]), int(sys.argv[2]))
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+t0 = time.perf_counter()
+plan = make_plan(spec)
+ids = [u.id for u in plan.units]
+seconds = time.perf_counter() - t0
+print(len(ids), seconds, before * 1024, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+"""
+
+
+def measure_plan_memory(directory: Path, n: int) -> dict[str, Any]:
+    """The driver's plan of an ``n``-unit sweep in a fresh process: seconds, and peak resident memory
+    before and after ``make_plan`` (what a launch holds for the whole launch: every unit and its id)."""
+    import subprocess
+
+    directory.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run([sys.executable, "-c", PLAN_CHILD.format(repo=str(REPO), here=str(HERE)), str(directory), str(n)],
+                          capture_output=True, text=True, cwd=str(REPO))
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr[-2000:])
+    units, seconds, before, after = done.stdout.split()
+    out = {"units": int(units), "plan_s": float(seconds), "rss_before_bytes": int(before), "rss_after_bytes": int(after)}
+    print(f"  {n:>9,} units planned in {out['plan_s']:.2f} s; driver peak RSS {int(before) / 2**20:.0f} MiB before, "
+          f"{int(after) / 2**20:.0f} MiB after (+{(int(after) - int(before)) / 2**20:.0f} MiB)", flush=True)
     return out
 
 
@@ -199,6 +235,8 @@ def main() -> None:
     ap.add_argument("--rows-dir", type=Path, default=DEFAULT_DIR, help="where gen_rows trees are cached")
     ap.add_argument("--no-units", action="store_true", help="skip the units measures")
     ap.add_argument("--no-rows", action="store_true", help="skip the rows measures")
+    ap.add_argument("--plan-memory", default="",
+                    help="unit counts whose plan's time and driver memory to measure in a fresh process (e.g. 1000000)")
     args = ap.parse_args()
     units = [int(x) for x in (args.units or common.pick(args, "1000,10000,100000", "1000,10000", "50,100")).split(",")]
     rows = [int(x) for x in (args.rows or common.pick(args, "1000000,10000000", "1000000,10000000", "20000,40000")).split(",")]
@@ -221,6 +259,9 @@ def main() -> None:
                                          f"the same at {a['units']:,} units", [b[f"{what}_s"]], [a[f"{what}_s"]],
                                          goal=None, quantity="seconds at the larger size / at the smaller",
                                          notes=f"exponent {e:.2f}", extra={"exponent": e, "small": a, "large": b}))
+    if args.plan_memory:
+        print("plan memory (a fresh process: make_plan of the spec, every unit held as a launch holds it)", flush=True)
+        results["plan_memory"] = [measure_plan_memory(args.dir, int(n)) for n in args.plan_memory.split(",")]
     if not args.no_rows:
         print("rows (report agreement and query, fresh processes; hand-written baselines beside them)", flush=True)
         for n in rows:

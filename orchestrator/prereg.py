@@ -114,5 +114,4 @@ def plan_registration(store: Any, sweep: str, paths: list[str]) -> list[dict[str
 
 
 def write_registrations(store: Any, sweep: str, rows: list[dict[str, Any]]) -> None:
-    for row in rows:
-        store.write("preregistrations", sweep, row["sha256"][:20], [row])
+    store.records(sweep).register(rows)

@@ -432,24 +432,9 @@ def check_gpu_resources(pending: list[Unit], conn: Any, have_gpus: float | None 
 
 
 def write_sweep_record(store: ResultStore, spec: LoadedSpec, plan: Plan) -> None:
-    if store.sweep_record(plan.sweep) is not None:
-        return
-    store.write(
-        "sweeps",
-        plan.sweep,
-        "spec",
-        [
-            {
-                "spec_sha256": spec.sha256,
-                "question": spec.sweep.question,
-                "spec_path": spec.path,
-                "spec_toml": spec.text,
-                "n_units": len(plan.units),
-                "unit_ids": [u.id for u in plan.units],
-                "created_at": utcnow(),
-            }
-        ],
-    )
+    """The sweep's claim: its spec record, which plan the partition holds (written once)."""
+    store.records(plan.sweep).claim(spec_sha256=spec.sha256, question=spec.sweep.question, spec_path=spec.path,
+                                    spec_toml=spec.text, unit_ids=[u.id for u in plan.units])
 
 
 def check_placeable(pending: list[Unit], nodes: list[dict[str, float]], conn: Any) -> None:
@@ -469,28 +454,6 @@ def check_placeable(pending: list[Unit], nodes: list[dict[str, float]], conn: An
                     f"unit {u.id} ({u.describe()}) requests {name}={value:g}, but the largest node of {where} "
                     f"has {most:g} {unit}: it could never run. Lower experiments.{u.experiment}.resources.{name}. "
                     "Nothing was run.")
-
-
-def _mark_lost_launches(store: ResultStore, sweep: str, warn: Callable[[str], None] = lambda line: None) -> list[str]:
-    """Launches recorded as running whose launcher is gone (we hold the lock now): mark them lost."""
-    import pyarrow as pa
-
-    lost = []
-    for path in store.parquet_files("launches", sweep):
-        try:
-            rows = store.read_table(path).to_pylist()
-        except (pa.ArrowException, ValueError) as exc:
-            # A damaged launch record is provenance, not results: left where it is for `sweep verify`
-            # to report and `launch --repair` to set aside; the launch goes on, and says so.
-            warn(f"launch record {store.relative(path)} is damaged ({type(exc).__name__}); left as it is: "
-                 f"`swapcheck sweep verify` names it, `swapcheck sweep launch --repair` sets it aside")
-            continue
-        for row in rows:
-            if row.get("status") == "running":
-                row.update(status="lost")
-                store.write("launches", sweep, str(row["launch_id"]), [row])
-                lost.append(str(row["launch_id"]))
-    return lost
 
 
 def launch(
@@ -545,6 +508,7 @@ def _launch(spec: LoadedSpec, results: str | Path, address: str | None, num_cpus
     emit = on_event or (lambda kind, info: None)
     stop_grace_s()  # a bad SWAPCHECK_STOP_GRACE_S is refused now, not when a stop needs it
     batch_target_s()  # and a bad SWAPCHECK_BATCH_TARGET_S
+    checkpoint_from = _checkpoint_from()  # and a bad SWAPCHECK_CHECKPOINT_FROM
     plan = make_plan(spec)
     store = open_store(results)
     stop.committed = lambda: committed_line(store, plan)
@@ -600,9 +564,10 @@ def _launch(spec: LoadedSpec, results: str | Path, address: str | None, num_cpus
                         f"the old code's {n} unit(s) and the old spec record are set aside under {aside} "
                         "(nothing deleted); the units the code change did not touch are kept")})
                     rerun = check_sweep_identity(store, plan, repair)
-                _mark_lost_launches(store, plan.sweep,
-                                    lambda line: emit("message", {"level": "warning", "line": line}))
-                store.remove_stale_temporaries()
+                store.records(plan.sweep).mark_lost_launches(
+                    lambda line: emit("message", {"level": "warning", "line": line}))
+                if pending or repair:  # a relaunch with nothing to run need not walk the whole tree
+                    store.remove_stale_temporaries()
                 if repair:
                     from storage import verify
 
@@ -634,6 +599,8 @@ def _launch(spec: LoadedSpec, results: str | Path, address: str | None, num_cpus
                 _run_launch(spec, plan, store, pending, str(results), summary, emit, conn, stop, deadline)
             if fixed is not None and fixed.compare:
                 _compare_recomputed(store, plan.sweep, fixed, emit)
+            if stop.signum is None:
+                _checkpoint(store, plan.sweep, checkpoint_from, emit)
             summary.seconds = time.perf_counter() - t0
         finally:
             lock.release()
@@ -643,6 +610,33 @@ def _launch(spec: LoadedSpec, results: str | Path, address: str | None, num_cpus
         raise _interrupted(stop.signum, committed_line(store, plan))
     emit("end", {"summary": summary})
     return summary
+
+
+def _checkpoint_from() -> int:
+    from storage.records import checkpoint_from
+
+    try:
+        return checkpoint_from()
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _checkpoint(store: ResultStore, sweep: str, min_tail: int, emit: Callable[[str, dict[str, Any]], None]) -> None:
+    """At the end of a launch, under its lock: merge the ledger's tail into a checkpoint when it holds
+    at least ``min_tail`` files (storage.records). The units are committed already: a checkpoint that
+    cannot be written is a warning, and the tail stays as it is (nothing is removed before the
+    checkpoint is durable)."""
+    if min_tail <= 0:
+        return
+    try:
+        cp = store.records(sweep).checkpoint(min_tail)
+    except (OSError, StorageError) as exc:
+        emit("message", {"level": "warning", "line": (
+            f"the ledger checkpoint of sweep {sweep} could not be written ({exc}); the ledger files stay as they "
+            "are and the next launch tries again")})
+        return
+    if cp is not None:
+        log.info("ledger checkpoint %s written", cp.rel)
 
 
 def _compare_recomputed(store: ResultStore, sweep: str, fixed: Repaired, emit: Callable[[str, dict[str, Any]], None]) -> None:
@@ -706,14 +700,13 @@ def committed_line(store: ResultStore, plan: Plan, counted: int | None = None) -
 
     ids = {u.id for u in plan.units}
     try:
-        statuses = [row.get("status") for unit, row in store.ledger(plan.sweep).items() if unit in ids]
+        committed, failed = store.records(plan.sweep).committed(ids)
     except (OSError, StorageError, pa.ArrowException) as exc:
         if counted is None:
             return f"the committed units could not be counted (the ledger cannot be read: {type(exc).__name__})"
         return (f"{counted} of {len(ids)} units are committed (this launch's count: the ledger cannot be read: "
                 f"{type(exc).__name__})")
-    failed = sum(1 for s in statuses if s != "ok")
-    return f"{len(statuses)} of {len(ids)} units are committed" + (f", {failed} of them failed" if failed else "")
+    return f"{committed} of {len(ids)} units are committed" + (f", {failed} of them failed" if failed else "")
 
 
 def _node_resources() -> list[dict[str, float]]:
@@ -756,7 +749,7 @@ def _run_launch(spec: LoadedSpec, plan: Plan, store: ResultStore, pending: list[
         os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
     status = "interrupted"
     with stop.deferred():
-        store.write("launches", plan.sweep, launch_id, [launch_row])
+        store.records(plan.sweep).record_launch(launch_row)
         try:
             # Stage by stage: teacher-forced units read the sequences that generate units wrote.
             for stage in sorted({u.stage for u in pending}):
@@ -785,7 +778,7 @@ def _run_launch(spec: LoadedSpec, plan: Plan, store: ResultStore, pending: list[
             except Exception:  # noqa: BLE001 - the facts without torch's stay (collect never raises itself)
                 pass
             try:
-                store.write("launches", plan.sweep, launch_id, [launch_row])
+                store.records(plan.sweep).record_launch(launch_row)
             except OSError:
                 pass
     if stop.signum is not None:

@@ -70,10 +70,12 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from storage.errors import PathEscape, QueryError, StorageError
+from storage.records import file_problem
 from storage.schemas import TABLES, UNITS, UNMANAGED_TABLES
 from storage.schemas import fingerprint as schemas_fingerprint
 from storage.store import (
@@ -326,6 +328,8 @@ class _Bound:
     damaged: dict[tuple[str, str], str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     sweeps: set[str] = field(default_factory=set)  # sweeps with a ledger or a spec record
+    #: each sweep's ledger checkpoint bound (storage.records), and the units whose tail file supersedes its row
+    checkpoints: list[tuple[_Want, list[str]]] = field(default_factory=list)
     hashed: int = 0  # files hashed at open (not found in the verified-files cache)
     native: bool = False  # the result views scan with DuckDB's own reader (:func:`native_scan`)
     #: rel -> the identity a bound file had when it was verified (checked again after every query of a
@@ -657,9 +661,8 @@ class _Binder:
         digest, identity = self._hash(w.rel)
         with self.cache._lock:
             self.out.hashed += 1
-        if digest != w.sha256:
-            return (f"its bytes are not the ones the ledger recorded (SHA-256 {digest[:12]}…, recorded "
-                    f"{w.sha256[:12]}…: rewritten or corrupted)"), None
+        if (found := file_problem({"sha256": w.sha256}, sha256=digest)):
+            return f"its bytes are not the ones the ledger recorded: {found[1]}", None
         if identity is None and self.store.local:
             return "changed while it was being hashed (a writer is replacing it?)", None
         return None, identity
@@ -672,11 +675,11 @@ class _Binder:
         try:
             with self.store.fs.open_input_file(self._abs(w.rel)) as fh:
                 pf = pq.ParquetFile(pa.BufferReader(fh.read_buffer()) if whole else fh, page_checksum_verification=True)
-                if w.rows is not None and pf.metadata.num_rows != w.rows:
-                    return f"holds {pf.metadata.num_rows} rows, the ledger recorded {w.rows}", None, False
                 declared = TABLES[w.table]
                 exact = pf.schema_arrow.equals(declared, check_metadata=False)
                 problem = schema_problem(pf.schema_arrow, declared)
+                if (found := file_problem({"rows": w.rows}, rows=pf.metadata.num_rows)):
+                    return f"holds {found[1]}", None, False
                 if not whole or problem is not None:
                     return problem, None, exact
                 t = pf.read(use_threads=False)
@@ -702,8 +705,8 @@ class _Binder:
             info = self.infos.get(w.rel)
             if info is None:
                 return "missing (deleted?)", None
-            if w.size is not None and info.size is not None and int(info.size) != w.size:
-                return f"is {info.size} bytes, the ledger recorded {w.size}", None
+            if (found := file_problem({"bytes": w.size}, size=int(info.size) if info.size is not None else None)):
+                return f"is {found[1]}", None  # the one rule (storage.records), as verify applies it
             identity = None
             if w.sha256 is not None:
                 try:
@@ -806,10 +809,45 @@ class _Binder:
         parts = [t for _, t in counted]
         if cached:
             parts.insert(0, pa.Table.from_pylist([row for _, row in cached], schema=full))
-        self.out.ledger = _concat(parts, full)
         read = known | {w.rel for w, _ in good}
         self.out.lost = [{"unit_id": w.unit[1], "status": "damaged", "sweep": w.sweep}
                          for w in wants if w.rel not in read and w.unit is not None]
+        parts += self._checkpoints(listing, wants)
+        self.out.ledger = _concat(parts, full)
+
+    def _checkpoints(self, listing: dict[str, list[str]], wants: list[_Want]) -> list[pa.Table]:
+        """Each sweep's ledger checkpoint (storage.records): its rows of the units no tail file names
+        (a tail file, intact or not, is the later write), with ``sweep``; a damaged checkpoint is a
+        warning, and its units are not counted."""
+        from storage.records import SweepRecords
+
+        tail: dict[str, set[str]] = {}
+        for w in wants:
+            if w.unit is not None:
+                tail.setdefault(w.sweep, set()).add(w.unit[1])
+        out = []
+        for sweep in sorted(listing):
+            records = SweepRecords(self.store, sweep)
+            cp = records.current_checkpoint()
+            if cp is None:
+                continue
+            try:
+                read = records.read_checkpoint(cp)
+            except OSError as exc:
+                self._warn(cp.rel, f"ledger checkpoint: unreadable ({type(exc).__name__}: {exc})",
+                           "the units only it records are not counted")
+                continue
+            if not read.ok or read.table is None:
+                self._warn(cp.rel, f"ledger checkpoint: {read.why}", "the units only it records are not counted")
+                continue
+            t = read.table.select(UNITS.names)
+            superseded = tail.get(sweep, set())
+            if superseded:
+                t = t.filter(pc.invert(pc.is_in(t.column("unit_id"), pa.array(sorted(superseded), pa.string()))))
+            self.out.checkpoints.append((_Want(cp.rel, "units", sweep, None, read.table.num_rows, None, cp.sha256),
+                                         sorted(superseded)))
+            out.append(t.append_column("sweep", pa.array([sweep] * len(t), pa.string())))
+        return out
 
     def _expected(self) -> dict[str, list[_Want]]:
         """table -> the files ``ok`` ledger rows name (legacy rows: ``<unit_id>.parquet`` per table)."""
@@ -1487,6 +1525,11 @@ def view_definitions(results: str | Path) -> tuple[str, list[str]]:
         wants = bound.files[table]
         body = _scan(paths(wants), wants, TABLES[table])
         if table == "units":
+            for w, superseded in bound.checkpoints:  # the checkpoint's rows that no tail file supersedes
+                skip = (f" WHERE unit_id NOT IN (SELECT unit_id FROM ({_rows(['unit_id'], [(u,) for u in superseded])}))"
+                        if superseded else "")
+                body += (f"\nUNION ALL BY NAME\nSELECT * EXCLUDE (replaced_sha256, replaced_writer), {_literal(w.sweep)} "
+                         f"AS sweep FROM read_parquet({_literal(paths([w])[0])}, hive_partitioning = false){skip}")
             damage = _rows(["sweep", "unit_id", "damage"], [(k[0], k[1], v) for k, v in bound.damaged.items()])
             lost = _rows(["unit_id", "status", "sweep", "damage"],
                          [(r["unit_id"], "damaged", r["sweep"], bound.damaged.get((r["sweep"], r["unit_id"])))

@@ -82,5 +82,5 @@ def parse(text: str, path: str) -> PredictionFile:
 
 def registrations(store: Any, sweep: str) -> list[dict[str, Any]]:
     """The sweep's registered prediction files (path, sha256, amends, text, ...), oldest first."""
-    rows = [r for p in store.parquet_files("preregistrations", sweep) for r in store.read_table(p).to_pylist()]
-    return sorted(rows, key=lambda r: r["registered_at"])
+    rows: list[dict[str, Any]] = store.records(sweep).registrations()
+    return rows

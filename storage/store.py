@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import json
 import os
 import platform
@@ -65,9 +64,9 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -76,19 +75,36 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from storage.errors import DamagedRecord, PathEscape, StorageError, StorageFault
+from storage.errors import PathEscape, StorageError, StorageFault
+from storage.files import (  # noqa: F401 - re-exported: the store's names, as before storage.files existed
+    _TEMPORARY,
+    COMPRESS_FROM_BYTES,
+    LedgerDamage,
+    _dictionary_columns,
+    _first_line,
+    _parquet_bytes,
+    _pool,
+    _sha256,
+    ledger_bytes,
+    ledger_row_from_metadata,
+    ledger_row_metadata,
+    ledger_schema_problem,
+    local_identity,
+    object_identity,
+    parquet_bytes,
+    parse_ledger_file,
+    to_table,
+    utcnow,
+)
 from storage.filesystems import filesystem_from_uri
-from storage.schemas import LEDGER_ROW_KEY, SWEEPS, TABLES, UNITS, UNMANAGED_TABLES
+from storage.records import LedgerRead, SweepRecords
+from storage.schemas import LEDGER_ROW_KEY, TABLES, UNITS, UNMANAGED_TABLES
 
 __all__ = ["COMPRESS_FROM_BYTES", "local_identity", "object_identity", "STALE_AFTER_S", "SYNCFS_FILE_SYSTEMS", "SYNCFS_FROM_FILES", "SYNCFS_MAX_DIRTY_BYTES",
            "FileRecord", "LedgerDamage", "LedgerRead",
            "ResultStore", "StagedUnit", "is_uri",
            "ledger_bytes", "ledger_row_from_metadata", "ledger_row_metadata", "ledger_schema_problem", "open_store",
            "parquet_bytes", "parse_ledger_file", "to_table", "utcnow"]
-
-#: Tables at least this large in memory are written with zstd; smaller ones uncompressed (zstd's
-#: per-column set-up is ~1 ms for a ledger row, more than the whole rest of the write).
-COMPRESS_FROM_BYTES = 64 * 1024
 
 #: A group commit of at least this many files makes them durable with one ``syncfs`` of their file
 #: system (:meth:`ResultStore.commit_units`); fewer are fsynced one by one, concurrently (measured on
@@ -99,254 +115,13 @@ SYNCFS_FROM_FILES = 8
 #: Columns of the ledger that :meth:`ResultStore.ledger` returns.
 LEDGER_COLUMNS = ["unit_id", "status", "attempts", "error"]
 
-_POOL: ThreadPoolExecutor | None = None
-
-
-def _pool() -> ThreadPoolExecutor:
-    """Threads for concurrent puts (file writes and fsyncs release the GIL); one pool per process."""
-    global _POOL
-    if _POOL is None:
-        _POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="swapcheck-put")
-    return _POOL
-
-
-def _forget_pool() -> None:
-    global _POOL
-    _POOL = None  # a forked child has none of its parent's threads
-
-
-os.register_at_fork(after_in_child=_forget_pool)
-
 #: A temporary file older than this (seconds) belongs to no live writer: a killed writer left it.
 STALE_AFTER_S = 3600.0
-
-#: ``.<final name>.tmp-<32 hex>``: the temporary name of a local atomic put (``ResultStore._put``).
-_TEMPORARY = re.compile(r"^\..+\.tmp-[0-9a-f]{32}$")
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
-def to_table(table: str, rows: pa.Table | Iterable[Mapping[str, Any]],
-             constants: Mapping[str, Any] | None = None) -> pa.Table:
-    """Rows (dicts) or an Arrow table as the declared schema of ``table``: each column in its
-    declared type, a declared column the rows lack filled from ``constants`` (the same value in every
-    row, built as an Arrow column) or with nulls.
-
-    Built in the declared schema, not cast to it: dicts are converted with the declared types (all
-    columns present, e.g. a ledger row: one conversion, nothing else); an Arrow table already in the
-    declared schema is returned as it is, and of any other only the columns whose type differs are
-    cast (a cast of a column to its own type costs as much as a real one, per column and per unit).
-
-    Raises ``ValueError`` for columns the table does not declare, and pyarrow's errors
-    (``ArrowInvalid``/``ArrowTypeError``: subclasses of ``ValueError``/``TypeError``) for values that
-    do not fit.
-    """
-    schema = TABLES[table]
-    if isinstance(rows, pa.Table):
-        if rows.schema.equals(schema):
-            return rows
-    else:
-        rows = list(rows)
-        names = {k for r in rows for k in r}
-        _check_declared(table, names, schema)
-        if len(names) == len(schema.names):  # every declared column: converted in the declared schema
-            return pa.Table.from_pylist(rows, schema=schema)
-        rows = pa.Table.from_pylist(rows, schema=pa.schema([f for f in schema if f.name in names]))
-    _check_declared(table, set(rows.column_names), schema)
-    constants = constants or {}
-    n = rows.num_rows
-    given = set(rows.column_names)
-    columns = [_in_type(rows.column(f.name), f.type) if f.name in given
-               else pa.repeat(pa.scalar(constants[f.name], f.type), n) if f.name in constants
-               else pa.nulls(n, f.type)
-               for f in schema]
-    return pa.Table.from_arrays(columns, schema=schema)
-
-
-def _in_type(column: pa.ChunkedArray, type_: pa.DataType) -> pa.ChunkedArray:
-    """``column`` as ``type_``: itself when it already is, else cast."""
-    return column if column.type.equals(type_) else column.cast(type_)
-
-
-def _check_declared(table: str, names: set[str], schema: pa.Schema) -> None:
-    extra = names - set(schema.names)
-    if extra:
-        raise ValueError(f"rows for table {table!r} have undeclared columns {sorted(extra)}")
 
 
 def is_uri(results: str | Path) -> bool:
     """``s3://bucket/prefix``, ``gs://...``, ``file:///path``: a pyarrow filesystem URI, not a local path."""
     return "://" in str(results)
-
-
-def _parquet_bytes(table: pa.Table, metadata: Mapping[str, str] | None = None) -> pa.Buffer:
-    """The Parquet file of ``table`` in memory (no copy into a Python ``bytes``), with ``metadata``
-    added to the file's key-value metadata (not to the stored Arrow schema). Deterministic: the same
-    rows and metadata give the same bytes with the same pyarrow (``sweep verify`` relies on it)."""
-    buf = pa.BufferOutputStream()
-    compression = "zstd" if table.nbytes >= COMPRESS_FROM_BYTES else "none"
-    with pq.ParquetWriter(buf, table.schema, compression=compression,
-                          write_page_checksum=True,  # page CRCs: readers verify them
-                          use_dictionary=list(_dictionary_columns(table.schema))) as writer:
-        writer.write_table(table)
-        if metadata:
-            writer.add_key_value_metadata(dict(metadata))
-    data: pa.Buffer = buf.getvalue()
-    return data
-
-
-def parquet_bytes(table: pa.Table, metadata: Mapping[str, str] | None = None) -> pa.Buffer:
-    """The bytes the store writes for ``table`` (its declared schema) with ``metadata``."""
-    return _parquet_bytes(table, metadata)
-
-
-def ledger_bytes(row: Mapping[str, Any]) -> pa.Buffer:
-    """The ledger file of one ledger row, exactly as the store writes it."""
-    return _parquet_bytes(to_table("units", [row]))
-
-
-def _json_value(value: Any) -> Any:
-    return value.isoformat() if isinstance(value, datetime) else value
-
-
-def ledger_row_metadata(sweep: str, row: Mapping[str, Any]) -> str:
-    """What each result file of a unit carries of its ledger row (``LEDGER_ROW_KEY``): JSON of every
-    ``UNITS`` column, ``files`` reduced to table, path and rows (a file cannot hold its own size or
-    SHA-256). ``row`` is as :meth:`ResultStore.ledger_records` returns it (Arrow-normalized values)."""
-    out = {f.name: _json_value(row.get(f.name)) for f in UNITS if f.name != "files"}
-    out["files"] = [{"table": r["table"], "path": r["path"], "rows": r["rows"]} for r in row.get("files") or []]
-    return json.dumps({"sweep": sweep, "row": out}, sort_keys=True, separators=(",", ":"))
-
-
-def ledger_row_from_metadata(text: str | bytes) -> tuple[str, dict[str, Any]]:
-    """(sweep, ledger row) from :func:`ledger_row_metadata`'s JSON: timestamps parsed back, ``files``
-    as written there (table, path, rows). Raises ``ValueError`` when it is not that JSON."""
-    found = json.loads(text)
-    if not isinstance(found, dict) or not isinstance(found.get("row"), dict) or not isinstance(found.get("sweep"), str):
-        raise ValueError("not a ledger row")
-    row: dict[str, Any] = found["row"]
-    if set(row) != set(UNITS.names) or not isinstance(row["files"], list):
-        raise ValueError("not the columns of a ledger row")
-    for f in UNITS:
-        if pa.types.is_timestamp(f.type) and row[f.name] is not None:
-            row[f.name] = datetime.fromisoformat(row[f.name])
-    return found["sweep"], row
-
-
-def ledger_schema_problem(schema: pa.Schema) -> str | None:
-    """None when ``schema`` is the ledger's (``UNITS``), or ``UNITS`` without ``files`` (a ledger file
-    written before integrity records existed); else what differs."""
-    got = {f.name: f.type for f in schema}
-    for want in (UNITS, pa.schema([f for f in UNITS if f.name != "files"])):
-        if list(got) == want.names and all(got[f.name].equals(f.type) for f in want):
-            return None
-    declared = {f.name: f.type for f in UNITS}
-    extra = sorted(set(got) - set(declared))
-    wrong = sorted(n for n in set(got) & set(declared) if not got[n].equals(declared[n]))
-    absent = sorted(set(declared) - set(got) - {"files"})
-    parts = [f"undeclared columns {extra}" if extra else "", f"other types in {wrong}" if wrong else "",
-             f"missing columns {absent}" if absent else ""]
-    return "not the ledger's schema: " + ("; ".join(p for p in parts if p) or "columns in another order")
-
-
-@dataclass(frozen=True)
-class LedgerDamage:
-    """A ledger file that is not one intact ledger row of the unit it is named after: never trusted.
-
-    ``unit_id`` is the unit its file name names; ``holds`` the unit id of the one row it holds when
-    that is another unit's (``kind`` ``wrong_unit``); ``kind`` is ``unreadable`` (not Parquet, a page
-    checksum fails), ``schema``, ``rows`` (not exactly one row) or ``wrong_unit``."""
-
-    unit_id: str
-    path: str
-    kind: str
-    why: str
-    holds: str | None = None
-
-
-@dataclass
-class LedgerRead:
-    """The ledger of one sweep as read: each intact file's row, and the files that are damaged.
-
-    ``writers`` maps a unit to the ``created_by`` of its ledger file (which Parquet writer wrote it)."""
-
-    sweep: str
-    rows: dict[str, dict[str, Any]]
-    damaged: list[LedgerDamage]
-    writers: dict[str, str] = field(default_factory=dict)
-
-    def done(self) -> set[str]:
-        """The units whose intact ledger row says ``ok``."""
-        return {u for u, row in self.rows.items() if row.get("status") == "ok"}
-
-    def warnings(self, results: str, most: int = 10) -> list[str]:
-        """One line per damaged ledger file (at most ``most``, then a count): what a launch prints."""
-        lines = [f"ledger file {d.path} is damaged ({d.why}); unit {d.unit_id} is not counted as done. "
-                 f"Run `swapcheck sweep verify --results {results} --sweep {self.sweep}`, then "
-                 "`swapcheck sweep launch --repair` (it rebuilds the row from the unit's files, or recomputes the unit)"
-                 for d in self.damaged[:most]]
-        if len(self.damaged) > most:
-            lines.append(f"... and {len(self.damaged) - most} more damaged ledger files of sweep {self.sweep}")
-        return lines
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return f"{type(exc).__name__}: {text[:200]}"
-
-
-def parse_ledger_file(source: Any, rel: str) -> tuple[dict[str, Any] | None, LedgerDamage | None, str]:
-    """(row, None, created_by) when ``source`` (a path or file the Parquet reader opens, e.g. a
-    ``pa.BufferReader``) is one intact ledger row of the unit its name ``rel`` names; else
-    (None, damage, created_by or ""). Every page checksum is verified; never raises for the file's
-    content (a missing file raises ``FileNotFoundError``). A legacy file's row has ``files`` None."""
-    name = rel.rsplit("/", 1)[-1].removesuffix(".parquet")
-
-    def damage(kind: str, why: str, holds: str | None = None) -> LedgerDamage:
-        return LedgerDamage(name, rel, kind, why, holds)
-
-    created_by = ""
-    try:
-        pf = pq.ParquetFile(source, page_checksum_verification=True)
-        created_by = str(pf.metadata.created_by or "")
-        if (why := ledger_schema_problem(pf.schema_arrow)) is not None:
-            return None, damage("schema", why), created_by
-        if pf.metadata.num_rows != 1:
-            return None, damage("rows", f"holds {pf.metadata.num_rows} rows, not the one row of its unit"), created_by
-        rows = pf.read(use_threads=False).to_pylist()
-    except FileNotFoundError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - any decoding error (a page CRC too) means "damaged", never a traceback
-        return None, damage("unreadable", f"not a readable Parquet file: {_first_line(exc)}"), created_by
-    if len(rows) != 1:
-        return None, damage("rows", f"holds {len(rows)} rows, not the one row of its unit"), created_by
-    row = rows[0]
-    row.setdefault("files", None)
-    if row["unit_id"] != name:
-        return None, damage("wrong_unit", f"holds the row of unit {row['unit_id']!r}, not of {name}", row["unit_id"]), created_by
-    return row, None, created_by
-
-
-@functools.lru_cache(maxsize=256)
-def _dictionary_columns(schema: pa.Schema) -> tuple[str, ...]:
-    """The Parquet leaf columns of ``schema`` (``name``, ``name.list.element``, ``name.field``) that
-    are dictionary-encoded: every one but the floating-point ones (module docstring)."""
-    def leaves(name: str, t: pa.DataType) -> Iterable[tuple[str, pa.DataType]]:
-        if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-            yield from leaves(f"{name}.list.element", t.value_type)
-        elif pa.types.is_struct(t):
-            for f in t:
-                yield from leaves(f"{name}.{f.name}", f.type)
-        else:
-            yield name, t
-
-    return tuple(path for f in schema for path, t in leaves(f.name, f.type) if not pa.types.is_floating(t))
-
-
-def _sha256(data: bytes | pa.Buffer) -> str:
-    return hashlib.sha256(memoryview(data)).hexdigest()
 
 
 def _marker_name(time_ns: int, host: str, pid: int, node_id: str | None) -> str:
@@ -495,21 +270,6 @@ def _fsync_path(path: str) -> tuple[str, OSError | None]:
     except OSError as exc:
         return path, exc
     return path, None
-
-
-def local_identity(st: os.stat_result) -> list[Any]:
-    """What must not have changed since a local file was read for what was read to still be its
-    content: any write changes the ctime (no user call can set it back), a replace the inode. The
-    one rule of the verified-files cache (storage.catalog) and of :meth:`ResultStore.read_ledger`."""
-    return ["local", st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
-
-
-def object_identity(info: pafs.FileInfo) -> list[Any] | None:
-    """An object's identity on an object store (size and mtime: pyarrow exposes no ETag); None when
-    the listing has neither."""
-    if info.size is None or info.mtime_ns is None:
-        return None
-    return ["object", int(info.size), int(info.mtime_ns)]
 
 
 @functools.cache
@@ -1063,68 +823,13 @@ class ResultStore:
     def attempts(self, sweep: str, unit_id: str) -> int:
         return sum(1 for i in self._files(self._attempts(sweep, unit_id)) if _is_marker(i.path))
 
+    def records(self, sweep: str) -> SweepRecords:
+        """The owner of ``sweep``'s records (:class:`storage.records.SweepRecords`)."""
+        return SweepRecords(self, sweep)
+
     def read_ledger(self, sweep: str) -> LedgerRead:
-        """The ledger of ``sweep``: each ledger file read whole, its page checksums verified
-        (:func:`parse_ledger_file`). A file that is unreadable, fails a page checksum, has a foreign
-        schema, holds other than exactly one row, or holds a row whose ``unit_id`` is not its file
-        name is a damaged entry (``LedgerRead.damaged``): its unit counts as not done, so a launch
-        recomputes it (rewriting the file), and nothing here raises over it. Files are read
-        concurrently (one small file each; a storage fault still raises ``OSError``).
-
-        Within one store object, a file read before whose identity has not changed since (locally
-        size, mtime, ctime, inode and device, taken before its bytes are read: any write changes the
-        ctime, a replace the inode; on an object store size and mtime) is not read again: a launch
-        reads the ledger before it takes the sweep's lock and again under it, and the second read
-        costs a ``stat`` per file. A new store object reads every file."""
-        infos = [i for i in self._files(self._partition("units", sweep)) if i.path.endswith(".parquet")]
-        seen = self._ledger_seen
-
-        def identity(info: pafs.FileInfo) -> list[Any] | None:
-            if self.local:
-                try:
-                    return local_identity(os.stat(info.path))
-                except FileNotFoundError:
-                    return None
-            return object_identity(info)
-
-        Found = tuple[dict[str, Any] | None, LedgerDamage | None, str]
-
-        def copy(found: Found) -> Found:
-            return (dict(found[0]) if found[0] is not None else None, found[1], found[2])
-
-        def one(item: tuple[pafs.FileInfo, list[Any] | None]) -> Found | None:
-            info, ident = item
-            try:
-                with self.fs.open_input_file(info.path) as fh:
-                    found = parse_ledger_file(fh, self.relative(info.path))
-            except FileNotFoundError:  # removed between the listing and the read: no entry
-                seen.pop(info.path, None)
-                return None
-            if ident is not None:
-                seen[info.path] = (ident, copy(found))
-            return found
-
-        parsed: list[Found | None] = []
-        todo = []
-        for info in infos:  # identities first (a stat each), then only changed or new files are read
-            ident = identity(info)
-            before = seen.get(info.path)
-            if ident is not None and before is not None and before[0] == ident:
-                parsed.append(copy(before[1]))
-            else:
-                todo.append((info, ident))
-        parsed += list(_pool().map(one, todo)) if len(todo) > 1 else [one(t) for t in todo]
-        out = LedgerRead(sweep, {}, [])
-        for found in parsed:
-            if found is None:
-                continue
-            row, damage, created_by = found
-            if damage is not None:
-                out.damaged.append(damage)
-            elif row is not None:
-                out.rows[row["unit_id"]] = row
-                out.writers[row["unit_id"]] = created_by
-        return out
+        """The ledger of ``sweep``: its checkpoint plus its tail (:meth:`storage.records.SweepRecords.read_ledger`)."""
+        return SweepRecords(self, sweep).read_ledger()
 
     def ledger(self, sweep: str) -> dict[str, dict[str, Any]]:
         """unit_id -> ledger row (``unit_id``, ``status``, ``attempts``, ``error``), for every unit of
@@ -1142,23 +847,8 @@ class ResultStore:
         return self.read_ledger(sweep).done()
 
     def sweep_record(self, sweep: str) -> dict[str, Any] | None:
-        """The sweep's spec record, None when it has none; :class:`DamagedRecord` (naming the file)
-        when its file is unreadable, fails a page checksum, has another schema or holds other than
-        one row."""
-        rel = f"table=sweeps/sweep={sweep}/spec.parquet"
-        p = self._p(rel)
-        if not self._is_file(p):
-            return None
-        try:
-            t = self.read_table(p)
-        except (pa.ArrowException, OSError, ValueError) as exc:
-            raise DamagedRecord(self._where(rel), f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}") from None
-        if not SWEEPS.equals(t.schema) and not all(f.name in t.schema.names for f in SWEEPS):
-            raise DamagedRecord(self._where(rel), f"columns {t.schema.names}, the spec record has {SWEEPS.names}")
-        if t.num_rows != 1:
-            raise DamagedRecord(self._where(rel), f"{t.num_rows} rows, the spec record is one row")
-        row: dict[str, Any] = t.to_pylist()[0]
-        return row
+        """The sweep's spec record (:meth:`storage.records.SweepRecords.spec_record`)."""
+        return SweepRecords(self, sweep).spec_record()
 
     def read_unit(self, table: str, sweep: str, unit_id: str, columns: list[str] | None = None) -> list[dict[str, Any]]:
         """The rows of one unit's file ``table=<table>/sweep=<sweep>/<unit_id>.parquet`` ([] if absent)."""

@@ -73,6 +73,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from storage.errors import PathEscape
+from storage.records import SweepRecords, file_problem
 from storage.schemas import LEDGER_ROW_KEY, TABLES, UNITS, UNMANAGED_TABLES
 from storage.store import (
     STALE_AFTER_S,
@@ -244,15 +245,13 @@ def _check_record(store: ResultStore, sweep: str, unit: str, rec: dict[str, Any]
     data, t, err = _read(store, rel)
     ids = _unit_ids(t)
     declared = TABLES.get(table)
-    if t is not None and declared is not None and (why := _compatible(t.schema, declared, exact=True)):
-        return problem("schema", why), ids
-    if t is not None and t.num_rows != rec["rows"]:
-        return problem("rows", f"{t.num_rows} rows, the ledger records {rec['rows']}"), ids
-    if size != rec["bytes"]:
-        kind = "truncated" if size < rec["bytes"] else "extended"
-        return problem(kind, f"{size} bytes, the ledger records {rec['bytes']}" + (f"; {err}" if err else "")), ids
-    if data is not None and hashlib.sha256(data).hexdigest() != rec["sha256"]:
-        return problem("checksum", "same size, other bytes (SHA-256 differs)" + (f"; {err}" if err else "")), ids
+    found = file_problem(  # the one rule (storage.records), as the catalog applies it
+        rec, size=size, rows=t.num_rows if t is not None else None,
+        sha256=hashlib.sha256(data).hexdigest() if data is not None else None,
+        schema_problem=_compatible(t.schema, declared, exact=True) if t is not None and declared is not None else None)
+    if found is not None:
+        kind, detail = found
+        return problem(kind, detail + (f"; {err}" if err and kind not in ("schema", "rows") else "")), ids
     if err:
         return problem("unreadable", err), ids
     if seen is not None and data is not None:
@@ -298,6 +297,7 @@ class _Ledger:
     rows: dict[str, dict[str, Any]] = field(default_factory=dict)  # unit -> its intact row
     writers: dict[str, str] = field(default_factory=dict)  # unit -> created_by of its ledger file
     damaged: set[str] = field(default_factory=set)  # units whose ledger file is damaged
+    where: dict[str, str] = field(default_factory=dict)  # unit -> its row's file when not its own ledger file
 
 
 def _ledger(store: ResultStore, sweep: str, problems: list[Problem], tables: list[str] | None = None) -> _Ledger:
@@ -338,12 +338,62 @@ def _ledger(store: ResultStore, sweep: str, problems: list[Problem], tables: lis
             continue
         out.rows[unit] = row
         out.writers[unit] = writer
+    _checkpoint(store, sweep, problems, out, check_rows=tables is not None)
     for rel, uid in strays:
         kind = "duplicate" if uid in out.rows else "orphan"
         problems.append(Problem(sweep, uid, "units", rel, kind,
                                 f"a ledger row of unit {uid} in a file not named after it" +
                                 (" (the unit has its own ledger row: counted twice)" if uid in out.rows else ""), SET_ASIDE))
     return out
+
+
+def _checkpoint(store: ResultStore, sweep: str, problems: list[Problem], out: _Ledger, check_rows: bool) -> None:
+    """The sweep's ledger checkpoint (storage.records) checked like a ledger file: its bytes against
+    the SHA-256 its name records, page checksums, schema, one row per unit, its sweep; and (``check_rows``)
+    each row against the ledger file it replaced: the bytes this writer makes of the row must have the
+    SHA-256 recorded beside it. Its rows of units with no tail file join ``out``. A damaged checkpoint
+    is set aside by ``--repair``; its units then have result files and no ledger row (recomputed and
+    compared). Files in the checkpoint folder that are no checkpoint are strays; an older checkpoint
+    (a checkpoint cut short before it removed it) is a notice."""
+    records = SweepRecords(store, sweep)
+    found, strays = records.checkpoints()
+    for rel in strays:
+        problems.append(Problem(sweep, None, "units", rel, "orphan",
+                                "a file in the ledger's checkpoint folder whose name is not <seq>-<SHA-256>.parquet", SET_ASIDE))
+    for old in found[:-1]:
+        problems.append(Problem(sweep, None, "units", old.rel, "superseded",
+                                "an older ledger checkpoint (a checkpoint cut short before removing it; the next one does)", NONE))
+    if not found:
+        return
+    cp = found[-1]
+    try:
+        read = records.read_checkpoint(cp)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        problems.append(Problem(sweep, None, "units", cp.rel, "unreadable", f"ledger checkpoint: cannot read: {exc}", SET_ASIDE))
+        return
+    if not read.ok or read.table is None:
+        problems.append(Problem(sweep, None, "units", cp.rel, read.kind,
+                                f"ledger checkpoint {read.why}; the units only it records have no ledger row", SET_ASIDE))
+        return
+    superseded = set(out.rows) | out.damaged
+    writer = _this_writer() if check_rows else None
+    for row in read.table.to_pylist():
+        unit = row["unit_id"]
+        if unit in superseded:
+            continue
+        sha, wrote = row.pop("replaced_sha256"), row.pop("replaced_writer")
+        if writer is not None and wrote == writer and sha and row["files"] is not None \
+                and hashlib.sha256(bytes(ledger_bytes(row))).hexdigest() != sha:
+            out.damaged.add(unit)
+            problems.append(Problem(sweep, unit, "units", cp.rel, "checksum",
+                                    f"ledger checkpoint: its row of unit {unit} is not the ledger file it replaced "
+                                    f"(that file's SHA-256 {sha[:12]}… is recorded beside the row)"))
+            continue
+        out.rows[unit] = row
+        out.writers[unit] = wrote or ""
+        out.where[unit] = cp.rel
 
 
 def _is_unit(store: ResultStore, sweep: str, name: str, planned: set[str], tables: list[str] | None) -> bool:
@@ -554,7 +604,7 @@ def _cross_check(sweep: str, read: _Ledger, seen: dict[str, list[tuple[str, _See
     writer. A disagreement is the ledger file's problem: the files are as committed (SHA-256)."""
     out = []
     for unit, files in sorted(seen.items()):
-        row, rel = read.rows[unit], _rel("units", sweep, unit)
+        row, rel = read.rows[unit], read.where.get(unit, _rel("units", sweep, unit))
         for path, what in files:
             if len(named.get(path, [])) > 1:
                 continue  # a file named by two rows: reported as duplicate
@@ -714,6 +764,10 @@ def repair(store: ResultStore, sweep: str, units: Iterable[str], *, strays: bool
     """
     found = list(verify(store, sweep) if problems is None else problems)
     done = Repaired(quarantine=aside or quarantine_folder())
+    # A unit whose row only the ledger checkpoint holds gets its ledger file back first (storage.records),
+    # so that it moves aside below like any other and the checkpoint no longer counts it.
+    units = sorted(set(units))
+    SweepRecords(store, sweep).detach(units)
     tables = sorted(set(store.table_partitions()) - UNMANAGED_TABLES)
     remedies: dict[str, set[str]] = {}
     for p in found:

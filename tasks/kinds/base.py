@@ -67,8 +67,13 @@ class UnitContext(Protocol):
         ...
 
 
+#: One encoder for every id (``json.dumps`` with these arguments builds a new one per call).
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
 def canonical_json(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    """Sorted keys, no spaces, ASCII: the text a unit id hashes (tests/test_pinned_ids.py)."""
+    return _CANONICAL.encode(obj)
 
 
 def content_id(kind: str, version: str, params: Mapping[str, Any]) -> str:

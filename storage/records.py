@@ -1,0 +1,606 @@
+"""One sweep's records, one owner: the ledger (its checkpoint and its tail), the rule for a file
+against its record, the sweep's claim (its spec record), its pre-registrations and its launches.
+
+Every reader and writer of a sweep's bookkeeping goes through :class:`SweepRecords`: the store's
+``read_ledger`` / ``done_units``, the catalog's binder, ``sweep verify`` and ``launch --repair``, the
+runner (claim, lost launches, the committed count, checkpoints) and the pre-registration.
+
+**The ledger is a log with checkpoints**, the way Delta Lake keeps ``_delta_log`` readable. A unit's
+commit writes its ledger file ``table=units/sweep=<s>/<unit_id>.parquet`` (the *tail*: one small file
+per unit, the durable commit of issue #4, unchanged). A checkpoint merges the ledger into one file,
+
+    table=units/sweep=<s>/_checkpoints/<seq, 10 digits>-<SHA-256 of its bytes>.parquet
+
+holding one row per unit (every ``UNITS`` column, plus ``replaced_sha256`` and ``replaced_writer``: the
+SHA-256 and the Parquet writer of the ledger file the row came from). Its name is its record: a
+reader hashes the bytes and compares them with the name before it trusts a row (an object store's
+LIST returns the name, so nothing else needs to be read or kept consistent). Writing one
+(:meth:`SweepRecords.checkpoint`, under the sweep's launch lock):
+
+1. read the ledger (the current checkpoint plus the tail, every file verified);
+2. write the merged rows to the next sequence number: staged, fsynced, renamed into place, and the
+   directory fsynced -- durable before anything is removed;
+3. remove each tail file it replaced, only if it is still the file that was read (its identity:
+   size, mtime, ctime, inode; a rewrite since then keeps it, and it stays newer than the checkpoint);
+4. remove the checkpoints before it.
+
+A crash between any two steps loses nothing: before 2 the old state stands; after 2 a tail file and
+the checkpoint hold the same row (a tail file always wins over a checkpoint row: it is the later
+write); older checkpoints are ignored by readers (only the highest sequence number counts) and
+removed by the next checkpoint. A damaged tail file is never merged nor removed: it stays for
+``sweep verify`` to name, and its unit's checkpoint row (if any) is left out of the next checkpoint,
+since the damaged file is a later write of that unit. A checkpoint whose bytes are not its name's
+SHA-256, that fails a page checksum, has another schema, holds a unit twice or belongs to another
+sweep is never trusted: its units count as not done (a launch recomputes them; ``sweep verify``
+names it, and ``launch --repair`` sets it aside, recomputes its units and compares them with their
+result files set aside, as for any lost ledger file). A relaunch and a catalog open read the
+checkpoint (one file) plus the tail; a launch writes a checkpoint when it ends with at least
+:data:`CHECKPOINT_FROM` tail files (``SWAPCHECK_CHECKPOINT_FROM``). :meth:`SweepRecords.detach` turns
+chosen units' checkpoint rows back into tail files (the exact bytes they replaced) before
+``launch --repair`` moves them aside.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from storage.errors import DamagedRecord, StorageFault
+from storage.files import (
+    _TEMPORARY,
+    LedgerDamage,
+    _pool,
+    ledger_bytes,
+    local_identity,
+    object_identity,
+    parse_ledger_file,
+    to_table,
+    utcnow,
+)
+from storage.schemas import SWEEPS, UNITS
+
+if TYPE_CHECKING:
+    from storage.store import ResultStore
+
+__all__ = ["CHECKPOINT_FROM", "CHECKPOINTS", "CHECKPOINT_SCHEMA", "Checkpoint", "CheckpointRead", "LedgerDamage",
+           "LedgerRead", "SweepRecords", "checkpoint_from", "file_problem"]
+
+#: Where a sweep's checkpoints are, under its ledger partition ``table=units/sweep=<s>/``.
+CHECKPOINTS = "_checkpoints"
+#: A launch that ends with at least this many ledger files in the tail writes a checkpoint
+#: (``SWAPCHECK_CHECKPOINT_FROM``; 0 turns checkpoints off).
+CHECKPOINT_FROM = 1000
+#: The checkpoint's columns: the ledger's, and where each row came from.
+CHECKPOINT_SCHEMA = UNITS.append(pa.field("replaced_sha256", pa.string())).append(pa.field("replaced_writer", pa.string()))
+#: The key-value metadata a checkpoint carries (JSON: sweep, seq, units, replaced, created_at).
+CHECKPOINT_KEY = "swapcheck.checkpoint"
+_NAME = re.compile(r"^(\d{10})-([0-9a-f]{64})\.parquet$")
+
+
+def checkpoint_from() -> int:
+    """``SWAPCHECK_CHECKPOINT_FROM`` (default :data:`CHECKPOINT_FROM`); a bad value raises ``ValueError``."""
+    raw = os.environ.get("SWAPCHECK_CHECKPOINT_FROM", "").strip()
+    if not raw:
+        return CHECKPOINT_FROM
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"SWAPCHECK_CHECKPOINT_FROM={raw!r}: expected a whole number of ledger files (0: never)") from None
+    if value < 0:
+        raise ValueError(f"SWAPCHECK_CHECKPOINT_FROM={raw!r}: expected 0 (never) or more")
+    return value
+
+
+# -- the one rule for a file against its record -----------------------------------------------------
+
+def file_problem(record: Mapping[str, Any], *, size: int | None = None, sha256: str | None = None,
+                 rows: int | None = None, schema_problem: str | None = None) -> tuple[str, str] | None:
+    """(kind, detail) of the first way a file differs from its ledger ``record`` (``rows``, ``bytes``,
+    ``sha256``), given whatever of it has been looked at (None: not looked at), else None.
+
+    The one rule for catalog and verify, most telling first: ``schema`` (its columns are not the
+    table's), ``rows`` (another row count), ``truncated`` / ``extended`` (fewer or more bytes),
+    ``checksum`` (as many bytes, other ones)."""
+    if schema_problem:
+        return "schema", schema_problem
+    if rows is not None and record.get("rows") is not None and rows != record["rows"]:
+        return "rows", f"{rows} rows, the ledger recorded {record['rows']}"
+    if size is not None and record.get("bytes") is not None and size != record["bytes"]:
+        return ("truncated" if size < record["bytes"] else "extended"), f"{size} bytes, the ledger recorded {record['bytes']}"
+    if sha256 is not None and record.get("sha256") and sha256 != record["sha256"]:
+        return "checksum", (f"same size, other bytes (SHA-256 {sha256[:12]}…, the ledger recorded "
+                            f"{str(record['sha256'])[:12]}…: rewritten or corrupted)")
+    return None
+
+
+# -- what a read of the ledger finds ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One checkpoint file: its path relative to the results root, sequence number and SHA-256."""
+
+    rel: str
+    seq: int
+    sha256: str
+
+
+@dataclass
+class CheckpointRead:
+    """The sweep's current checkpoint as read: intact (``ok``: its bytes are the ones its name records,
+    so every page decodes as written) or the problem (``kind``, ``why``). ``keys`` holds each row's
+    ``unit_id`` and ``status`` (decoded at once: all a skip-check needs); :attr:`table` every column
+    (``CHECKPOINT_SCHEMA``), decoded on first use. ``created_by`` is its Parquet writer."""
+
+    checkpoint: Checkpoint
+    kind: str = ""
+    why: str = ""
+    created_by: str = ""
+    identity: list[Any] | None = None
+    keys: pa.Table | None = None
+    file: pq.ParquetFile | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.keys is not None
+
+    @cached_property
+    def table(self) -> pa.Table | None:
+        if self.file is None:
+            return None
+        return self.file.read(use_threads=False).replace_schema_metadata(None)
+
+
+@dataclass
+class LedgerRead:
+    """The ledger of one sweep as read: the current checkpoint's rows that no tail file supersedes
+    (``base``, Arrow), each intact tail file's row (``tail``), and the tail files that are damaged.
+
+    ``rows`` merges both (unit id -> row, built on first use: a relaunch needs only :meth:`done`,
+    which stays in Arrow). ``writers`` maps a unit to the Parquet writer of its ledger file (for a
+    checkpoint row: of the file it replaced)."""
+
+    sweep: str
+    tail: dict[str, dict[str, Any]]
+    damaged: list[LedgerDamage]
+    tail_writers: dict[str, str] = field(default_factory=dict)
+    checkpoint: CheckpointRead | None = None
+    #: Units whose tail file (intact or damaged) supersedes their checkpoint row.
+    superseded: set[str] = field(default_factory=set)
+    #: path -> identity of each intact tail file as read (what a checkpoint may replace).
+    tail_files: dict[str, list[Any] | None] = field(default_factory=dict)
+    #: unit -> the path of its tail file.
+    tail_paths: dict[str, str] = field(default_factory=dict)
+
+    def _live(self, t: pa.Table) -> pa.Table:
+        if not self.superseded or not t.num_rows:
+            return t
+        return t.filter(pc.invert(pc.is_in(t.column("unit_id"), pa.array(sorted(self.superseded), pa.string()))))
+
+    @cached_property
+    def base(self) -> pa.Table | None:
+        """The checkpoint's rows (every column) of units with no tail file; None: no intact checkpoint."""
+        cp = self.checkpoint
+        return self._live(cp.table) if cp is not None and cp.ok and cp.table is not None else None
+
+    @cached_property
+    def base_keys(self) -> pa.Table | None:
+        """``unit_id`` and ``status`` of :attr:`base`'s rows (no other column decoded)."""
+        cp = self.checkpoint
+        return self._live(cp.keys) if cp is not None and cp.keys is not None else None
+
+    @cached_property
+    def rows(self) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
+        if self.base is not None and self.base.num_rows:
+            for row in self.base.select(UNITS.names).to_pylist():
+                out[row["unit_id"]] = row
+        out.update(self.tail)
+        return out
+
+    @cached_property
+    def writers(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        if self.base is not None and self.base.num_rows:
+            out = dict(zip(self.base.column("unit_id").to_pylist(), self.base.column("replaced_writer").to_pylist(),
+                           strict=True))
+        out.update(self.tail_writers)
+        return out
+
+    def done(self) -> set[str]:
+        """The units whose intact ledger row says ``ok``."""
+        out = {u for u, row in self.tail.items() if row.get("status") == "ok"}
+        keys = self.base_keys
+        if keys is not None and keys.num_rows:
+            out.update(keys.filter(pc.equal(keys.column("status"), "ok")).column("unit_id").to_pylist())
+        return out
+
+    def statuses(self, units: set[str] | None = None) -> list[str | None]:
+        """The status of each unit with an intact row (of ``units`` only, when given)."""
+        out = [row.get("status") for u, row in self.tail.items() if units is None or u in units]
+        keys = self.base_keys
+        if keys is not None and keys.num_rows:
+            b = keys if units is None else keys.filter(pc.is_in(keys.column("unit_id"), pa.array(sorted(units), pa.string())))
+            out += b.column("status").to_pylist()
+        return out
+
+    def __len__(self) -> int:
+        return len(self.tail) + (self.base_keys.num_rows if self.base_keys is not None else 0)
+
+    def warnings(self, results: str, most: int = 10) -> list[str]:
+        """One line per damaged ledger file (at most ``most``, then a count) and one for a damaged
+        checkpoint: what a launch prints."""
+        remedy = (f"Run `swapcheck sweep verify --results {results} --sweep {self.sweep}`, then "
+                  "`swapcheck sweep launch --repair`")
+        lines = []
+        cp = self.checkpoint
+        if cp is not None and not cp.ok:
+            lines.append(f"ledger checkpoint {cp.checkpoint.rel} is damaged ({cp.why}); the units only it records are "
+                         f"not counted as done. {remedy} (it recomputes them and compares them with their files)")
+        lines += [f"ledger file {d.path} is damaged ({d.why}); unit {d.unit_id} is not counted as done. "
+                  f"{remedy} (it rebuilds the row from the unit's files, or recomputes the unit)"
+                  for d in self.damaged[:most]]
+        if len(self.damaged) > most:
+            lines.append(f"... and {len(self.damaged) - most} more damaged ledger files of sweep {self.sweep}")
+        return lines
+
+
+# -- the owner --------------------------------------------------------------------------------------
+
+class SweepRecords:
+    """The records of one sweep of one results store (see the module docstring)."""
+
+    def __init__(self, store: ResultStore, sweep: str) -> None:
+        self.store = store
+        self.sweep = sweep
+
+    # -- paths -----------------------------------------------------------------------------------
+    @property
+    def ledger_dir(self) -> str:
+        return f"table=units/sweep={self.sweep}"
+
+    @property
+    def checkpoint_dir(self) -> str:
+        return f"{self.ledger_dir}/{CHECKPOINTS}"
+
+    def ledger_file(self, unit: str) -> str:
+        return f"{self.ledger_dir}/{unit}.parquet"
+
+    # -- checkpoints -------------------------------------------------------------------------------
+    def checkpoints(self) -> tuple[list[Checkpoint], list[str]]:
+        """(the checkpoint files, oldest first; every other file in the checkpoint folder but a
+        writer's temporary): a listing, nothing read."""
+        found, strays = [], []
+        for info in self.store._files(self.store._p(self.checkpoint_dir)):
+            m = _NAME.match(info.base_name)
+            if m is not None:
+                found.append(Checkpoint(f"{self.checkpoint_dir}/{info.base_name}", int(m.group(1)), m.group(2)))
+            elif not _TEMPORARY.match(info.base_name):
+                strays.append(f"{self.checkpoint_dir}/{info.base_name}")
+        return sorted(found, key=lambda c: c.seq), strays
+
+    def current_checkpoint(self) -> Checkpoint | None:
+        found = self.checkpoints()[0]
+        return found[-1] if found else None
+
+    def read_checkpoint(self, cp: Checkpoint) -> CheckpointRead:
+        """``cp`` read and checked whole: its bytes against the SHA-256 its name records, every page
+        checksum, the schema, one row per unit, the sweep its metadata names. Never raises for the
+        file's content (a storage fault raises ``OSError``; a file gone, ``FileNotFoundError``)."""
+        store = self.store
+        seen = store._ledger_seen
+        path = store._p(cp.rel)
+        ident = self._identity(path)
+        before = seen.get(path)
+        if ident is not None and before is not None and before[0] == ident:
+            cached: CheckpointRead = before[1]
+            return cached
+        out = CheckpointRead(cp, identity=ident)
+        data = store._read_bytes(path)
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != cp.sha256:
+            out.kind, out.why = "checksum", (f"its bytes are not the ones its name records (SHA-256 {digest[:12]}…, "
+                                             f"named {cp.sha256[:12]}…: rewritten or corrupted)")
+        else:
+            try:
+                pf = pq.ParquetFile(pa.BufferReader(data), page_checksum_verification=True)
+                out.created_by = str(pf.metadata.created_by or "")
+                meta = json.loads((pf.schema_arrow.metadata or {}).get(CHECKPOINT_KEY.encode(), b"{}"))
+                if not pf.schema_arrow.equals(CHECKPOINT_SCHEMA, check_metadata=False):
+                    out.kind, out.why = "schema", f"columns {pf.schema_arrow.names}, a checkpoint has {CHECKPOINT_SCHEMA.names}"
+                elif meta.get("sweep") != self.sweep:
+                    out.kind, out.why = "wrong_sweep", f"records sweep {meta.get('sweep')!r}, it lies under sweep {self.sweep!r}"
+                else:
+                    keys = pf.read(columns=["unit_id", "status"], use_threads=False).replace_schema_metadata(None)
+                    ids = keys.column("unit_id")
+                    if pc.count_distinct(ids).as_py() != keys.num_rows or ids.null_count:
+                        out.kind, out.why = "duplicate", "holds a unit twice (or a row without a unit id)"
+                    else:
+                        out.keys, out.file = keys, pf
+            except Exception as exc:  # noqa: BLE001 - any decoding error (a page CRC too) means "damaged"
+                out.kind, out.why = "unreadable", f"not a readable Parquet file: {type(exc).__name__}: {str(exc).strip()[:160]}"
+        if ident is not None:
+            seen[path] = (ident, out)
+        return out
+
+    def _identity(self, path: str) -> list[Any] | None:
+        if self.store.local:
+            try:
+                return local_identity(os.stat(path))
+            except FileNotFoundError:
+                return None
+        return object_identity(self.store.fs.get_file_info(path))
+
+    # -- the ledger ---------------------------------------------------------------------------------
+    def read_ledger(self) -> LedgerRead:
+        """The ledger of the sweep: the current checkpoint (:meth:`read_checkpoint`) and every tail
+        file, each read whole, its page checksums verified (:func:`storage.store.parse_ledger_file`).
+        A tail file that is unreadable, fails a page checksum, has a foreign schema, holds other than
+        exactly one row, or holds a row whose ``unit_id`` is not its file name is a damaged entry
+        (``LedgerRead.damaged``): its unit counts as not done, so a launch recomputes it (rewriting
+        the file), and nothing here raises over it. Tail files are read concurrently (a storage
+        fault still raises ``OSError``).
+
+        Within one store object, a file read before whose identity has not changed since (locally
+        size, mtime, ctime, inode and device, taken before its bytes are read: any write changes the
+        ctime, a replace the inode; on an object store size and mtime) is not read again: a launch
+        reads the ledger before it takes the sweep's lock and again under it, and the second read
+        costs a ``stat`` per file. A new store object reads every file."""
+        store = self.store
+        infos = [i for i in store._files(store._p(self.ledger_dir)) if i.path.endswith(".parquet")]
+        seen = store._ledger_seen
+
+        Found = tuple[dict[str, Any] | None, LedgerDamage | None, str]
+
+        def copy(found: Found) -> Found:
+            return (dict(found[0]) if found[0] is not None else None, found[1], found[2])
+
+        def one(item: tuple[pafs.FileInfo, list[Any] | None]) -> tuple[str, list[Any] | None, Found] | None:
+            info, ident = item
+            try:
+                with store.fs.open_input_file(info.path) as fh:
+                    found = parse_ledger_file(fh, store.relative(info.path))
+            except FileNotFoundError:  # removed between the listing and the read: no entry
+                seen.pop(info.path, None)
+                return None
+            if ident is not None:
+                seen[info.path] = (ident, copy(found))
+            return info.path, ident, found
+
+        parsed: list[tuple[str, list[Any] | None, Found] | None] = []
+        todo = []
+        for info in infos:  # identities first (a stat each), then only changed or new files are read
+            ident = self._identity(info.path) if store.local else _object_identity(info)
+            before = seen.get(info.path)
+            if ident is not None and before is not None and before[0] == ident:
+                parsed.append((info.path, ident, copy(before[1])))
+            else:
+                todo.append((info, ident))
+        parsed += list(_pool().map(one, todo)) if len(todo) > 1 else [one(t) for t in todo]
+        out = LedgerRead(self.sweep, {}, [])
+        for item in parsed:
+            if item is None:
+                continue
+            path, ident, (row, damage, created_by) = item
+            if damage is not None:
+                out.damaged.append(damage)
+            elif row is not None:
+                out.tail[row["unit_id"]] = row
+                out.tail_writers[row["unit_id"]] = created_by
+                out.tail_files[store.relative(path)] = ident
+                out.tail_paths[row["unit_id"]] = store.relative(path)
+        cp = self.current_checkpoint()
+        if cp is not None:
+            try:
+                out.checkpoint = self.read_checkpoint(cp)
+            except FileNotFoundError:  # replaced by a newer checkpoint meanwhile: read again
+                return self.read_ledger()
+            out.superseded = set(out.tail) | {d.unit_id for d in out.damaged}
+        return out
+
+    def done(self) -> set[str]:
+        return self.read_ledger().done()
+
+    def checkpoint(self, min_tail: int = 1, *, leave_out: Iterable[str] = ()) -> Checkpoint | None:
+        """Merge the ledger into a new checkpoint and remove the files it replaces (module docstring),
+        when the tail holds at least ``min_tail`` intact files (or ``leave_out`` names a unit). Units
+        in ``leave_out`` are left out of it (:meth:`detach`). Returns the checkpoint written, or None.
+        Call it only under the sweep's launch lock. A storage fault raises ``StorageFault`` naming the
+        file, with nothing removed."""
+        store = self.store
+        read = self.read_ledger()
+        leave = set(leave_out)
+        if len(read.tail_files) < max(min_tail, 1) and not leave:
+            return None
+        parts = []
+        if read.base is not None and read.base.num_rows:
+            parts.append(read.base)
+        if read.tail:
+            tail_rows = []
+            for unit in sorted(read.tail):
+                row = read.tail[unit]
+                data = store._read_bytes(store._p(read.tail_paths[unit]))
+                tail_rows.append({**row, "replaced_sha256": hashlib.sha256(data).hexdigest(),
+                                  "replaced_writer": read.tail_writers.get(unit, "")})
+            t = to_table("units", [{k: v for k, v in r.items() if k in UNITS.names} for r in tail_rows])
+            t = t.append_column("replaced_sha256", pa.array([r["replaced_sha256"] for r in tail_rows], pa.string()))
+            t = t.append_column("replaced_writer", pa.array([r["replaced_writer"] for r in tail_rows], pa.string()))
+            parts.append(t)
+        merged = pa.concat_tables([p.cast(CHECKPOINT_SCHEMA) for p in parts]) if parts else CHECKPOINT_SCHEMA.empty_table()
+        if leave and merged.num_rows:
+            merged = merged.filter(pc.invert(pc.is_in(merged.column("unit_id"), pa.array(sorted(leave), pa.string()))))
+        merged = merged.sort_by("unit_id")
+        before, _strays = self.checkpoints()
+        seq = (before[-1].seq + 1) if before else 1
+        meta = {"sweep": self.sweep, "seq": seq, "units": merged.num_rows, "replaced": len(read.tail_files),
+                "created_at": _now()}
+        data = _checkpoint_bytes(merged, meta)
+        cp = Checkpoint(f"{self.checkpoint_dir}/{seq:010d}-{hashlib.sha256(data).hexdigest()}.parquet", seq,
+                        hashlib.sha256(data).hexdigest())
+        try:
+            store._put(store._p(cp.rel), data)
+            self._sync_dir(store._p(self.checkpoint_dir))
+        except OSError as exc:
+            raise StorageFault(store._where(cp.rel), f"{type(exc).__name__}: {exc}") from exc
+        _HOOK("published", cp)
+        for rel, ident in sorted(read.tail_files.items()):  # only files unchanged since they were read
+            path = store._p(rel)
+            if store.local and self._identity(path) != ident:
+                continue
+            try:
+                store.fs.delete_file(path)
+            except FileNotFoundError:
+                pass
+            store._ledger_seen.pop(path, None)
+            _HOOK("removed", rel)
+        for old in before:
+            try:
+                store.fs.delete_file(store._p(old.rel))
+            except FileNotFoundError:
+                pass
+        return cp
+
+    def detach(self, units: Iterable[str]) -> list[str]:
+        """Give each of ``units`` whose row only the checkpoint holds its ledger file back (the exact
+        bytes it replaced, when they are the bytes this writer makes of the row; else the row written
+        anew), then a checkpoint without them: afterwards their rows are tail files that
+        ``launch --repair`` moves aside like any other. Returns the units detached. Under the lock."""
+        read = self.read_ledger()
+        if read.base is None or not read.base.num_rows:
+            return []
+        want = set(units)
+        rows = read.base.filter(pc.is_in(read.base.column("unit_id"), pa.array(sorted(want), pa.string()))).to_pylist()
+        if not rows:
+            return []
+        for row in rows:
+            self.store._put(self.store._p(self.ledger_file(row["unit_id"])),
+                            ledger_bytes({k: v for k, v in row.items() if k in UNITS.names}))
+        detached = [r["unit_id"] for r in rows]
+        self.checkpoint(leave_out=detached)
+        return detached
+
+    def _sync_dir(self, folder: str) -> None:
+        """Make a rename in ``folder`` durable (local file systems; an object store's put already is)."""
+        if not self.store.local:
+            return
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    # -- the claim ---------------------------------------------------------------------------------
+    def spec_record(self) -> dict[str, Any] | None:
+        """The sweep's spec record, None when it has none; :class:`DamagedRecord` (naming the file)
+        when its file is unreadable, fails a page checksum, has another schema or holds other than
+        one row."""
+        store = self.store
+        rel = f"table=sweeps/sweep={self.sweep}/spec.parquet"
+        p = store._p(rel)
+        ident = self._identity(p)
+        if ident is None if store.local else not store._is_file(p):
+            return None
+        before = store._ledger_seen.get(p)  # read before by this store and unchanged since: not read again
+        if ident is not None and before is not None and before[0] == ident:
+            return dict(before[1])
+        try:
+            t = store.read_table(p)
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            raise DamagedRecord(store._where(rel), f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}") from None
+        if not SWEEPS.equals(t.schema) and not all(f.name in t.schema.names for f in SWEEPS):
+            raise DamagedRecord(store._where(rel), f"columns {t.schema.names}, the spec record has {SWEEPS.names}")
+        if t.num_rows != 1:
+            raise DamagedRecord(store._where(rel), f"{t.num_rows} rows, the spec record is one row")
+        row: dict[str, Any] = t.to_pylist()[0]
+        if ident is not None:
+            store._ledger_seen[p] = (ident, dict(row))
+        return row
+
+    def claim(self, *, spec_sha256: str, question: str, spec_path: str, spec_toml: str, unit_ids: list[str]) -> bool:
+        """Write the sweep's spec record (which plan the partition holds) unless it has one; whether
+        it was written."""
+        if self.spec_record() is not None:
+            return False
+        self.store.write("sweeps", self.sweep, "spec", [{
+            "spec_sha256": spec_sha256, "question": question, "spec_path": spec_path, "spec_toml": spec_toml,
+            "n_units": len(unit_ids), "unit_ids": unit_ids, "created_at": _now()}])
+        return True
+
+    # -- pre-registrations -------------------------------------------------------------------------
+    def registrations(self) -> list[dict[str, Any]]:
+        """The sweep's registered prediction files (path, sha256, amends, text, ...), oldest first."""
+        store = self.store
+        rows = [r for p in store.parquet_files("preregistrations", self.sweep) for r in store.read_table(p).to_pylist()]
+        return sorted(rows, key=lambda r: r["registered_at"])
+
+    def register(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        """Record prediction files (one file each, named by the first 20 hex digits of its SHA-256)."""
+        for row in rows:
+            self.store.write("preregistrations", self.sweep, str(row["sha256"])[:20], [row])
+
+    # -- launches ----------------------------------------------------------------------------------
+    def mark_lost_launches(self, warn: Callable[[str], None] = lambda line: None) -> list[str]:
+        """Launches recorded as running whose launcher is gone (call it holding the lock): marked
+        ``lost``; returns their ids. A damaged launch record is left as it is, with a warning."""
+        store = self.store
+        lost = []
+        for path in store.parquet_files("launches", self.sweep):
+            try:
+                rows = store.read_table(path).to_pylist()
+            except (pa.ArrowException, ValueError) as exc:
+                # Provenance, not results: left where it is for `sweep verify` to report and `launch
+                # --repair` to set aside; the launch goes on, and says so.
+                warn(f"launch record {store.relative(path)} is damaged ({type(exc).__name__}); left as it is: "
+                     f"`swapcheck sweep verify` names it, `swapcheck sweep launch --repair` sets it aside")
+                continue
+            for row in rows:
+                if row.get("status") == "running":
+                    row.update(status="lost")
+                    store.write("launches", self.sweep, str(row["launch_id"]), [row])
+                    lost.append(str(row["launch_id"]))
+        return lost
+
+    def record_launch(self, row: Mapping[str, Any]) -> None:
+        """Write (or replace) one launch's record."""
+        self.store.write("launches", self.sweep, str(row["launch_id"]), [row])
+
+    # -- counts ------------------------------------------------------------------------------------
+    def committed(self, units: set[str]) -> tuple[int, int]:
+        """(units of ``units`` with an intact ledger row, how many of those did not end ``ok``)."""
+        statuses = self.read_ledger().statuses(units)
+        return len(statuses), sum(1 for s in statuses if s != "ok")
+
+
+def _object_identity(info: pafs.FileInfo) -> list[Any] | None:
+    return object_identity(info)
+
+
+def _now() -> Any:
+    return utcnow()
+
+
+def _checkpoint_bytes(table: pa.Table, meta: Mapping[str, Any]) -> pa.Buffer:
+    """A checkpoint's bytes: zstd, page checksums, the metadata under :data:`CHECKPOINT_KEY`."""
+    meta_json = json.dumps({k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in meta.items()}, sort_keys=True)
+    t = table.replace_schema_metadata({CHECKPOINT_KEY: meta_json})
+    sink = pa.BufferOutputStream()
+    pq.write_table(t, sink, compression="zstd", write_page_checksum=True, row_group_size=1 << 20)
+    return sink.getvalue()
+
+
+def _no_hook(step: str, what: Any) -> None:
+    return None
+
+
+#: Called after each step of a checkpoint (``published``, ``removed``): the fault suite kills there.
+_HOOK: Callable[[str, Any], None] = _no_hook
