@@ -29,9 +29,9 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(autouse=True)
 def _hint_again(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each invocation is a fresh process to the once-per-process hint."""
-    import orchestrator.cli.common as common
+    import orchestrator.cli.tables as tables
 
-    monkeypatch.setattr(common, "_hinted", False)
+    monkeypatch.setattr(tables, "_hinted", False)
 
 
 def _run(*args: str, columns: int | None) -> Any:
@@ -116,7 +116,9 @@ def test_fitted_tables_repeat_the_key_and_never_cut_it() -> None:
     console = Console(width=60, file=open("/dev/null", "w"), color_system=None)  # noqa: SIM115
     rows = [{"pair": f"kernel-with-a-long-name-{i} vs kernel-{i}", "arm": f"arm-{i}",
              **{f"figure {j}": f"value {i}.{j} with words" for j in range(6)}} for i in range(3)]
-    tables = fitted_tables(console, rows, 60, "t")
+    fitted = fitted_tables(console, rows, 60, "t")
+    tables = fitted.tables
+    assert fitted.natural > 60
     assert len(tables) > 1
     for t in tables:
         assert [c.header for c in t.columns][:1] == ["pair"], "each table names the row by its pair"

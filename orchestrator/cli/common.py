@@ -150,43 +150,9 @@ def emit_rows(rows: list[dict[str, Any]], fmt: TableFormat | str, title: str | N
             sys.stdout.write(f"### {title}\n\n")
         sys.stdout.write(md_table(rows, cell))
         return
-    if not rows:
-        from rich.table import Table
+    from orchestrator.cli.tables import print_rows  # fitted to the width; names never cut
 
-        out.print(Table(title=title))
-        out.print("(no rows)")
-        return
-    from orchestrator.cli.tables import MOVED_NOTE, fitted_tables
-
-    console = real_console(out)
-    text = cell
-    width = console.width
-    tables = fitted_tables(console, rows, width, title, cell=lambda k, v: escape(text(k, v)),
-                           numeric=lambda v: isinstance(v, (int, float)) and not isinstance(v, bool))
-    _widen_hint(console, rows, width, title, text)
-    for n, t in enumerate(tables):
-        out.print(t, soft_wrap=False)  # the console soft-wraps text; a table keeps its fitted width
-        if n == 0 and len(tables) > 1:
-            out.print(MOVED_NOTE, highlight=False, markup=False, soft_wrap=False)
-
-
-_hinted = False
-
-
-def _widen_hint(console: Console, rows: list[dict[str, Any]], width: int, title: str | None,
-                cell: Callable[[str, Any], str]) -> None:
-    """Once per process, on stderr: a table fitted to the pipe's default width could be wider."""
-    global _hinted
-    from orchestrator.cli.consoles import WIDEN_HINT, piped_default
-
-    if _hinted or not piped_default(console):
-        return
-    from orchestrator.cli.tables import natural_width
-
-    cols = list(rows[0])
-    if natural_width(console, cols, {c: [cell(c, r.get(c)) for r in rows] for c in cols}, title) > width:
-        _hinted = True
-        note(WIDEN_HINT)
+    print_rows(real_console(out), rows, title, cell, note)
 
 
 #: ``--user-kernels/--no-user-kernels``: whether spec entries may name kernels by ``module:attr`` (or

@@ -83,7 +83,7 @@ def _human(report: Report, views: list[View], fmt: TableFormat, table: str) -> N
                 continue
             if b.heading:
                 out.print(f"\n## {b.heading}\n" if md else f"\n[bold]{escape(b.heading)}[/]", highlight=False)
-            for line in b.lines:  # a table's text wraps at the width its tables fit (Markdown: one line)
+            for line in b.lines:  # wrapped at the tables' width (Markdown: one line)
                 out.print(f"{line}\n" if md else line, highlight=False, markup=False, soft_wrap=md)
             if b.rows is not None:
                 emit_rows(b.rows, fmt, title=b.title)
@@ -144,16 +144,13 @@ def all_(
 ) -> None:
     """Everything in one document: each sweep's question and answer first, then the verdicts, figures and tables.
 
-    Each sweep has sections of its own (nothing pooled across sweeps), sweeps in the order their
-    specs were launched; provenance comes last.
+    Each sweep has sections of its own (nothing pooled), sweeps in the order their specs were launched.
 
-    HTML is one self-contained page (images embedded): a summary line per sweep (its question, the
-    verdict and one-line answer of the kernel pairs the question names), a table of contents, the
-    verdict table (pair, verdict, answer: the question's pairs first, then by severity; the spacing
-    columns in a detail below it), each figure with its question and caption, the provenance at the
-    end. Markdown carries the same summary and tables for terminals and PRs; JSON is one object: the
-    certificate rows, the summary, every table, the list of figures (title and caption), each with
-    its sweep, the provenance and generated_at. Rates are in ppm. `--out` is an alias of `-o/--output`.
+    HTML is one self-contained page (images embedded): a summary line per sweep (its question; the
+    verdict and answer of the pairs it names), contents, the verdict table (the question's pairs first,
+    then by severity; spacing columns in a detail below), captioned figures, provenance. Markdown has
+    the same summary and tables; JSON is one object: certificate rows, summary, every table, figures
+    (title, caption), each with its sweep, provenance, generated_at. Rates in ppm; `--out` = `-o`.
 
     Example: swapcheck report all --results results --format html -o report.html
     """

@@ -16,6 +16,7 @@ decides which columns share a table.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from reports.render import first_word, identifying
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
 
-__all__ = ["MOVED_NOTE", "fitted_tables", "natural_width"]
+__all__ = ["MOVED_NOTE", "Fitted", "fitted_tables", "print_rows"]
 
 #: The key a continued table repeats reaches at least the first column named by one of these words.
 PAIR_WORDS = frozenset({"pair", "pairs", "arm", "arms", "kernel", "impl", "ref"})
@@ -50,18 +51,10 @@ def _measure(console: Console, texts: Sequence[str]) -> tuple[int, int]:
 
 def _table(title: str | None, caption: str | None = None) -> Table:
     from rich.table import Table
+    from rich.text import Text
 
-    return Table(title=title, caption=caption, header_style="bold", caption_justify="left")
-
-
-def natural_width(console: Console, cols: Sequence[str], cells: dict[str, list[str]], title: str | None) -> int:
-    """How wide the table is with every cell on one line (rich's measure)."""
-    t = _table(title)
-    for c in cols:
-        t.add_column(c, no_wrap=True)
-    for i in range(len(next(iter(cells.values()), []))):
-        t.add_row(*(cells[c][i] for c in cols))
-    return console.measure(t, options=console.options.update_width(1 << 20)).maximum
+    return Table(title=None if title is None else Text(title), caption=caption,
+                 header_style="bold", caption_justify="left")
 
 
 def _key(ids: list[str], cells: dict[str, list[str]]) -> list[str]:
@@ -75,13 +68,48 @@ def _key(ids: list[str], cells: dict[str, list[str]]) -> list[str]:
     return ids
 
 
+_hinted = False
+
+
+def print_rows(console: Console, rows: list[dict[str, Any]], title: str | None, cell: Callable[[str, Any], str],
+               note: Callable[[str], None]) -> None:
+    """Print rows as fitted tables on ``console`` (``--format table`` of every command); the first time
+    in a process that a table printed to a pipe had to be narrowed, ``note`` the widen hint."""
+    global _hinted
+    from orchestrator.cli.consoles import WIDEN_HINT, piped_default
+
+    if not rows:
+        console.print(_table(title))
+        console.print("(no rows)")
+        return
+    width = console.width
+    fitted = fitted_tables(console, rows, width, title, cell=cell,
+                           numeric=lambda v: isinstance(v, (int, float)) and not isinstance(v, bool))
+    if fitted.natural > width and not _hinted and piped_default(console):
+        _hinted = True
+        note(WIDEN_HINT)
+    for n, t in enumerate(fitted.tables):
+        console.print(t, soft_wrap=False)  # the console soft-wraps text; a table keeps its fitted width
+        if n == 0 and len(fitted.tables) > 1:
+            console.print(MOVED_NOTE, highlight=False, markup=False, soft_wrap=False)
+
+
+@dataclass
+class Fitted:
+    """The tables to print, and how wide the rows would be with every cell on one line."""
+
+    tables: list[Table]
+    natural: int
+
+
 def fitted_tables(console: Console, rows: list[dict[str, Any]], width: int, title: str | None = None,
                   cell: Callable[[str, Any], str] | None = None, numeric: Callable[[Any], bool] | None = None,
-                  ) -> list[Table]:
+                  ) -> Fitted:
     """The rows as rich tables no wider than ``width``: one table when the columns fit (wrapping
     as needed), else the first table and the ones its remaining columns moved to (see the module
     docstring; print :data:`MOVED_NOTE` after the first when there are several). ``cell(column,
-    value)`` gives a cell's text; ``numeric(value)`` right-justifies its column."""
+    value)`` gives a cell's plain text (not rich markup); ``numeric(value)`` right-justifies its column."""
+    from rich.text import Text
     fmt = cell or (lambda _c, v: "" if v is None else str(v))
     cols = list(rows[0]) if rows else []
     cells = {c: [fmt(c, r.get(c)) for r in rows] for c in cols}
@@ -116,9 +144,9 @@ def fitted_tables(console: Console, rows: list[dict[str, Any]], width: int, titl
             t.add_column(c, justify="right" if c in right else "left", no_wrap=keep, overflow="fold",
                          min_width=size[c][1] if keep else None, width=None if keep else widths.get(c))
         for i in range(len(rows)):
-            t.add_row(*(cells[c][i] for c in order))
+            t.add_row(*(Text(cells[c][i]) for c in order))  # plain text: no rich markup in a cell
         tables.append(t)
-    return tables
+    return Fitted(tables, _measured(console, [(c, size[c][1]) for c in cols], title))
 
 
 def _shared(console: Console, order: list[str], natural: dict[str, int], floor: dict[str, int], width: int,
