@@ -161,3 +161,32 @@ def test_first_900_px_show_the_headline_verdict(page: Path, width: int) -> None:
     assert where["reply"] <= 900, f"the summary's headline verdict ends at {where['reply']} px"
     assert where["row"] <= 900, f"the verdict table's first row ends at {where['row']} px"
     assert where["scroll"] <= where["width"], "the page itself does not scroll sideways (wide tables scroll in their box)"
+
+
+def test_several_sweeps_in_launch_order_each_with_its_answer(tmp_path: Path) -> None:
+    """Launched zeta then alpha: the summary, the verdict tables, the sections and JSON follow that
+    order (not the alphabet), and each sweep's summary line carries its own answer."""
+    from tests.conftest import launch_in_process, tiny_spec_text
+
+    root = tmp_path / "results"
+    asks = {"zeta": "Can int8-triton-order replace int8-cutlass-order on tiny shapes?",
+            "alpha": "Do the INT8 epilogue orders agree on tiny shapes?"}
+    for name, question in asks.items():
+        spec = tiny_spec_text(name=name, seeds=1).replace('"Do the INT8 epilogue orders agree on tiny shapes?"',
+                                                         json.dumps(question))
+        summary = launch_in_process(root, spec)
+        assert summary.n_ok == summary.n_units, summary.failures
+    out = tmp_path / "all.html"
+    assert runner.invoke(app, ["report", "all", "--results", str(root), "--format", "html", "-o", str(out)]).exit_code == 0
+    dom = _dom(out)
+    order = [e["attrs"]["id"] for e in dom.elements if e["attrs"].get("class") == "answer"]
+    assert order == ["answer-zeta", "answer-alpha"]
+    tables = [e["attrs"]["id"] for e in dom.elements if e["tag"] == "table" and e["attrs"].get("class") == "verdicts"]
+    assert tables == ["verdicts-zeta", "verdicts-alpha"]
+    zeta, alpha = (dom.elements[_index(dom, id=i)] for i in order)
+    assert asks["zeta"] in zeta["text"] and PAIR in zeta["text"], "zeta's question names the pair: its verdict"
+    assert asks["alpha"] in alpha["text"] and "1 kernel pair: 1 " in " ".join(alpha["text"].split())
+    doc = json.loads(runner.invoke(app, ["report", "all", "--results", str(root), "--format", "json"]).stdout)
+    assert doc["sweeps"] == ["zeta", "alpha"] and [s["sweep"] for s in doc["summary"]] == ["zeta", "alpha"]
+    assert [s["about"][0]["pair"] for s in doc["summary"] if s["about"]] == [PAIR]
+    assert [t["sweep"] for t in doc["tables"]] == sorted((t["sweep"] for t in doc["tables"]), key=["zeta", "alpha"].index)
