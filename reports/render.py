@@ -229,22 +229,27 @@ def md_table(rows: list[dict[str, Any]], cell: Callable[[str, Any], str] | None 
     return "\n".join(lines) + "\n"
 
 
-#: Names whose column identifies a row: the first word of a column's name (``pair (A~B)``, ``arm(s)``,
-#: ``kernel_a``) or the whole name (``first differing linear``). Such cells are never cut: the
-#: terminal's tables keep them on one line (``orchestrator/cli/tables.py``), the HTML does not wrap them.
+#: Names whose column identifies a row: the first or last word of a column's name (``pair (A~B)``,
+#: ``arm(s)``, ``kernel_a``, ``attention kernel``, ``first differing linear``) or the whole name. Such
+#: cells are never cut: the terminal's tables keep them on one line (``orchestrator/cli/tables.py``),
+#: the HTML does not wrap them.
 ID_WORDS = frozenset({"sweep", "pair", "pairs", "arm", "arms", "kernel", "kernels", "impl", "ref", "layer",
                       "linear", "experiment", "name", "model", "quantizer", "prompt"})
-ID_NAMES = frozenset({"first differing linear", "culprit set s", "ref_arm", "arm(s)", "impl_a", "impl_b",
-                      "kernel_a", "kernel_b"})
+ID_NAMES = frozenset({"culprit set s"})
+
+
+def _words(column: str) -> list[str]:
+    return [w for w in re.split(r"[\s_(~)]+", column.strip().lower()) if w] or [""]
 
 
 def first_word(column: str) -> str:
-    return re.split(r"[\s_(~]", column.strip().lower(), maxsplit=1)[0]
+    return _words(column)[0]
 
 
 def identifying(column: str) -> bool:
     """Whether the column names what a row is about (sweep, pair, arm, kernel, layer, ...)."""
-    return column.strip().lower() in ID_NAMES or first_word(column) in ID_WORDS
+    words = _words(column)
+    return column.strip().lower() in ID_NAMES or words[0] in ID_WORDS or words[-1] in ID_WORDS
 
 
 def _cell_class(v: Any) -> str:
