@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 #: The top-level commands, in the order ``swapcheck --help`` lists them.
-COMMANDS = ("sweep", "kernels", "report", "check", "numerics", "query", "db", "nightly", "model", "version")
+COMMANDS = ("sweep", "kernels", "report", "check", "numerics", "tolerance", "query", "db", "nightly", "model", "version")
 
 #: The module under ``orchestrator.cli`` of a command whose module is named otherwise.
 MODULES = {"model": "models"}
