@@ -51,6 +51,7 @@ import tempfile
 import textwrap
 import time
 from collections import deque
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -81,8 +82,8 @@ class SchedExperiment(Strict):
     seconds: float = Field(default=0.0, ge=0)
 
 
-def _expand(experiment: str, exp: SchedExperiment) -> list[Unit]:
-    return [KIND.unit(experiment, {"i": i, "seconds": exp.seconds}) for i in range(exp.units)]
+def _expand(experiment: str, exp: SchedExperiment) -> Iterator[Unit]:
+    return (KIND.unit(experiment, {"i": i, "seconds": exp.seconds}) for i in range(exp.units))
 
 
 def _run(params: dict[str, Any], ctx: UnitContext | None = None) -> dict[str, list[dict[str, Any]]]:

@@ -9,33 +9,108 @@ the same id and a changed kernel or kind version is new work. Each kind expands 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
+from orchestrator.errors import UsageError
 from orchestrator.spec import LoadedSpec
 from tasks.kinds import Unit, canonical_json, get_kind, unit_id
+from tasks.kinds.fields import Resources
 
-__all__ = ["CodeChange", "Plan", "Unit", "canonical_json", "code_changes", "make_plan", "unit_id"]
+__all__ = ["CodeChange", "Plan", "PlanChanged", "Profile", "Unit", "canonical_json", "code_changes", "make_plan", "unit_id"]
 
 
 @dataclass(frozen=True)
+class Profile:
+    """What a launch must know of a unit before it runs it (its checks, its stages, its batch class),
+    shared by every unit alike: a plan keeps one per distinct profile, not one per unit."""
+
+    kind: str
+    stage: int
+    fresh_process: bool
+    resources: Resources
+    needs: tuple[str, ...]
+
+
+class PlanChanged(UsageError):
+    """A spec's expansion gave other units the second time it was walked (an input it reads changed)."""
+
+
 class Plan:
-    sweep: str
-    spec_sha256: str
-    units: list[Unit]
+    """A spec's units, streamed: the plan keeps each unit's id and :class:`Profile` (a few bytes a
+    unit), and walks the expansion again (:meth:`iter_units`) when the units themselves are needed, so
+    a launch's driver holds only the units in Ray's window, not the whole grid (issue #39).
+
+    ``Plan(sweep, spec_sha256, units)`` plans a list of units (tests, tools); :func:`make_plan` a spec,
+    lazily. Duplicates are merged (the first of equal ids is kept), in expansion order."""
+
+    def __init__(self, sweep: str, spec_sha256: str, units: Iterable[Unit] | None = None, *,
+                 expand: Callable[[], Iterable[Unit]] | None = None) -> None:
+        if expand is None:
+            kept = list(units or [])
+            expand = lambda: kept  # noqa: E731 - a list is walked again as it is
+        self.sweep = sweep
+        self.spec_sha256 = spec_sha256
+        self._expand = expand
+        self.ids: list[str] = []
+        self.which = array("I")  # unit index -> index of its profile in ``profiles``
+        profiles: dict[Profile, int] = {}
+        self._skip: set[int] = set()  # positions in the expansion of duplicates (merged)
+        seen: set[str] = set()
+        for j, u in enumerate(expand()):
+            if u.id in seen:
+                self._skip.add(j)
+                continue
+            seen.add(u.id)
+            self.ids.append(u.id)
+            p = Profile(u.kind, u.stage, u.fresh_process, u.resources, u.needs)
+            self.which.append(profiles.setdefault(p, len(profiles)))
+        self.profiles: list[Profile] = list(profiles)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def profile(self, i: int) -> Profile:
+        return self.profiles[self.which[i]]
+
+    def iter_units(self, keep: Callable[[int], bool] | None = None) -> Iterator[Unit]:
+        """The units (those whose index ``keep`` accepts), in plan order, from a new walk of the
+        expansion; :class:`PlanChanged` if it no longer gives the planned ids."""
+        i = 0
+        for j, u in enumerate(self._expand()):
+            if j in self._skip:
+                continue
+            if i >= len(self.ids) or u.id != self.ids[i]:
+                raise PlanChanged(f"the spec of sweep {self.sweep!r} expanded to other units while it was launched "
+                                  f"(unit {i}: planned {self.ids[i] if i < len(self.ids) else 'none'}, now {u.id}): "
+                                  "a file it reads changed? Relaunch it.")
+            if keep is None or keep(i):
+                yield u
+            i += 1
+        if i != len(self.ids):
+            raise PlanChanged(f"the spec of sweep {self.sweep!r} expanded to {i} units while it was launched, "
+                              f"{len(self.ids)} were planned: a file it reads changed? Relaunch it.")
+
+    @cached_property
+    def units(self) -> list[Unit]:
+        """Every unit in memory at once (small plans, tools and tests; a launch streams them)."""
+        return list(self.iter_units())
 
     def by_id(self) -> dict[str, Unit]:
         return {u.id: u for u in self.units}
 
 
 def make_plan(spec: LoadedSpec) -> Plan:
-    """Expand every experiment; units come out in spec order, duplicates merged."""
-    units: dict[str, Unit] = {}
-    for name, exp in spec.experiments.items():
-        for u in get_kind(exp.kind).expand(name, exp):
-            units.setdefault(u.id, u)
-    return Plan(sweep=spec.sweep.name, spec_sha256=spec.sha256, units=list(units.values()))
+    """Expand every experiment; units come out in spec order, duplicates merged. The expansion is
+    walked once here (ids and profiles) and again whenever the units are needed."""
+    def expand() -> Iterator[Unit]:
+        for name, exp in spec.experiments.items():
+            yield from get_kind(exp.kind).expand(name, exp)
+
+    return Plan(spec.sweep.name, spec.sha256, expand=expand)
 
 
 def _without_code(value: Any) -> Any:

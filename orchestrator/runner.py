@@ -30,7 +30,7 @@ import statistics
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,7 +44,15 @@ from orchestrator.errors import (
     Terminated,
     UsageError,
 )
-from orchestrator.plan import CodeChange, Plan, Unit, code_changes, kind_code_changes, make_plan
+from orchestrator.plan import (
+    CodeChange,
+    Plan,
+    Profile,
+    Unit,
+    code_changes,
+    kind_code_changes,
+    make_plan,
+)
 from orchestrator.spec import LoadedSpec
 from storage.errors import StorageError
 from storage.store import ResultStore, open_store, utcnow
@@ -68,6 +76,8 @@ BATCH_TARGET_S = 0.1
 SHORT_UNIT_S = 0.02
 #: The most units in one task.
 MAX_BATCH = 64
+#: The most units a launch's scheduler pulls from the plan's stream ahead of the tasks that take them.
+QUEUED = 2 * WINDOW
 #: How many of a batch class's recent unit durations its batch size is chosen from (their median),
 #: and how many it needs before its units are batched.
 OBSERVED = 32
@@ -190,19 +200,30 @@ class Batches:
     out again one per task (:meth:`retry_alone`), so one unit that kills its worker costs only itself.
     """
 
-    def __init__(self, pending: list[Unit], target_s: float, capacity: dict[str, float]) -> None:
+    def __init__(self, pending: Iterable[Unit], target_s: float, capacity: dict[str, float],
+                 counts: Mapping[Any, int] | None = None) -> None:
+        """``pending`` may be a stream (a launch's: :meth:`Pending.units`), then ``counts`` gives each
+        batch class's number of units (:meth:`Pending.counts`); at most :data:`QUEUED` units are
+        pulled from it ahead of the tasks that take them, so the driver never holds the whole plan."""
         self.target_s = target_s
         self.capacity = capacity
         self.queues: dict[Any, deque[Unit]] = {}
-        for unit in pending:
-            self.queues.setdefault(self.key(unit), deque()).append(unit)
+        if counts is None:
+            pending = list(pending)
+            counts = {}
+            for unit in pending:
+                counts[self.key(unit)] = counts.get(self.key(unit), 0) + 1
+        #: per class: the units not yet taken into a task, queued here or still in the stream
+        self.left: dict[Any, int] = dict(counts)
+        self._stream: Iterator[Unit] | None = iter(pending)
+        self._unpulled = sum(counts.values())
         self.alone: deque[Unit] = deque()
         self.observed: dict[Any, deque[float]] = {}  # what recent units cost (commit share included)
         self.ran: dict[Any, deque[float]] = {}  # their own run times (no commit): long or short
         self.tasks: dict[Any, int] = {}  # tasks in flight per batch class
         self.n_tasks = 0
 
-    def key(self, unit: Unit) -> Any:
+    def key(self, unit: Unit | Profile) -> Any:
         """The unit's batch class: units of one class may share a task (None: never batched)."""
         if unit.fresh_process or self.target_s <= 0:
             return None
@@ -210,7 +231,19 @@ class Batches:
         return (unit.kind, res.num_cpus, res.num_gpus, res.memory_gb)
 
     def __len__(self) -> int:
-        return len(self.alone) + sum(len(q) for q in self.queues.values())
+        return len(self.alone) + sum(len(q) for q in self.queues.values()) + self._unpulled
+
+    def _fill(self) -> None:
+        """Pull units from the stream until :data:`QUEUED` are queued (or it ends)."""
+        queued = sum(len(q) for q in self.queues.values())
+        while self._stream is not None and queued < QUEUED:
+            unit = next(self._stream, None)
+            if unit is None:
+                self._stream, self._unpulled = None, 0
+                break
+            self.queues.setdefault(self.key(unit), deque()).append(unit)
+            self._unpulled -= 1
+            queued += 1
 
     def slots(self, unit: Unit) -> int:
         """How many units like ``unit`` the cluster runs at once (at least 1)."""
@@ -237,7 +270,7 @@ class Batches:
         median = self.median(key) if key is not None else None
         if median is None or self.long(key):  # unknown (None only with median None) or long
             return 1
-        spread = -(-len(self.queues[key]) // self.slots(unit))  # the rest over every slot
+        spread = -(-self.left.get(key, len(self.queues[key])) // self.slots(unit))  # the rest over every slot
         return max(1, min(MAX_BATCH, int(self.target_s / max(median, 1e-4)), spread))
 
     def capped(self, key: Any, unit: Unit) -> bool:
@@ -254,6 +287,7 @@ class Batches:
             unit = self.alone.popleft()
             self._started(self.key(unit))
             return [unit]
+        self._fill()
         for key, queue in self.queues.items():
             if not queue:
                 continue
@@ -261,6 +295,7 @@ class Batches:
                 continue  # enough of this class in flight: wait for one to finish
             n = min(self.size(key, queue[0]), room, len(queue))
             self._started(key)
+            self.left[key] = self.left.get(key, n) - n
             return [queue.popleft() for _ in range(n)]
         return []
 
@@ -285,6 +320,64 @@ class Batches:
     def retry_alone(self, units: list[Unit]) -> None:
         """Hand ``units`` out again, one per task, before anything else."""
         self.alone.extend(units)
+
+
+class Pending:
+    """The units of a plan still to run, one byte each (by index), with their counts per
+    :class:`~orchestrator.plan.Profile`: all the launch's checks and its scheduler need to know before
+    the units run. :meth:`units` streams the units themselves (a new walk of the plan's expansion), so
+    a launch's driver never holds the whole grid."""
+
+    def __init__(self, plan: Plan, done: set[str]) -> None:
+        self.plan = plan
+        self.mask = bytearray(len(plan))
+        self.by_profile: dict[int, int] = {}
+        which = plan.which
+        n = 0
+        for i, uid in enumerate(plan.ids):
+            if uid not in done:
+                self.mask[i] = 1
+                self.by_profile[which[i]] = self.by_profile.get(which[i], 0) + 1
+                n += 1
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __bool__(self) -> bool:
+        return self.n > 0
+
+    def profiles(self) -> list[tuple[Profile, int]]:
+        """Each profile of a pending unit, and how many pending units have it."""
+        return [(self.plan.profiles[k], n) for k, n in self.by_profile.items()]
+
+    def count(self, pred: Callable[[Profile], bool]) -> int:
+        return sum(n for p, n in self.profiles() if pred(p))
+
+    def stages(self) -> list[int]:
+        return sorted({p.stage for p, _n in self.profiles()})
+
+    def counts(self, key: Callable[[Profile], Any], stage: int | None = None) -> dict[Any, int]:
+        """``key(profile)`` -> how many pending units (of ``stage``) it covers."""
+        out: dict[Any, int] = {}
+        for p, n in self.profiles():
+            if stage is None or p.stage == stage:
+                out[key(p)] = out.get(key(p), 0) + n
+        return out
+
+    def units(self, stage: int | None = None, pred: Callable[[Profile], bool] | None = None) -> Iterator[Unit]:
+        """The pending units (of ``stage``, whose profile ``pred`` accepts), streamed in plan order."""
+        mask, plan = self.mask, self.plan
+        if stage is None and pred is None:
+            return plan.iter_units(lambda i: bool(mask[i]))
+        return plan.iter_units(lambda i: bool(mask[i]) and (stage is None or plan.profile(i).stage == stage)
+                               and (pred is None or pred(plan.profile(i))))
+
+    def first(self, pred: Callable[[Profile], bool]) -> Unit | None:
+        """The first pending unit whose profile ``pred`` accepts (for a message), or None."""
+        if not self.count(pred):
+            return None
+        return next(self.units(pred=pred), None)
 
 
 @dataclass
@@ -322,7 +415,7 @@ def check_sweep_identity(store: ResultStore, plan: Plan, repair: bool = False) -
 
     if store.size(_retire_journal(plan.sweep)) is not None:
         return CodeRerun([], [], resume=True)
-    new = {u.id for u in plan.units}
+    new = set(plan.ids)
     try:
         record = store.sweep_record(plan.sweep)
     except DamagedRecord as exc:
@@ -345,7 +438,8 @@ def check_sweep_identity(store: ResultStore, plan: Plan, repair: bool = False) -
     old = set(record["unit_ids"] or [])
     if old != new:
         ledger = store.read_ledger(plan.sweep)
-        planned = [u for u in plan.units if u.id in new - old]
+        added = new - old
+        planned = list(plan.iter_units(lambda i: plan.ids[i] in added))
         recorded = {u: r for u, r in ledger.rows.items() if u in old - new}
         changes = code_changes(planned, recorded, only=True) or kind_code_changes(planned, recorded)
         if changes:
@@ -405,10 +499,13 @@ def retire_changed_code(store: ResultStore, sweep: str, rerun: CodeRerun) -> tup
     return aside, changes, len(journal["units"])
 
 
-def check_gpu_resources(pending: list[Unit], conn: Any, have_gpus: float | None = None) -> None:
+def check_gpu_resources(pending: Pending, conn: Any, have_gpus: float | None = None) -> None:
     """Units that need a GPU must not wait forever on a cluster that has none: refuse clearly."""
-    gpu_units = [u for u in pending if u.resources.num_gpus > 0]
-    if not gpu_units:
+    def wants_gpu(p: Profile) -> bool:
+        return p.resources.num_gpus > 0
+
+    n_gpu = pending.count(wants_gpu)
+    if not n_gpu:
         return
     if have_gpus is None:
         import ray
@@ -423,33 +520,36 @@ def check_gpu_resources(pending: list[Unit], conn: Any, have_gpus: float | None 
         missing = ["no GPU in the Ray cluster" + (" (the embedded local instance on this machine)" if conn.embedded else f" at {conn.address}")]
     import importlib.util
 
-    for package in sorted({p for u in gpu_units for p in u.needs}):
+    for package in sorted({n for p, _n in pending.profiles() if wants_gpu(p) for n in p.needs}):
         if importlib.util.find_spec(package) is None:
             missing.append(f"{ {'vllm': 'vLLM'}.get(package, package)} is not installed here (pip install 'swapcheck[{package}]' on the GPU nodes)")
+    example = pending.first(wants_gpu)
     raise InfrastructureError(
-        f"{len(gpu_units)} unit(s) request a GPU (e.g. {gpu_units[0].describe()}), but: {'; '.join(missing)}. "
+        f"{n_gpu} unit(s) request a GPU (e.g. {example.describe() if example else '?'}), but: {'; '.join(missing)}. "
         "Run on a GPU cluster with --address, or drop the GPU experiments. Nothing was run.")
 
 
 def write_sweep_record(store: ResultStore, spec: LoadedSpec, plan: Plan) -> None:
     """The sweep's claim: its spec record, which plan the partition holds (written once)."""
     store.records(plan.sweep).claim(spec_sha256=spec.sha256, question=spec.sweep.question, spec_path=spec.path,
-                                    spec_toml=spec.text, unit_ids=[u.id for u in plan.units])
+                                    spec_toml=spec.text, unit_ids=list(plan.ids))
 
 
-def check_placeable(pending: list[Unit], nodes: list[dict[str, float]], conn: Any) -> None:
+def check_placeable(pending: Pending, nodes: list[dict[str, float]], conn: Any) -> None:
     """Refuse units that no node of the cluster can ever hold (they would wait forever)."""
     if not nodes:
         return
     biggest = {key: max(n.get(key, 0.0) for n in nodes) for key in ("CPU", "GPU", "memory")}
     where = "the embedded instance (set --num-cpus)" if conn.embedded else f"the cluster at {conn.address}"
-    for u in pending:
-        res = u.resources
+    for profile, _n in pending.profiles():  # in plan order of their first pending unit
+        res = profile.resources
         asks = [("num_cpus", res.num_cpus, biggest["CPU"], "CPUs")]
         if res.memory_gb and biggest["memory"] > 0:
             asks.append(("memory_gb", res.memory_gb, biggest["memory"] / 2**30, "GiB of memory"))
         for name, value, most, unit in asks:
             if value > most:
+                u = pending.first(profile.__eq__)
+                assert u is not None
                 raise InfrastructureError(
                     f"unit {u.id} ({u.describe()}) requests {name}={value:g}, but the largest node of {where} "
                     f"has {most:g} {unit}: it could never run. Lower experiments.{u.experiment}.resources.{name}. "
@@ -516,13 +616,14 @@ def _launch(spec: LoadedSpec, results: str | Path, address: str | None, num_cpus
     # Predictions are validated and hashed before anything is written or run.
     prereg_rows = prereg.plan_registration(store, plan.sweep, spec.prereg_paths)
     done = store.done_units(plan.sweep)
-    pending = [u for u in plan.units if u.id not in done]
+    pending = Pending(plan, done)
     if in_process:
         if address is not None:
             raise UsageError("an in-process launch runs no Ray: it takes no --address")
-        fresh = [u for u in pending if u.fresh_process]
-        if fresh:
-            raise UsageError(f"{len(fresh)} unit(s) need a process of their own (cold restarts, e.g. {fresh[0].describe()}): "
+        n_fresh = pending.count(lambda p: p.fresh_process)
+        if n_fresh:
+            fresh = pending.first(lambda p: p.fresh_process)
+            raise UsageError(f"{n_fresh} unit(s) need a process of their own (cold restarts, e.g. {fresh.describe() if fresh else '?'}): "
                              "an in-process launch cannot give them one; launch this spec on Ray. Nothing was run.")
         if budget_s is not None and budget_s <= 0:
             raise UsageError(f"budget_s must be positive, got {budget_s}")
@@ -531,7 +632,7 @@ def _launch(spec: LoadedSpec, results: str | Path, address: str | None, num_cpus
             return in_process_connection()
     elif budget_s is not None:
         raise UsageError("budget_s applies to in-process launches only")
-    if (in_process or resolve_address(address)[0] is None) and any(u.resources.num_gpus > 0 for u in pending):
+    if (in_process or resolve_address(address)[0] is None) and pending.count(lambda p: p.resources.num_gpus > 0):
         import torch
 
         if not torch.cuda.is_available():
@@ -588,9 +689,9 @@ def _launch(spec: LoadedSpec, results: str | Path, address: str | None, num_cpus
                 done = ledger.done()
             except OSError as exc:
                 raise StorageFailure(f"cannot write under {store.root}: {exc}. Nothing was run.") from None
-            pending = [u for u in plan.units if u.id not in done]
-            summary = LaunchSummary(plan.sweep, str(results), len(plan.units), len(plan.units) - len(pending))
-            emit("start", {"total": len(plan.units), "pending": len(pending), "skipped": summary.n_skipped})
+            pending = Pending(plan, done)
+            summary = LaunchSummary(plan.sweep, str(results), len(plan), len(plan) - len(pending))
+            emit("start", {"total": len(plan), "pending": len(pending), "skipped": summary.n_skipped})
             if pending:
                 if conn is None:
                     conn = _connect(connect, address, num_cpus, connect_timeout_s, stop)
@@ -698,7 +799,7 @@ def committed_line(store: ResultStore, plan: Plan, counted: int | None = None) -
     """
     import pyarrow as pa
 
-    ids = {u.id for u in plan.units}
+    ids = set(plan.ids)
     try:
         committed, failed = store.records(plan.sweep).committed(ids)
     except (OSError, StorageError, pa.ArrowException) as exc:
@@ -715,7 +816,7 @@ def _node_resources() -> list[dict[str, float]]:
     return [dict(n.get("Resources", {})) for n in ray.nodes() if n.get("Alive")]
 
 
-def _run_launch(spec: LoadedSpec, plan: Plan, store: ResultStore, pending: list[Unit], results: str,
+def _run_launch(spec: LoadedSpec, plan: Plan, store: ResultStore, pending: Pending, results: str,
                 summary: LaunchSummary, emit: Callable[[str, dict[str, Any]], None], conn: Any,
                 stop: StopSignals, deadline: float | None = None) -> None:
     """Run the pending units with a ``launches`` row that says how the launch ended."""
@@ -752,14 +853,13 @@ def _run_launch(spec: LoadedSpec, plan: Plan, store: ResultStore, pending: list[
         store.records(plan.sweep).record_launch(launch_row)
         try:
             # Stage by stage: teacher-forced units read the sequences that generate units wrote.
-            for stage in sorted({u.stage for u in pending}):
+            for stage in pending.stages():
                 if stop.signum is not None:
                     break
-                units = [u for u in pending if u.stage == stage]
                 if conn.source == IN_PROCESS:
-                    _run_units_here(spec, plan, units, results, summary, emit, stop, deadline)
+                    _run_units_here(spec, plan, pending, stage, results, summary, emit, stop, deadline)
                 else:
-                    _run_units(spec, plan, units, results, summary, emit, stop)
+                    _run_units(spec, plan, pending, stage, results, summary, emit, stop)
                 if summary.budget_reached:
                     break
             if summary.budget_reached and stop.signum is None:
@@ -793,7 +893,7 @@ def _unsettled(summary: LaunchSummary) -> str:
             "a relaunch skips what did)")
 
 
-def _run_units(spec: LoadedSpec, plan: Plan, pending: list[Unit], results: str, summary: LaunchSummary,
+def _run_units(spec: LoadedSpec, plan: Plan, pending: Pending, stage: int, results: str, summary: LaunchSummary,
                emit: Callable[[str, dict[str, Any]], None], stop: StopSignals) -> None:
     import ray
 
@@ -804,8 +904,11 @@ def _run_units(spec: LoadedSpec, plan: Plan, pending: list[Unit], results: str, 
     # choice survives into the next unit (``max_calls`` is fixed per remote function).
     remote_fresh = ray.remote(max_calls=1)(run_units_task)
     in_flight: dict[Any, list[Unit]] = {}
-    refs = {kind: kind_ref(kind) for kind in {u.kind for u in pending}}
-    batches = Batches(pending, batch_target_s(), dict(ray.cluster_resources()))
+    refs = {p.kind: kind_ref(p.kind) for p, _n in pending.profiles() if p.stage == stage}
+    target = batch_target_s()
+    classes = Batches([], target, {})  # the batch class of a profile, as of a unit
+    batches = Batches(pending.units(stage), target, dict(ray.cluster_resources()),
+                      counts=pending.counts(classes.key, stage))
 
     def submit(units: list[Unit]) -> None:
         unit = units[0]
@@ -830,7 +933,7 @@ def _run_units(spec: LoadedSpec, plan: Plan, pending: list[Unit], results: str, 
         summary.n_tasks += batches.n_tasks
 
 
-def _run_units_here(spec: LoadedSpec, plan: Plan, pending: list[Unit], results: str, summary: LaunchSummary,
+def _run_units_here(spec: LoadedSpec, plan: Plan, pending: Pending, stage: int, results: str, summary: LaunchSummary,
                     emit: Callable[[str, dict[str, Any]], None], stop: StopSignals, deadline: float | None) -> None:
     """The units one after another in this process (``launch(in_process=True)``): each committed as a
     Ray worker commits it (:func:`orchestrator.worker.execute_units`), counted when its commit returns.
@@ -839,8 +942,8 @@ def _run_units_here(spec: LoadedSpec, plan: Plan, pending: list[Unit], results: 
     unit finishes and commits, and no other starts. Past ``deadline`` no unit starts either."""
     from orchestrator.worker import execute_units
 
-    refs = {kind: kind_ref(kind) for kind in {u.kind for u in pending}}
-    for unit in pending:
+    refs = {p.kind: kind_ref(p.kind) for p, _n in pending.profiles() if p.stage == stage}
+    for unit in pending.units(stage):
         fault = stop.lease_lost()
         if fault is not None:
             raise fault

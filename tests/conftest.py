@@ -153,7 +153,7 @@ def launch_in_process(results: str | Path, spec: str | Path | LoadedSpec, *, spe
         if restarts_here:
             def plan_here(spec: LoadedSpec) -> Plan:
                 plan = make_plan(spec)
-                return dataclasses.replace(plan, units=[dataclasses.replace(u, fresh_process=False) for u in plan.units])
+                return Plan(plan.sweep, plan.spec_sha256, [dataclasses.replace(u, fresh_process=False) for u in plan.units])
 
             patch.setattr(orchestrator.runner, "make_plan", plan_here)
         return orchestrator.runner.launch(loaded, results, in_process=True, **kw)

@@ -202,7 +202,7 @@ def check_kind_contract(kind: Kind, others: list[Kind]) -> None:
         for where, exp in examples:
             # The spec model round-trips through plain data (what a TOML file holds).
             assert kind.spec.model_validate(exp.model_dump(mode="python")) == exp, where
-            first, second = kind.expand("e", exp), kind.expand("e", exp)
+            first, second = list(kind.expand("e", exp)), list(kind.expand("e", exp))
             assert [u.id for u in first] == [u.id for u in second], f"{where}: expand() is not deterministic"
             units += [u for u in first if u.kind == name]
     assert units, f"{name}: no example plans a unit of this kind"

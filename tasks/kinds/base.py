@@ -12,8 +12,10 @@ field           what it is
 ``tables``      the result tables its ``run`` writes (each declared in ``storage/schemas.py``)
 ``problems``    ``problems(where, exp) -> [str]``: cross-field rules that need a registry (kernels,
                 algorithms, files); each message starts with its field path
-``expand``      ``expand(experiment, exp) -> [Unit]``: the units of one experiment, in a
-                deterministic order, resources (GPU requests) included
+``expand``      ``expand(experiment, exp) -> Iterable[Unit]``: the units of one experiment, in a
+                deterministic order, resources (GPU requests) included; a generator keeps a
+                large grid out of the driver's memory (a launch walks it twice: ids first,
+                then the units as Ray's window takes them; orchestrator.plan.Plan)
 ``describe``    ``describe(params) -> str``: one human line per unit (progress, ``sweep plan``)
 ``run``         ``run(params, ctx) -> {table: rows}``: compute one unit; ``ctx`` is a
                 :class:`UnitContext`, never a results path. Rows of a table are a list of
@@ -34,7 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, Union
@@ -129,7 +131,7 @@ class Kind:
     tables: tuple[str, ...]
     describe: Callable[[dict[str, Any]], str]
     run: Callable[[dict[str, Any], UnitContext | None], Mapping[str, TableRows]]
-    expand: Callable[[str, Any], list[Unit]] = _planned_elsewhere
+    expand: Callable[[str, Any], Iterable[Unit]] = _planned_elsewhere
     problems: Callable[[str, Any], list[str]] = _no_problems
     resolve: Callable[[Any, Callable[[str], Path]], Any] = _keep_paths
     doc: str = ""
@@ -140,7 +142,7 @@ class Kind:
         """A unit of this kind with its content-addressed id (:meth:`id_version`: the version, and for a
         user's or a plugin's kind the fingerprint of its code)."""
         return Unit(content_id(self.name, self.id_version(), params), self.name, experiment, params,
-                    resources or Resources(), description=self.describe(params), **options)
+                    resources or _NO_RESOURCES, description=self.describe(params), **options)
 
     def code(self) -> str | None:
         """The fingerprint of the code behind ``run`` when it comes from a user's package or a plugin
@@ -159,6 +161,9 @@ class Kind:
         code = self.code()
         return self.version if code is None else f"{self.version}+code.{code}"
 
+
+#: The resources of a unit whose kind gives none (frozen: one instance serves every unit).
+_NO_RESOURCES = Resources()
 
 #: (kind name, id of the Kind) -> its code fingerprint (None for swapcheck's own kinds).
 _KIND_CODES: dict[tuple[str, int], str | None] = {}

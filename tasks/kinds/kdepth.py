@@ -7,6 +7,7 @@ docs/reference/vllm-kernels.md §2.6); under scale mode ``pow2`` all epilogue or
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 from typing import Any, Literal
 
 from pydantic import Field, field_validator
@@ -121,11 +122,11 @@ def problems(base: str, exp: KdepthExperiment) -> list[str]:
     return out
 
 
-def expand(experiment: str, exp: KdepthExperiment) -> list[Unit]:
+def expand(experiment: str, exp: KdepthExperiment) -> Iterator[Unit]:
+    """The grid's units, one at a time (a launch streams them: orchestrator.plan.Plan)."""
     impls = [impl_payload(i) for i in exp.impls()]
     ref = impl_payload(exp.ref())
     resources = exp.resources.with_gpu(needs_gpu([*exp.impls(), exp.ref()]))
-    units = []
     for m, n, k, seed, mode in itertools.product(
         axis_values(exp.m), axis_values(exp.n), axis_values(exp.k), exp.seed_values(), exp.scale_modes
     ):
@@ -133,8 +134,7 @@ def expand(experiment: str, exp: KdepthExperiment) -> list[Unit]:
             "dtype": exp.dtype, "m": m, "n": n, "k": k, "seed": seed, "scale_mode": mode,
             "out_dtype": exp.out_dtype, "bias": exp.bias, "implementations": impls, "reference": ref,
         }
-        units.append(KIND.unit(experiment, params, resources))
-    return units
+        yield KIND.unit(experiment, params, resources)
 
 
 def describe(p: dict[str, Any]) -> str:
