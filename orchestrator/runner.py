@@ -837,7 +837,7 @@ def _run_launch(spec: LoadedSpec, plan: Plan, store: ResultStore, pending: Pendi
         "finished_at": None,
         "address": conn.address,
         "embedded": conn.embedded,
-        "n_units": len(plan.units),
+        "n_units": len(plan),
         "n_skipped": summary.n_skipped,
         "n_ok": 0,
         "n_failed": 0,
