@@ -119,7 +119,8 @@ def gemm_tolerance(model: ErrorModel, k: int, sum_abs: float, out_format: FloatF
     if not (np.isfinite(mag) and 0 <= mag <= sum_abs):
         raise ValueError(f"|exact| = {mag!r} must lie in [0, sum of magnitudes = {sum_abs!r}]: "
                          "a GEMM output is never larger than sum_k |a_k b_k|")  # fmt: skip
-    acc = float(model.bound(sum_abs))
+    exact = model.roundings == 0 and model.charged == 0  # gamma_0 is rounded up to the least subnormal
+    acc = 0.0 if exact else float(model.bound(sum_abs))
     top = acc_format.max_finite if acc_format is not None else float(INT32_MAX)
     if out_format is None:
         u_o = eta_o = 0.0
@@ -132,7 +133,7 @@ def gemm_tolerance(model: ErrorModel, k: int, sum_abs: float, out_format: FloatF
     return GemmTolerance(
         k=k, sum_abs=float(sum_abs), magnitude=float(mag), roundings=model.roundings,
         charged=model.charged, unit_roundoff=model.unit_roundoff, eta=model.eta,
-        relative=model.relative, absolute=model.absolute, accumulation=acc,
+        relative=0.0 if exact else model.relative, absolute=model.absolute, accumulation=acc,
         out_unit_roundoff=u_o, out_eta=eta_o, atol=atol, rtol=rtol, bound=bound,
         overflow_possible=bool(sum_abs + acc > top),
     )  # fmt: skip
