@@ -374,7 +374,8 @@ def with_retries(start: Any, attempts: int, *, pause_s: float = START_BACKOFF_S,
         f"could not start a local Ray instance in {attempts} attempt(s){each} ({_first_line(last)}); load "
         f"average {load}. A busy machine can time out Ray's start: retry when it is quieter, {longer}"
         f"{START_ATTEMPTS_ENV} (now {attempts}), or start Ray once (`ray start --head`, docs/cluster.md) and "
-        "pass --address auto. Nothing was run; no Ray process of these attempts is left.") from None
+        "pass its address, --address 127.0.0.1:PORT (`ray start` prints it; `--address auto` may find another "
+        "user's Ray on this machine). Nothing was run; no Ray process of these attempts is left.") from None
 
 
 def _first_line(exc: BaseException) -> str:
