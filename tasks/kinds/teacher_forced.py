@@ -182,27 +182,28 @@ def distribution_arrays(ref_logits: Any, arm_logits: Any, tokens: Any) -> dict[s
     token, ``KL(ref || arm) = sum_v p_ref(v) (log p_ref(v) - log p_arm(v))`` over the whole
     vocabulary (terms with p_ref(v) = 0 are 0), and ``k3 = r - 1 - log r`` with ``log r = log p_arm
     - log p_ref`` of the reference token, computed as ``expm1(log r) - log r`` (no cancellation near
-    r = 1).
+    r = 1). The formulas and their directions are :mod:`tasks.numerics.rl_metrics`' (raw
+    log-probabilities, KL(ref || arm), k3 with the reference arm as the sampler).
     """
     import numpy as np
     import torch
+
+    from tasks.numerics import rl_metrics
 
     ref = torch.as_tensor(ref_logits).to(torch.float64)
     arm = torch.as_tensor(arm_logits).to(torch.float64)
     if ref.shape != arm.shape or ref.ndim != 2:
         raise ValueError(f"logits of shapes {tuple(ref.shape)} and {tuple(arm.shape)}: both must be [positions, vocab]")
-    tok = torch.as_tensor(np.asarray(tokens, dtype=np.int64))
+    tok = np.asarray(tokens, dtype=np.int64)
     if tok.shape != (ref.shape[0],):
-        raise ValueError(f"{tuple(tok.shape)} reference tokens for {ref.shape[0]} positions")
-    lp_ref = torch.log_softmax(ref, dim=-1)
-    lp_arm = torch.log_softmax(arm, dim=-1)
-    p_ref = lp_ref.exp()
-    terms = torch.where(p_ref > 0, p_ref * (lp_ref - lp_arm), torch.zeros_like(p_ref))
-    at_ref = lp_ref.gather(1, tok.unsqueeze(1)).squeeze(1)
-    at_arm = lp_arm.gather(1, tok.unsqueeze(1)).squeeze(1)
-    log_r = at_arm - at_ref
+        raise ValueError(f"{tok.shape} reference tokens for {ref.shape[0]} positions")
+    lp_ref = rl_metrics.raw_logprobs(ref)
+    lp_arm = rl_metrics.raw_logprobs(arm)
+    at_ref = rl_metrics.token_logprobs(lp_ref, tok)
+    at_arm = rl_metrics.token_logprobs(lp_arm, tok)
     return {"ref_token_prob_ref": at_ref.exp().numpy(), "ref_token_prob_arm": at_arm.exp().numpy(),
-            "kl_ref_arm": terms.sum(dim=-1).numpy(), "k3_ref_arm": (torch.expm1(log_r) - log_r).numpy()}
+            "kl_ref_arm": rl_metrics.kl_exact(lp_ref, lp_arm).numpy(),
+            "k3_ref_arm": rl_metrics.k3(at_arm, at_ref).numpy()}
 
 
 def distribution_columns(ref_model: Any, arm_model: Any, sequences: Sequence[Sequence[int]], firsts: Sequence[int],
@@ -268,13 +269,14 @@ def k3_from_logprobs(ref_logprobs: Any, arm_logprobs: Any) -> dict[str, np.ndarr
     import numpy as np
     import torch
 
+    from tasks.numerics import rl_metrics
+
     at_ref = torch.from_numpy(np.ascontiguousarray(ref_logprobs, dtype=np.float64))
     at_arm = torch.from_numpy(np.ascontiguousarray(arm_logprobs, dtype=np.float64))
     if at_ref.shape != at_arm.shape or at_ref.ndim != 1:
         raise ValueError(f"log-probabilities of shapes {tuple(at_ref.shape)} and {tuple(at_arm.shape)}: both must be [positions]")
-    log_r = at_arm - at_ref
     return {"ref_token_prob_ref": at_ref.exp().numpy(), "ref_token_prob_arm": at_arm.exp().numpy(),
-            "k3_ref_arm": (torch.expm1(log_r) - log_r).numpy()}
+            "k3_ref_arm": rl_metrics.k3(at_arm, at_ref).numpy()}
 
 
 def vllm_distribution(ref_logprobs: Sequence[float | None], arm_logprobs: Any) -> dict[str, Any]:
