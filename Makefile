@@ -69,11 +69,11 @@ TEST_WORKERS ?= 2
 PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope --durations=20
 
 test: $(STAMP)
-	@$(BIN)/python -m compileall -q swapcheck_common orchestrator tasks storage reports benchmarks
+	@$(BIN)/python -m compileall -q swapcheck swapcheck_common orchestrator tasks storage reports benchmarks
 	$(PYTEST) -m "not slow and not gpu"
 
 test-slow: $(STAMP)
-	@$(BIN)/python -m compileall -q swapcheck_common orchestrator tasks storage reports benchmarks
+	@$(BIN)/python -m compileall -q swapcheck swapcheck_common orchestrator tasks storage reports benchmarks
 	$(PYTEST) -m "slow and not gpu"
 
 test-gpu: $(STAMP)
@@ -101,16 +101,16 @@ fault-report: $(STAMP)
 # Bytecode compiled first, as an installed package has it (with PYTHONDONTWRITEBYTECODE set, every CLI
 # run of the reads stage would otherwise compile swapcheck's modules again: 0.14 s of a 1 s command).
 bench: $(STAMP)
-	@$(BIN)/python -m compileall -q swapcheck_common orchestrator tasks storage reports benchmarks
+	@$(BIN)/python -m compileall -q swapcheck swapcheck_common orchestrator tasks storage reports benchmarks
 	$(BIN)/python benchmarks/run_all.py
 
 bench-quick: $(STAMP)
-	@$(BIN)/python -m compileall -q swapcheck_common orchestrator tasks storage reports benchmarks
+	@$(BIN)/python -m compileall -q swapcheck swapcheck_common orchestrator tasks storage reports benchmarks
 	$(BIN)/python benchmarks/run_all.py --quick --out benchmarks/results-quick.json
 
 # ruff, mypy --strict (pyproject.toml) and the import contracts of docs/architecture.md.
 lint: $(STAMP)
-	$(BIN)/ruff check swapcheck_common orchestrator tasks storage reports tests benchmarks tools
+	$(BIN)/ruff check swapcheck swapcheck_common orchestrator tasks storage reports tests benchmarks tools
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
 

@@ -437,6 +437,8 @@ class VerifiedFiles:
         self._fresh_ns = self._now - int(seconds_from_env(self.REHASH_ENV, self.REHASH_DEFAULT_S, 0.0,
                                                           10 * 365 * 86_400.0, StorageError) * 1e9)
         self._lock = __import__("threading").Lock()
+        #: rel -> whether its old entry's signature verified (each checked once per open)
+        self._checked: dict[str, bool] = {}
 
     def _load(self) -> dict[str, Any]:
         """The cache's entries; {} when it is absent (or its directory unusable), of another format,
@@ -501,27 +503,36 @@ class VerifiedFiles:
         return bool(entry.get("exact"))
 
     def _entry(self, rel: str, identity: list[Any] | None) -> dict[str, Any] | None:
-        """``rel``'s entry if its identity is ``identity`` and it is fresh (read within the rehash age)."""
+        """``rel``'s entry if its identity is ``identity`` and it is fresh (read within the rehash age).
+        Its signature is checked once per open (the answer is kept for ``rel`` and that identity)."""
         import hmac
 
         entry = self._old.get(rel)
         if identity is None or self._key is None or not isinstance(entry, dict) or entry.get("identity") != identity:
             return None
-        mac = entry.get("mac")
-        if not isinstance(mac, str) or not hmac.compare_digest(mac, self._mac(rel, entry)):
-            with self._lock:
-                self.forged += 1
+        checked = self._checked.get(rel)
+        if checked is None:
+            mac = entry.get("mac")
+            checked = self._checked[rel] = isinstance(mac, str) and hmac.compare_digest(mac, self._mac(rel, entry))
+            if not checked:
+                with self._lock:
+                    self.forged += 1
+        if not checked:
             return None
         read_ns = entry.get("read_ns")
         return entry if isinstance(read_ns, int) and self._fresh_ns <= read_ns <= self._now else None
 
     def add(self, rel: str, identity: list[Any] | None, sha256: str, rows: int | None, exact: bool) -> None:
         """Keep ``rel``'s entry (``read_ns``: when its bytes were last really read, kept from an entry
-        that vouched for it)."""
+        that vouched for it; that entry is kept as it is, signature included, when it says the same)."""
         if identity is not None and self._key is not None:
             entry = {"identity": identity, "sha256": sha256, "rows": rows, "exact": exact,
                      "read_ns": self._read_ns(rel, identity)}
-            entry["mac"] = self._mac(rel, entry)
+            old = self._entry(rel, identity)
+            if old is not None and {k: v for k, v in old.items() if k != "mac"} == entry:
+                entry = old  # signed already: no second signature for the same content
+            else:
+                entry["mac"] = self._mac(rel, entry)
             with self._lock:
                 self._new[rel] = entry
 

@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import REPO
 
-PACKAGES = ("swapcheck_common", "orchestrator", "tasks", "storage", "reports")
+PACKAGES = ("swapcheck", "swapcheck_common", "orchestrator", "tasks", "storage", "reports")
 
 
 def _graph():
