@@ -29,6 +29,7 @@ import json
 from itertools import combinations
 from typing import TYPE_CHECKING, Any
 
+from reports import arbiter as arbiter_mod
 from reports import attention as attention_swap
 from reports import divergence, kdepth, noise_floor, quantizer_swap, replay, spacing
 from reports.agreement import self_cell
@@ -56,6 +57,9 @@ LEVEL = 0.95
 SLOPE_LIMIT = 10.0
 #: The check cells of each GEMM kernel (check_verdicts' tables): the worst verdict of each, "not run" when absent.
 CHECKS = ("exact_match", "bounds", "fuzz", "precision")
+#: The arbiter of a quantizer pair: a quantizer declares no error bound to judge it against.
+QUANTIZER_ARBITER: dict[str, Any] = {"status": NOT_RUN, "verdict": None,
+                                     "reason": "a quantizer declares no error bound: nothing to judge each side against"}
 #: How the answer names a scale mode.
 SCALE_NAMES = {"pow2": "power-of-two scales", "real": "real scales"}
 
@@ -375,7 +379,20 @@ def answer(cert: dict[str, Any]) -> str:
         if e2e["status"] == "run" and s["verdict"] != "IDENTICAL":
             text += "; " + ", ".join(f"{p['identical']}/{p['total']} sequences identical" for p in e2e["arm_pairs"])
         clauses.append(text)
-    return str(lead + (": " + "; ".join(clauses) if clauses else ""))
+    return str(lead + (": " + "; ".join(clauses) if clauses else "") + arbiter_clause(cert))
+
+
+def arbiter_clause(cert: dict[str, Any]) -> str:
+    """The arbiter joins the answer where it names a side outside its declared bound (per scale mode);
+    ``both_inside`` and undecided arbiters are in the evidence only."""
+    said = []
+    for s in cert["scale_modes"]:
+        arb = s.get("arbiter") or {}
+        if arb.get("verdict") in ("a_outside_bound", "b_outside_bound", "both_outside"):
+            name = SCALE_NAMES.get(s["scale_mode"], f"{s['scale_mode']} scales")
+            out = [arbiter_mod.side_phrase(arb[k]) for k in ("a", "b") if arb[k]["status"] == "outside"]
+            said.append(f"arbiter under {name}: {arb['verdict']} ({'; '.join(out)})")
+    return "; " + "; ".join(said) if said else ""
 
 
 # -- the certificates -----------------------------------------------------------------------------
@@ -460,6 +477,7 @@ def _sweep_certificates(cat: Catalog, sweep: str) -> list[dict[str, Any]]:
     pairs = [p for p in combinations(sorted(kernels), 2)
              if p[0] not in dtype or p[1] not in dtype or dtype[p[0]] == dtype[p[1]]]
 
+    bounds = arbiter_mod.by_pair(cat, sweep)
     certs = []
     for key in pairs:
         a, b = order.get(key, key)
@@ -479,7 +497,9 @@ def _sweep_certificates(cat: Catalog, sweep: str) -> list[dict[str, Any]]:
                    "replay": replay_section([r for r in rp if r["scale_mode"] == m]),
                    "end_to_end": end_to_end_section(cat, sweep, [c for c in xs if (c["scales_a"] or "") == m],
                                                     self_rows, tf_pairs, arms, div)}
-            sections.append({**sec, "verdict": section_verdict(sec, checks)})
+            arb_rows = bounds.get((*key, m))
+            sections.append({**sec, "verdict": section_verdict(sec, checks),
+                             "arbiter": arbiter_mod.for_pair(arb_rows, a, b)})
         kd_run = [s["kdepth"] for s in sections if s["kdepth"]["status"] == "run"]
         beyond = [x["max_spacing_beyond_reference_error"] for x in kd_run]
         beyond_sig = [x["max_spacing_significant_beyond_reference_error"] for x in kd_run]
@@ -492,6 +512,8 @@ def _sweep_certificates(cat: Catalog, sweep: str) -> list[dict[str, Any]]:
             "max_spacing_significant_beyond_reference_error": None if not beyond_sig or None in beyond_sig
             else max(beyond_sig),
             "scale_modes": sections,
+            # The three-way arbiter per scale mode (reports/arbiter.py): the sections' own, keyed by mode.
+            "arbiter": {s["scale_mode"]: s["arbiter"] for s in sections},
             "checks_a": checks[a], "checks_b": checks[b],
             "noise_floor": noise_floor.certificate_section(floor, sweep, (a, b)),
             "provenance": {**prov, "kernel_versions_a": versions.get(a, []), "kernel_versions_b": versions.get(b, []),
@@ -523,7 +545,8 @@ def _attention_certificates(cat: Catalog, sweep: str, qarms: dict[str, str | Non
                                    "replay": attention_swap.replay_section(rp, key) if m == "real" else {"status": NOT_RUN},
                                    "end_to_end": end_to_end_section(cat, sweep, [c for c in xs if (c["scales_a"] or "") == m],
                                                                     self_rows, tf_pairs, arms)}
-            sections.append({**sec, "verdict": section_verdict(sec, checks)})
+            arb = arbiter_mod.for_pair(arbiter_mod.attention_rows(rp, key) if m == "real" else None, a, b)
+            sections.append({**sec, "verdict": section_verdict(sec, checks), "arbiter": arb})
         replayed = [s["replay"] for s in sections if s["replay"]["status"] == "run"]
         gemm = sorted({c["gemm_kernel"] for c in xs})
         cert: dict[str, Any] = {
@@ -535,7 +558,8 @@ def _attention_certificates(cat: Catalog, sweep: str, qarms: dict[str, str | Non
             **_spacing_facts(replayed),
             "max_spacing_significant_beyond_reference_error": attention_swap.beyond_reference(
                 rp, key, "max_spacing_significant"),
-            "scale_modes": sections, "checks_a": checks[a], "checks_b": checks[b], "algorithms": algorithms,
+            "scale_modes": sections, "arbiter": {s["scale_mode"]: s["arbiter"] for s in sections},
+            "checks_a": checks[a], "checks_b": checks[b], "algorithms": algorithms,
             "attention_replay": attention_swap.per_dtype(rp, key),
             # The floor beside an attention swap: the model's with either attention kernel (and the arms' GEMM kernel).
             "noise_floor": noise_floor.certificate_section(floor, sweep, (a, b), swap="attention", gemm=gemm),
@@ -580,7 +604,7 @@ def _quantizer_certificates(cat: Catalog, sweep: str, qarms: dict[str, str | Non
                                    "replay": replay_sec if m == "real" else {"status": NOT_RUN},
                                    "end_to_end": end_to_end_section(cat, sweep, [c for c in xs if (c["scales_a"] or "") == m],
                                                                     self_rows, tf_pairs, arms)}
-            sections.append({**sec, "verdict": section_verdict(sec, failed)})
+            sections.append({**sec, "verdict": section_verdict(sec, failed), "arbiter": dict(QUANTIZER_ARBITER)})
         replayed = [s["replay"] for s in sections if s["replay"]["status"] == "run"]
         summary = quantizer_swap.quantize_summary(qrows, key, gemm)
         not_run = {c: NOT_RUN for c in CHECKS}
@@ -593,7 +617,8 @@ def _quantizer_certificates(cat: Catalog, sweep: str, qarms: dict[str, str | Non
             "max_spacing_beyond_reference_error": None,
             **_spacing_facts(replayed),
             "max_spacing_significant_beyond_reference_error": None,
-            "scale_modes": sections, "checks_a": not_run, "checks_b": not_run, "gemm_checks": gemm_checks,
+            "scale_modes": sections, "arbiter": {s["scale_mode"]: s["arbiter"] for s in sections},
+            "checks_a": not_run, "checks_b": not_run, "gemm_checks": gemm_checks,
             "quantize": summary,
             # A quantizer has no floor of its own: the floor of the fixed GEMM kernel, named as such.
             "noise_floor": noise_floor.certificate_section(floor, sweep, (a, b), swap="quantizer", gemm=[gemm]),
@@ -670,10 +695,24 @@ def summary_rows(certs: list[dict[str, Any]]) -> list[dict[str, Any]]:
              "kernel_b": c["kernel_b"], "scales": ", ".join(s["scale_mode"] for s in c["scale_modes"]),
              "verdict": c["verdict"],
              "verdicts_by_scale": "; ".join(f"{s['scale_mode']}: {s['verdict']}" for s in c["scale_modes"]),
-             "answer": c["answer"], "max_spacing_significant": c.get("max_spacing_significant"),
+             "answer": c["answer"],
+             "arbiter": "; ".join(f"{s['scale_mode']}: {s['arbiter'].get('verdict') or s['arbiter']['status']}"
+                                  for s in c["scale_modes"] if "arbiter" in s) or NOT_RUN,
+             "max_spacing_significant": c.get("max_spacing_significant"),
              "near_zero_beyond": c.get("near_zero_beyond"), "max_spacing": c["max_spacing"],
              "max_spacing_significant_beyond_reference_error": c.get("max_spacing_significant_beyond_reference_error"),
              "max_spacing_beyond_reference_error": c["max_spacing_beyond_reference_error"]} for c in certs]
+
+
+def arbiter_columns(arb: dict[str, Any]) -> dict[str, Any]:
+    """The arbiter's cells of a matrix row: verdict (or status), each side's outputs outside its bound and
+    its worst element in units of its bound (None where unknown or not run)."""
+    sides = {k: arb.get(k) or {} for k in ("a", "b")}
+    return {"arbiter": arb.get("verdict") or arb["status"], "arbiter_reason": arb.get("reason"),
+            **{f"arbiter_{k}_outside_bound": s.get("outside_bound") if s.get("status") in ("inside", "outside") else None
+               for k, s in sides.items()},
+            **{f"arbiter_{k}_max_bound_ratio": s.get("max_bound_ratio") if s.get("status") in ("inside", "outside")
+               else None for k, s in sides.items()}}
 
 
 def matrix_rows(certs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -704,6 +743,7 @@ def matrix_rows(certs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                         "replay_max_spacing": rp.get("max_spacing"),
                         "replay_max_spacing_significant": rp.get("max_spacing_significant"),
                         **{f"replay_{k}": rp.get(k) for k in NEAR_ZERO_KEYS},
+                        **arbiter_columns(s.get("arbiter") or {"status": NOT_RUN}),
                         "e2e_arm_pairs": len(pairs),
                         "e2e_identical": sum(p["identical"] for p in pairs) if pairs else None,
                         "e2e_total": sum(p["total"] for p in pairs) if pairs else None})
@@ -758,6 +798,9 @@ def evidence_rows(cert: dict[str, Any]) -> list[dict[str, Any]]:
         row["flips [95% exact]"] = "; ".join(
             f"{f['ref_arm']}->{f['arm']} {f['flips']}/{f['positions']} = {_num(f['flip_rate'])} "
             f"{_interval(f['flip_rate_ci_low'], f['flip_rate_ci_high'])}" for p in pairs for f in p["flips"]) or NOT_RUN
+        arb = s.get("arbiter") or {"status": NOT_RUN}
+        row["arbiter (each side vs its declared bound)"] = arbiter_mod.phrase(arb)
+        row["error budget"] = arbiter_mod.error_budget_cell(arb)
         row.update(divergence_cells(pairs))
         row.update(noise_floor.evidence_cells(cert.get("noise_floor"), s["scale_mode"], pairs))
         rows.append(row)

@@ -46,6 +46,18 @@ KDEPTH = pa.schema(
         *_COMPARE,
         ("seconds_a", pa.float64()),
         ("seconds_b", pa.float64()),
+        # issue #41 (NULL in pair rows and in older files): on a reference row, impl_a judged against
+        # the bound of the accumulation algorithm its kernel declares, around the exact result
+        # (tasks/checks/scaled_bound.py): bound_status "judged", "no bound declared" or "bias not
+        # modelled"; the algorithm and its format; elements outside; the largest |out - exact| in
+        # units of the bound (<= 1 inside) and the element it is at
+        ("bound_status", pa.string()),
+        ("bound_algorithm", pa.string()),
+        ("bound_accumulate", pa.string()),
+        ("outside_bound", pa.int64()),
+        ("max_bound_ratio", pa.float64()),
+        ("bound_worst_row", pa.int32()),
+        ("bound_worst_col", pa.int32()),
     ]
 )
 

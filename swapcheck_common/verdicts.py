@@ -5,13 +5,29 @@
 The meaning of each verdict is in tasks/verdicts.py and docs/checks.md; here only what both sides need
 to agree on: the order of severity, which verdicts pass, which fail a kernel outright, and what "rare"
 means.
+
+The three-way arbiter (issue #41; docs/certificate.md, "The arbiter") has its own small set, kept apart
+from the pair verdicts above: it says which side of a pair left the bound of the accumulation algorithm
+its kernel declares, each side judged against the exact result.
+
+=================== ==========================================================================
+``both_inside``     both sides inside their declared bounds: what differs is order (accumulation or
+                    epilogue), not a defect
+``a_outside_bound`` side A has outputs outside its declared bound, side B none
+``b_outside_bound`` side B has outputs outside its declared bound, side A none
+``both_outside``    both sides have outputs outside their declared bounds
+=================== ==========================================================================
+
+Where a side's bound is unknown (no bound declared, not judged, not recorded) and the other side does
+not settle it, the arbiter gives no verdict: ``undecided``, with the reason.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-__all__ = ["FAILING", "PASSING", "RARE_FRACTION", "VERDICT_ORDER", "worst_name"]
+__all__ = ["ARBITER_ORDER", "ARBITER_UNDECIDED", "FAILING", "PASSING", "RARE_FRACTION", "VERDICT_ORDER",
+           "arbiter_verdict", "worst_name"]
 
 #: Every verdict, from most to least benign: a run of many trials ends in the worst of its parts.
 VERDICT_ORDER: tuple[str, ...] = ("IDENTICAL", "EPILOGUE_ROUNDING", "WITHIN_ALGORITHM_BOUND", "DIFFERENT",
@@ -25,6 +41,20 @@ FAILING: frozenset[str] = frozenset({"INCORRECT", "PRECISION_DOWNGRADE", "ERROR"
 #: accumulation orders of FP8 products versus exact in 0.0004-0.013 %; torch's bf16 CPU matmul versus
 #: the correctly rounded result in about 0.03 % at K = 1000.
 RARE_FRACTION = 1e-3
+
+
+#: The arbiter's verdicts, from most to least benign (``both_outside`` last: two sides out of bound).
+ARBITER_ORDER: tuple[str, ...] = ("both_inside", "a_outside_bound", "b_outside_bound", "both_outside")
+#: The arbiter's status where a side's bound is unknown: no verdict, a reason instead.
+ARBITER_UNDECIDED = "undecided"
+
+
+def arbiter_verdict(a_outside: bool | None, b_outside: bool | None) -> str | None:
+    """The arbiter's verdict from each side's judgement (True: outputs outside its declared bound;
+    False: every output inside; None: unknown); None where an unknown side leaves it open."""
+    if a_outside is None or b_outside is None:
+        return None
+    return ARBITER_ORDER[int(a_outside) + 2 * int(b_outside)]
 
 
 def worst_name(verdicts: Iterable[str]) -> str:

@@ -339,6 +339,12 @@ class CublasInt8(_CublasKernel):
         emu = EMULATIONS[self.params["epilogue"]]
         return {"kernel": emu["kernel"], "params": dict(emu["params"])}
 
+    def bounds_algorithm(
+        self, operand_dtype: str, m: int, n: int, capability: tuple[int, int] | None = None
+    ) -> tuple[str, str] | None:
+        """:meth:`declaration`'s algorithm: the exact int32 sum converted once to fp32."""
+        return (self.algorithm, self.accumulate)
+
     def declaration(self) -> dict[str, Any]:
         """The accumulation this kernel claims, for the ``bounds`` check and the batch-invariance kind."""
         return {"algorithm": self.algorithm, "accumulate": self.accumulate, "rounded_to": None,

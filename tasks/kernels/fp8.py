@@ -179,6 +179,15 @@ class _Fp8Emulation(Kernel):
             f"{ep} epilogue (vllm-kernels.md {sec})"
         )
 
+    #: The ``bounds`` algorithm this order is (``tasks.checks.bounds.algorithm``), in fp32.
+    algorithm = ""
+
+    def bounds_algorithm(
+        self, operand_dtype: str, m: int, n: int, capability: tuple[int, int] | None = None
+    ) -> tuple[str, str] | None:
+        """This emulation's own order in fp32: it computes exactly that, so its bound is that order's."""
+        return (self.algorithm, "fp32")
+
     @abc.abstractmethod
     def accumulate(self, at: torch.Tensor, bf: torch.Tensor) -> torch.Tensor:
         """The fp32 accumulator ``[M, N]`` of the exact products, in this order."""
@@ -196,6 +205,7 @@ class Fp8Sequential(_Fp8Emulation):
     """FP8 e4m3 GEMM, fp32 accumulation k = 0..K-1 in order, then the chosen epilogue (§2.1/§2.2)."""
 
     order = "sequential k = 0..K-1"
+    algorithm = "sequential"
 
     def accumulate(self, at: torch.Tensor, bf: torch.Tensor) -> torch.Tensor:
         return accumulate_sequential(at, bf)
@@ -206,6 +216,7 @@ class Fp8Pairwise(_Fp8Emulation):
     """FP8 e4m3 GEMM, fp32 level-by-level pairwise accumulation (odd element carried)."""
 
     order = "pairwise level by level, odd element carried"
+    algorithm = "pairwise"
 
     def accumulate(self, at: torch.Tensor, bf: torch.Tensor) -> torch.Tensor:
         return accumulate_pairwise(at, bf)
@@ -224,6 +235,10 @@ class Fp8Blocked(_Fp8Emulation):
     @property
     def order(self) -> str:  # type: ignore[override]
         return f"sequential within blocks of {self.params['block_size']}, then across block sums"
+
+    @property
+    def algorithm(self) -> str:  # type: ignore[override]
+        return f"blocked-{self.params['block_size']}"
 
     def check_params(self, params: dict[str, Any]) -> dict[str, Any]:
         bs = params["block_size"]

@@ -52,6 +52,12 @@ class _Int8Kernel(Kernel):
     def caveat(self) -> str | None:
         return accumulator_path().native_note()
 
+    def bounds_algorithm(
+        self, operand_dtype: str, m: int, n: int, capability: tuple[int, int] | None = None
+    ) -> tuple[str, str] | None:
+        """``("exact", "fp32")``: the int32 sum is exact (K <= INT32_EXACT_K), converted to fp32 once."""
+        return ("exact", "fp32")
+
     def accumulator_fp32(self, ops: Operands) -> torch.Tensor:
         """``fl(acc)``: int32 -> fp32 conversion, round-to-nearest-even (exact below 2**24)."""
         return int32_accumulator(ops.a, ops.b).to(torch.float32)

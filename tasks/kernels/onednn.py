@@ -264,6 +264,13 @@ class Int8OneDNN(Kernel):
         check_choice(self.name, "act_scale", params["act_scale"], ACT_SCALE_MODES)
         return params
 
+    def bounds_algorithm(
+        self, operand_dtype: str, m: int, n: int, capability: tuple[int, int] | None = None
+    ) -> tuple[str, str] | None:
+        """``("exact", "fp32")``: what it claims (vLLM's channel-wise order on an exact int32 sum); on a
+        CPU without VNNI its int16-saturated pairs are not exact, and the arbiter shows it outside."""
+        return ("exact", "fp32")
+
     def available(self) -> tuple[bool, str | None]:
         return _probe()
 

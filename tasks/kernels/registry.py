@@ -262,6 +262,18 @@ class Kernel(abc.ABC):
         kernels list`` shows it; a kernel may also expose ``code_path``, the path it takes here."""
         return None
 
+    def bounds_algorithm(
+        self, operand_dtype: str, m: int, n: int, capability: tuple[int, int] | None = None
+    ) -> tuple[str, str] | None:
+        """The accumulation this kernel declares for an ``[M, K] x [K, N]`` problem of ``operand_dtype``:
+        ``(algorithm, accumulate)`` for :func:`tasks.checks.bounds.algorithm`, or None: no bound declared.
+
+        The ``kdepth`` kind judges every implementation's outputs against the declared algorithm's
+        bound around the exact result (the three-way arbiter of the certificate, docs/certificate.md);
+        a kernel that declares nothing is reported as "no bound declared", never given a guessed one.
+        """
+        return None
+
     @abc.abstractmethod
     def compute(self, ops: Operands) -> torch.Tensor:
         """Compute the ``[M, N]`` output from validated operands (see :class:`.operands.Operands`)."""

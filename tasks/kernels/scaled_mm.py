@@ -96,6 +96,12 @@ class Fp8TorchScaledMM(Kernel):
     def available(self) -> tuple[bool, str | None]:
         return _probe()
 
+    def bounds_algorithm(
+        self, operand_dtype: str, m: int, n: int, capability: tuple[int, int] | None = None
+    ) -> tuple[str, str] | None:
+        """``("any", "fp32")``: the scaled operands summed in fp32 in the BLAS's own order."""
+        return ("any", "fp32")
+
     @property
     def code_path(self) -> str:
         """The dispatch rule's path and the instruction sets it runs at: the emulated path's fp32 matmul

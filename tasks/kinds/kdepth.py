@@ -157,6 +157,7 @@ def run(params: dict[str, Any], context: UnitContext | None = None) -> dict[str,
     fmt = get_format(params["out_dtype"])
     out_dtype = fmt.torch_dtype
     outputs: dict[str, tuple[torch.Tensor, float, str]] = {}
+    declared: dict[str, tuple[str, str] | None] = {}
     # The built-in INT8 kernels and the exact reference share one exact accumulator per unit (the
     # first of them to run computes it); a user's kernel runs its own code (tasks/kernels/accumulator.py).
     with shared_accumulators():
@@ -165,6 +166,7 @@ def run(params: dict[str, Any], context: UnitContext | None = None) -> dict[str,
             out, seconds = on_device(kernel.device, kernel, ops["a"], ops["b"], ops["scale_a"], ops["scale_b"],
                                      out_dtype, ops["bias"])
             outputs[impl["name"]] = (out, seconds, impl["kernel"])
+            declared[impl["name"]] = kernel.bounds_algorithm(params["dtype"], params["m"], params["n"])
 
     base = {
         "dtype": params["dtype"], "out_dtype": params["out_dtype"], "m": params["m"], "n": params["n"],
@@ -174,14 +176,46 @@ def run(params: dict[str, Any], context: UnitContext | None = None) -> dict[str,
     ref = params["reference"]["name"]
     pairs = [("pair", a, b) for i, a in enumerate(names) for b in names[i + 1 :]]
     pairs += [("reference", a, ref) for a in names]
+    bounds: dict[tuple[str, str], Any] = {}
     rows = []
     for comparison, a, b in pairs:
         (oa, ta, ka), (ob, tb, kb) = outputs[a], outputs[b]
+        judged = (_judged(declared[a], oa, ops, fmt, params["bias"], bounds) if comparison == "reference"
+                  else NOT_JUDGED)
         rows.append({
             **base, "comparison": comparison, "impl_a": a, "impl_b": b, "kernel_a": ka, "kernel_b": kb,
-            **compare(oa, ob, fmt), "seconds_a": ta, "seconds_b": tb,
+            **compare(oa, ob, fmt), "seconds_a": ta, "seconds_b": tb, **judged,
         })
     return {"kdepth": rows}
+
+
+#: The bound columns of a pair row (and of an implementation the bound does not judge, with a status).
+NOT_JUDGED: dict[str, Any] = {"bound_status": None, "bound_algorithm": None, "bound_accumulate": None,
+                              "outside_bound": None, "max_bound_ratio": None, "bound_worst_row": None,
+                              "bound_worst_col": None}
+
+
+def _judged(declaration: tuple[str, str] | None, out: Any, ops: dict[str, Any], fmt: Any, bias: bool,
+            cache: dict[tuple[str, str], Any]) -> dict[str, Any]:
+    """The bound columns of one implementation's reference row: its output against the bound of the
+    algorithm its kernel declares (``Kernel.bounds_algorithm``) around the exact result, for the
+    three-way arbiter (tasks/checks/scaled_bound.py; docs/certificate.md)."""
+    from tasks.checks.scaled_bound import judge, scaled_output_bound
+
+    if declaration is None:
+        return {**NOT_JUDGED, "bound_status": "no bound declared"}
+    name, accumulate = declaration
+    if bias:
+        return {**NOT_JUDGED, "bound_status": "bias not modelled", "bound_algorithm": name,
+                "bound_accumulate": accumulate}
+    if declaration not in cache:
+        cache[declaration] = scaled_output_bound(name, accumulate, ops["a"], ops["b"], ops["scale_a"],
+                                                 ops["scale_b"], fmt)
+    bound = cache[declaration]
+    j = judge(bound, out)
+    return {"bound_status": "judged", "bound_algorithm": name, "bound_accumulate": bound.accumulate,
+            "outside_bound": j["outside_bound"], "max_bound_ratio": j["max_bound_ratio"],
+            "bound_worst_row": j["worst_row"], "bound_worst_col": j["worst_col"]}
 
 
 KIND = Kind(name="kdepth", version=VERSION, spec=KdepthExperiment, tables=("kdepth",), describe=describe,

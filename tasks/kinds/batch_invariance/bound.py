@@ -48,18 +48,7 @@ import numpy as np
 
 __all__ = ["EPILOGUE_ROUNDINGS", "RowBound", "cell_stats", "row_bound"]
 
-#: fp32 roundings the epilogue may apply to the accumulator (int32 -> fp32, * scale_a, * scale_b).
-EPILOGUE_ROUNDINGS = 3
-_U32 = 2.0**-24
-_ETA32 = 2.0**-150
-_SLACK = 2.0**-50
-
-
-def _gamma(n: int, u: float) -> float:
-    from tasks.numerics.errormodel import gamma
-
-    return gamma(n, u)
-
+from tasks.checks.scaled_bound import EPILOGUE_ROUNDINGS
 
 @dataclass(frozen=True)
 class RowBound:
@@ -88,32 +77,11 @@ def row_bound(name: str, accumulate: str, a_row: Any, b: Any, scale_a_row: Any, 
     ``a_row`` ``[1, K]`` and ``b`` ``[K, N]`` are int8 or e4m3 (exact in fp32, and so are their
     products); ``scale_a_row`` one fp32 scale, ``scale_b`` ``[N]`` fp32 scales.
     """
-    import torch
+    from tasks.checks.scaled_bound import scaled_output_bound
 
-    from tasks.checks.bounds import algorithm
-    from tasks.numerics import round_to_format
-
-    alg = algorithm(name, accumulate)
-    af, bf = a_row.to(torch.float32), b.to(torch.float32)
-    bnd = alg.bounds(af, bf)
-    exact = np.asarray(bnd.hi, dtype=np.float64).reshape(-1)
-    tol = (np.asarray(bnd.tolerance()) + np.abs(np.asarray(bnd.lo)) + np.asarray(bnd.err)).reshape(-1)
-    abs_sum = np.asarray(bnd.abs_sum, dtype=np.float64).reshape(-1)
-    sa = float(scale_a_row.to(torch.float64).reshape(-1)[0])
-    sb = scale_b.to(torch.float64).reshape(-1).numpy()
-    s = sa * sb  # two fp32 values: exact in float64
-    g3 = _gamma(EPILOGUE_ROUNDINGS, _U32)
-    k = int(af.shape[1])
-    big = 1.0 + float(np.abs(sa) * af.abs().max().item()) + float(np.max(np.abs(bf.double().numpy() * sb), initial=0.0))
-    underflow = (3 * k + 2 * EPILOGUE_ROUNDINGS) * _ETA32 * big * (1.0 + g3)
-    with np.errstate(over="ignore", invalid="ignore"):
-        center = exact * s
-        allowance = (s * (tol * (1.0 + g3) + g3 * abs_sum)) * (1.0 + _SLACK) + underflow
-        low = center - allowance - np.abs(center) * _SLACK
-        high = center + allowance + np.abs(center) * _SLACK
-    lo_o = np.asarray(round_to_format(low, out_fmt), dtype=np.float64)
-    hi_o = np.asarray(round_to_format(high, out_fmt), dtype=np.float64)
-    return RowBound(name, alg.format.name, lo_o, hi_o)
+    # The whole-output bound of tasks/checks/scaled_bound.py (the same formula, shared with kdepth) on one row.
+    bound = scaled_output_bound(name, accumulate, a_row, b, scale_a_row, scale_b, out_fmt)
+    return RowBound(name, bound.accumulate, bound.low.reshape(-1), bound.high.reshape(-1))
 
 
 def cell_stats(bound: RowBound, batch_row: Any, alone_row: Any) -> dict[str, Any]:
