@@ -30,8 +30,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from storage.catalog import Catalog
 
-__all__ = ["BUCKETS", "GATE_FIGURES", "GATE_METRICS", "INTERVALS", "KL_NOT_MEASURED", "clopper_pearson", "distribution",
-           "divergence", "first_divergence", "flip_buckets", "for_certificate", "pair_figures", "total_agreement"]
+__all__ = ["BUCKETS", "GATE_FIGURES", "GATE_METRICS", "INTERVALS", "KL_NOT_MEASURED", "LOGPROB_SEMANTICS", "clopper_pearson",
+           "distribution", "divergence", "first_divergence", "flip_buckets", "for_certificate", "logprob_semantics",
+           "pair_figures", "total_agreement"]
 
 LEVEL = 0.95
 #: Lower edges of the p_ref buckets of ``divergence_prob_buckets.sql`` and their labels.
@@ -336,6 +337,41 @@ KL_NOT_MEASURED = ("not measured (vLLM: kernels are chosen once per process, so 
                    "full-vocabulary distributions are never in one process; only the reference token's "
                    "log-probability travels from the reference arm's process, which gives probs_diff and k3, "
                    "not the exact KL)")
+#: What the probabilities behind probs_diff, k3 and the KL are, per engine (``arm_runs.engine``):
+#: (semantics, how). Raw = the model's own distribution, log_softmax of its logits at temperature 1;
+#: processed = a sampler's, after temperature/top-k/top-p renormalisation (docs/rl-metrics.md).
+#: ``swapcheck check rl-metrics`` measures the CPU engine's; tests/test_rl_metrics.py holds this
+#: table to that measurement.
+LOGPROB_SEMANTICS = {
+    "cpu": ("raw", "log_softmax in float64 of the CPU engine's fp32 logits; it decodes greedily and applies no "
+                   "temperature, top-p or top-k"),
+    "vllm": ("raw", "log_softmax in float64 of the full-vocabulary logits captured from vLLM's compute_logits in a "
+                    "teacher-forced prefill (engine logprobs_mode \"raw_logits\", temperature 0), never vLLM's "
+                    "sampled logprobs (processed under logprobs_mode \"processed_logprobs\")"),
+}
+
+
+def logprob_semantics(engines: dict[str, str], ref_arm: str, arm: str) -> dict[str, Any]:
+    """What the pair's probabilities are: each arm's engine and :data:`LOGPROB_SEMANTICS` entry, and
+    one ``line`` ("engine logprobs: raw ..."), or "not determined" for an engine the table lacks."""
+    sides = {}
+    for side, name in (("ref_arm", ref_arm), ("arm", arm)):
+        engine = engines.get(name)
+        sem, how = LOGPROB_SEMANTICS.get(engine or "", (None, None))
+        sides[side] = {"arm": name, "engine": engine, "semantics": sem, "how": how}
+    kinds = {v["semantics"] for v in sides.values()}
+    if None in kinds:
+        unknown = ", ".join(f"{v['arm']} (engine {v['engine']!r})" for v in sides.values() if v["semantics"] is None)
+        line = f"engine logprobs: not determined for {unknown}"
+    elif len(kinds) == 1:
+        engines_used = sorted({str(v["engine"]) for v in sides.values()})
+        line = (f"engine logprobs: {kinds.pop()} on both arms ({'; '.join(str(LOGPROB_SEMANTICS[e][1]) for e in engines_used)}): "
+                "probs_diff and k3 compare the models' own distributions, not a sampler's")
+    else:
+        line = "engine logprobs: " + ", ".join(f"{v['arm']} {v['semantics']}" for v in sides.values())
+    return {**sides, "line": line}
+
+
 #: Short names of the gate's figures, for the gate's own line.
 GATE_FIGURES = {"kl": "mismatch KL per position", "k3": "k3 KL per position", "probs_diff": "probs_diff per position"}
 
@@ -366,6 +402,7 @@ def distribution(cat: Catalog, sweep: str, *, gate_metric: str = "kl", threshold
     by_pair: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in cat.named("divergence_sequences", sweep=sweep):
         by_pair[_pair_key(r, "ref_arm", "arm")].append(r)
+    engines = {r["arm"]: r["engine"] for r in cat.named("certificate_arms", sweep=sweep)} if by_pair else {}
     out = []
     for key, rows in sorted(by_pair.items()):
         meas = [r for r in rows if r["measured"]]
@@ -374,7 +411,8 @@ def distribution(cat: Catalog, sweep: str, *, gate_metric: str = "kl", threshold
                                  "positions": sum(r["positions"] for r in rows),
                                  "measured_positions": sum(r["measured"] for r in meas),
                                  "measured_sequences": len(meas),
-                                 "kl_positions": sum(r["measured_kl"] for r in kl_meas), "kl_sequences": len(kl_meas)}
+                                 "kl_positions": sum(r["measured_kl"] for r in kl_meas), "kl_sequences": len(kl_meas),
+                                 "logprobs": logprob_semantics(engines, key[1], key[2])}
         if entry["measured_positions"] < entry["positions"]:
             entry["note"] = (f"{entry['positions'] - entry['measured_positions']} positions without probabilities "
                              "(teacher_forced units written before the columns existed, or vLLM units whose "

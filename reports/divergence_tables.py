@@ -166,6 +166,7 @@ def distribution_lines(rep: dict[str, Any]) -> list[str]:
             f"gate: {gate['rule']}; it reads the {gate['figure']} ({gate['metric']}): {gate['what']}",
             "k3 = r - 1 - log r, r = p_arm / p_ref of the reference token (Schulman's k3; it estimates KL(ref || arm) "
             "when the tokens are sampled from the reference: greedy tokens are not, so read k3 beside the exact KL)",
+            *[f"{_pair(p)}: {p['logprobs']['line']}" for p in rep["distribution"] if p.get("logprobs")],
             *[f"{_pair(p)}: {p['note']}" for p in rep["distribution"] if p.get("note")],
             *[f"{_pair(p)}: mismatch KL {p['kl_not_measured']}" for p in rep["distribution"] if p.get("kl_not_measured")]]
 

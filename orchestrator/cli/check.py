@@ -2,7 +2,8 @@
 
 Thin over :mod:`tasks.checks`; runs in this process (no Ray).  Exit code 0 when the verdict passes,
 1 when it does not, 2 for bad input (unknown kernel, import failure, wrong signature, bad option).
-``check fuzz`` and ``check replay`` live in :mod:`orchestrator.cli.check_fuzz` and join this group.
+``check fuzz`` and ``check replay`` live in :mod:`orchestrator.cli.check_fuzz` and join this group;
+``check rl-metrics`` (the RL-metric semantics probe) in :mod:`orchestrator.cli.check_rl`.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Any
 
 import typer
 
-from orchestrator.cli import check_attention, check_fuzz, check_precision
+from orchestrator.cli import check_attention, check_fuzz, check_precision, check_rl
 from orchestrator.cli.check_options import (
     DEFAULT_TRIALS,
     DeviceOpt,
@@ -159,3 +160,4 @@ app.command("fuzz")(check_fuzz.fuzz)
 app.command("replay")(check_fuzz.replay)
 app.command("attention")(check_attention.attention)
 app.command("precision")(check_precision.precision)
+app.command("rl-metrics")(check_rl.rl_metrics)

@@ -31,15 +31,31 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from swapcheck_common.errors import InputError
 from tasks.numerics.rl_metrics import Sampling
 from tasks.verdicts import Verdict, worst
 
-__all__ = ["DEFAULT_SETTINGS", "ProbeResult", "classify", "conclude", "cpu_logprobs", "figures", "from_vllm_outputs",
+__all__ = ["DEFAULT_SETTINGS", "ProbeInputError", "ProbeResult", "classify", "conclude", "cpu_logprobs", "figures", "from_vllm_outputs",
            "run_rl_probe", "vllm_logprobs"]
 
 #: The settings probed by default: each processor alone and all three together.
 DEFAULT_SETTINGS = (Sampling(temperature=0.7), Sampling(top_p=0.9), Sampling(top_k=20),
                     Sampling(temperature=0.7, top_p=0.9, top_k=20))
+
+
+class ProbeInputError(InputError):
+    """A model, kernel or sampling setting the probe cannot run (the CLI exits 2; nothing ran)."""
+
+
+def _build(model: str, kernel: str, seed: int) -> Any:
+    from tasks.models import build_model
+
+    try:
+        return build_model(model, kernel=kernel, seed=seed)
+    except InputError:
+        raise
+    except ValueError as exc:  # an unknown model name or a directory that is not a checkpoint
+        raise ProbeInputError(str(exc)) from exc
 
 
 def _max_gap(a: Any, b: Any) -> float:
@@ -204,11 +220,12 @@ def run_rl_probe(model: str = "tiny-qwen3", kernel: str = "int8-cutlass-order", 
     figures against ``arm_kernel`` (None: none)."""
     import torch
 
-    from tasks.models import build_model
     from tasks.numerics import rl_metrics as m
 
+    if prompts < 1 or max_new_tokens < 1:
+        raise ProbeInputError(f"prompts {prompts} and max_new_tokens {max_new_tokens}: both must be >= 1")
     nulls = [dict(r, source="planted") for r in m.null_controls(_planted_logprobs(seed))]
-    eng = build_model(model, kernel=kernel, seed=seed)
+    eng = _build(model, kernel, seed)
     g = torch.Generator().manual_seed(seed)
     vocab = int(eng.forward_tokens([[1]]).shape[-1])
     ps = [[int(t) for t in torch.randint(3, vocab, (6,), generator=g)] for _ in range(prompts)]
@@ -226,7 +243,7 @@ def run_rl_probe(model: str = "tiny-qwen3", kernel: str = "int8-cutlass-order", 
              "come from a teacher-forced pass over each whole sequence"]
     pair = None
     if arm_kernel is not None:
-        arm = build_model(model, kernel=arm_kernel, seed=seed)
+        arm = _build(model, arm_kernel, seed)
         arm_logits = torch.cat([arm.forward_tokens([seq])[0][len(p) - 1: len(p) - 1 + n].to(torch.float64)
                                 for seq, p, n in zip(got["sequences"], ps, got["lengths"], strict=True)])
         pair = {"ref_arm": kernel, "arm": arm_kernel,
