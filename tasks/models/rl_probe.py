@@ -231,7 +231,7 @@ def run_rl_probe(model: str = "tiny-qwen3", kernel: str = "int8-cutlass-order", 
     ps = [[int(t) for t in torch.randint(3, vocab, (6,), generator=g)] for _ in range(prompts)]
     got = cpu_logprobs(eng, ps, max_new_tokens)
     again = cpu_logprobs(eng, ps, max_new_tokens)  # the same engine twice: an aligned stack
-    nulls += [dict(r, source="engine twice") for r in m.null_controls(got["logits"], dtypes=("float64",))]
+    nulls += [dict(r, source="engine") for r in m.null_controls(m.raw_logprobs(got["logits"]), dtypes=("float64",))]
     ratio = m.importance_ratio(again["returned"], got["returned"])
     nulls.append({"source": "engine twice", "dtype": "float64", "figure": "importance_ratio (returned)",
                   "expected": 1.0, "values": int(ratio.numel()), "bad": int((ratio != 1).sum()),
