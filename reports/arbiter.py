@@ -35,9 +35,12 @@ from swapcheck_common.verdicts import ARBITER_UNDECIDED, arbiter_verdict
 if TYPE_CHECKING:
     from storage.catalog import Catalog
 
-__all__ = ["NOT_RUN", "attention_rows", "by_pair", "cell", "error_budget_cell", "for_pair", "phrase", "side_phrase"]
+__all__ = ["COLUMN", "NOT_RUN", "attention_rows", "by_pair", "cell", "error_budget_cell", "for_pair", "matrix_cell",
+           "metrics", "phrase", "side_phrase"]
 
 NOT_RUN = "not run"
+#: The arbiter's column in the tables people read (``report conformance``, the documents' evidence).
+COLUMN = "arbiter (worst, in units of each side's bound)"
 #: What a side's status is when its rows predate the bound columns (kdepth before issue #41).
 NOT_RECORDED = ("not recorded (K-depth rows written before kdepth judged each kernel against its declared bound: "
                 "rerun the sweep's kdepth units)")
@@ -197,3 +200,24 @@ def error_budget_cell(arb: dict[str, Any]) -> str:
             f"{eb['a']['reference_rounding'].split(':')[0]}; "
             + "; ".join(f"{arb[k]['kernel']}: order {eb[k]['accumulation_order']}, defect {eb[k]['defect']}"
                         for k in ("a", "b")))
+
+
+def matrix_cell(r: dict[str, Any]) -> str:
+    """The arbiter's cell of a matrix row (``reports.certificate.matrix_rows``): its verdict (or status)
+    with each side's worst element in units of its bound."""
+    if r.get("arbiter") in (None, NOT_RUN):
+        return NOT_RUN
+    ratios = [f"{side} {r[f'arbiter_{side}_max_bound_ratio']:.3g}x" if r.get(f"arbiter_{side}_max_bound_ratio") is not None
+              else f"{side} {r[f'arbiter_{side}_outside_bound']} out" if r.get(f"arbiter_{side}_outside_bound") is not None
+              else f"{side} unknown" for side in ("a", "b")]
+    return f"{r['arbiter']} ({', '.join(ratios)})"
+
+
+def metrics(cat: Catalog, sweep: str) -> dict[str, dict[str, Any]]:
+    """The nightly's arbiter metrics: per K-depth pair and scale mode, the verdict (or ``undecided``),
+    rule ``exact`` (any change is a regression), from the same named query as the certificate's."""
+    out: dict[str, dict[str, Any]] = {}
+    for (a, b, mode), rows in by_pair(cat, sweep).items():
+        arb = for_pair(rows, a, b)
+        out[f"arbiter/{a}~{b}/{mode}/verdict"] = {"value": arb["verdict"] or arb["status"], "rule": "exact"}
+    return out

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from reports import spacing
+from reports import arbiter, spacing
 from reports.certificate import (
     VERDICT_ORDER,
     certificates,
@@ -44,15 +44,6 @@ def _unprefix(r: dict[str, Any], prefix: str) -> dict[str, Any]:
     return {k[len(prefix):]: v for k, v in r.items() if k.startswith(prefix)}
 
 
-def _arbiter_cell(r: dict[str, Any]) -> str:
-    """The arbiter's verdict (or status) with each side's worst element in units of its bound."""
-    if r.get("arbiter") in (None, "not run"):
-        return "not run"
-    ratios = [f"{side} {r[f'arbiter_{side}_max_bound_ratio']:.3g}x" if r[f"arbiter_{side}_max_bound_ratio"] is not None
-              else f"{side} unknown" for side in ("a", "b")]
-    return f"{r['arbiter']} ({', '.join(ratios)})"
-
-
 def table_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The matrix for a terminal: one short line per (pair, scale mode); JSON and CSV keep every number."""
     def count(k: Any, n: Any, what: str) -> str:
@@ -80,7 +71,7 @@ def table_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "K-trend (slope, 95%)": trend,
             "replay": count(r["replay_identical_layers"], r["replay_layers"], "layers identical"),
             "end to end": count(r["e2e_identical"], r["e2e_total"], "sequences identical"),
-            "arbiter (worst, in units of each side's bound)": _arbiter_cell(r),
+            arbiter.COLUMN: arbiter.matrix_cell(r),
         })
     if len({r["sweep"] for r in rows}) > 1:
         for line, r in zip(out, rows, strict=True):

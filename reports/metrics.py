@@ -17,7 +17,8 @@ a value and a rule:
 Every metric is computed with DuckDB from the documented tables, so each can be re-derived by hand:
 each comes from the same named query (storage/queries/*.sql) as the report that shows it —
 ``kdepth_summary``, ``replay_by_type``, ``self_reproducibility``, ``cross_arm``, ``flip_positions``
-(through ``reports.fliprisk``), ``check_verdicts`` and ``unit_status``.
+(through ``reports.fliprisk``), ``check_verdicts``, ``kdepth_bounds`` (the arbiter's verdict per pair and
+scale mode, rule ``exact``) and ``unit_status``.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from reports.conformance import VERDICT_ORDER, check_verdicts
 if TYPE_CHECKING:
     from storage.catalog import Catalog
 
-__all__ = ["VERDICT_ORDER", "check_metrics", "compare", "generation_metrics", "kdepth_metrics",
+__all__ = ["VERDICT_ORDER", "check_metrics", "compare", "conformance_metrics", "generation_metrics", "kdepth_metrics",
            "replay_metrics", "sweep_metrics", "unit_metrics"]
 
 RATE_ABS_TOL = 2e-5
@@ -94,6 +95,14 @@ def generation_metrics(cat: Catalog, sweep: str) -> dict[str, dict[str, Any]]:
 def check_metrics(cat: Catalog, sweep: str) -> dict[str, dict[str, Any]]:
     return {f"check/{r['check']}/{r['kernel']}/{r['dtype']}/verdict": _metric(r["verdict"], "exact")
             for r in check_verdicts(cat, sweep)}
+
+
+def conformance_metrics(cat: Catalog, sweep: str) -> dict[str, dict[str, Any]]:
+    """``report conformance``'s metrics: each kernel's check verdicts and each K-depth pair's arbiter
+    verdict per scale mode (reports/arbiter.py)."""
+    from reports.arbiter import metrics as arbiter_metrics
+
+    return {**check_metrics(cat, sweep), **arbiter_metrics(cat, sweep)}
 
 
 def unit_metrics(cat: Catalog, sweep: str) -> dict[str, dict[str, Any]]:

@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from reports import conformance, spacing
+from reports import arbiter, conformance, spacing
 
 if TYPE_CHECKING:
     from storage.catalog import Catalog
@@ -115,7 +115,8 @@ def evidence_view(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out.append({**({} if one_sweep else {"sweep": r.get("sweep")}),
                     "pair": f"{r.get('kernel_a')} vs {r.get('kernel_b')}", "scales": r.get("scale_mode") or NOT_RUN,
                     "verdict": r.get("verdict"), "K-depth ppm (95% interval)": kd, "K-trend": trend,
-                    "replay": rp, "end to end": e2e})
+                    "replay": rp, "end to end": e2e,
+                    **({arbiter.COLUMN: arbiter.matrix_cell(r)} if "arbiter" in r else {})})
     return out
 
 

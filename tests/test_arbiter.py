@@ -49,13 +49,18 @@ UNDECLARED = "_arbiter_kernels:Undeclared"
 
 
 @pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+def cat(tmp_path_factory: pytest.TempPathFactory) -> Any:
     from storage.catalog import Catalog
 
     results = tmp_path_factory.mktemp("arbiter")
     summary = launch_in_process(results, SPEC)
     assert summary.n_ok == summary.n_units, summary.failures
-    return certificate.certificates(Catalog(str(results)), "arb")
+    return Catalog(str(results))
+
+
+@pytest.fixture(scope="module")
+def certs(cat: Any) -> list[dict[str, Any]]:
+    return certificate.certificates(cat, "arb")
 
 
 def _cert(certs: list[dict[str, Any]], a: str, b: str) -> dict[str, Any]:
@@ -172,3 +177,20 @@ def test_conformance_and_the_certificate_view_show_the_arbiter(certs: list[dict[
     assert undecided["arbiter"] == "undecided" and "no bound declared" in undecided["arbiter_reason"]
     summary = {r["pair"]: r["arbiter"] for r in certificate.summary_rows(certs)}
     assert summary["int8-cutlass-order vs int8-triton-order"] == "pow2: both_inside; real: both_inside"
+
+
+def test_the_nightly_tracks_each_verdict_and_the_documents_show_it(cat: Any, certs: list[dict[str, Any]]) -> None:
+    from reports import metrics, render
+
+    m = metrics.sweep_metrics(cat, "arb")
+    arb, ka, kb = _arb(certs, "fp8-sequential", BF16)
+    (key,) = [k for k in m if k.startswith("arbiter/") and "fp8-sequential" in k and BF16 in k]
+    # the key names the pair as a~b and the verdict's a/b follow the key (the certificate's order may differ)
+    swapped = {"a_outside_bound": "b_outside_bound", "b_outside_bound": "a_outside_bound"}
+    expected = arb["verdict"] if key.startswith(f"arbiter/{ka}~") else swapped[arb["verdict"]]
+    assert m[key] == {"value": expected, "rule": "exact"} and key.endswith("/real/verdict")
+    assert m[next(k for k in m if k.startswith("arbiter/") and UNDECLARED in k)]["value"] == "undecided"
+    rows = conformance.conformance(cat, "arb")
+    view = render.evidence_view(rows)
+    cells = {v["pair"]: v[arbiter.COLUMN] for v in view if v["scales"] == "real"}
+    assert cells[f"{ka} vs {kb}"].startswith(arb["verdict"] + " (")

@@ -48,6 +48,6 @@ per-layer replay (k/N layers identical), end to end (k/N sequences identical acr
 each kernel's check verdicts.""",
     example="swapcheck report conformance --results results --sweep demo",
     build=_build,
-    metrics=lazy("reports.metrics:check_metrics"),
+    metrics=lazy("reports.metrics:conformance_metrics"),
     document=_document,
 )

@@ -89,8 +89,7 @@ def scaled_output_bound(name: str, accumulate: str, a: Any, b: Any, scale_a: Any
     import torch
 
     from tasks.checks.bounds import algorithm
-    from tasks.numerics import round_to_format
-    from tasks.numerics import get_format
+    from tasks.numerics import get_format, round_to_format
     from tasks.numerics.errormodel import gamma
 
     alg = algorithm(name, accumulate)

@@ -46,9 +46,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["EPILOGUE_ROUNDINGS", "RowBound", "cell_stats", "row_bound"]
-
 from tasks.checks.scaled_bound import EPILOGUE_ROUNDINGS
+
+__all__ = ["EPILOGUE_ROUNDINGS", "RowBound", "cell_stats", "row_bound"]
 
 @dataclass(frozen=True)
 class RowBound:
