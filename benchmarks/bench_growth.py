@@ -83,6 +83,21 @@ def spec_for(where: Path, n: int) -> Any:
     return load_spec(path)
 
 
+def _cached_root(directory: Path, name: str) -> tuple[Path, Path, bool]:
+    """(root, marker, whether the tree under ``directory/name`` is cached at this VERSION); an
+    outdated one is removed."""
+    directory.mkdir(parents=True, exist_ok=True)
+    root, marker = directory / name, directory / f"{name}.json"
+    if marker.exists() and root.exists() and json.loads(marker.read_text()).get("version") == VERSION:
+        return root, marker, True
+    marker.unlink(missing_ok=True)
+    if root.exists():
+        import shutil
+
+        shutil.rmtree(root)
+    return root, marker, False
+
+
 def finished_sweep(directory: Path, n: int) -> tuple[Path, Any]:
     """The results root of a finished ``n``-unit sweep (cached), and its spec."""
     import bench_scheduling
@@ -93,17 +108,10 @@ def finished_sweep(directory: Path, n: int) -> tuple[Path, Any]:
     from storage.store import ResultStore, utcnow
 
     bench_scheduling.register()
-    directory.mkdir(parents=True, exist_ok=True)
     spec = spec_for(directory, n)
-    root = directory / f"units-{n}"
-    marker = directory / f"units-{n}.json"
-    if marker.exists() and root.exists() and json.loads(marker.read_text()).get("version") == VERSION:
+    root, marker, cached = _cached_root(directory, f"units-{n}")
+    if cached:
         return root, spec
-    marker.unlink(missing_ok=True)
-    if root.exists():
-        import shutil
-
-        shutil.rmtree(root)
     plan = make_plan(spec)
     store = ResultStore(root)
     real_fsync = os.fsync
@@ -126,6 +134,65 @@ def finished_sweep(directory: Path, n: int) -> tuple[Path, Any]:
     marker.write_text(json.dumps({"units": n, "version": VERSION, "seconds": round(seconds, 1)}))
     print(f"  wrote a finished sweep of {n:,} units under {root} in {seconds:.1f} s", flush=True)
     return root, spec
+
+
+def ledger_only_sweep(directory: Path, n: int) -> tuple[Path, Any]:
+    """The results root of an ``n``-unit sweep as a finished launch leaves its *ledger* (cached): the spec
+    record, every unit's ``ok`` ledger row written through the store (``ResultStore.record_unit``) and
+    merged into a checkpoint (``SweepRecords.checkpoint``), but no result files (each row records the
+    file its unit would have written). What a relaunch with nothing to run reads is all there; what it
+    never reads (the result files) is left out, so a 1M-unit tree takes minutes to make, not hours."""
+    import bench_scheduling
+
+    from orchestrator.plan import make_plan
+    from orchestrator.runner import write_sweep_record
+    from orchestrator.worker import ledger_row
+    from storage.store import FileRecord, ResultStore, utcnow
+
+    bench_scheduling.register()
+    spec = spec_for(directory, n)
+    root, marker, cached = _cached_root(directory, f"ledger-only-{n}")
+    if cached:
+        return root, spec
+    plan = make_plan(spec)
+    store = ResultStore(root)
+    write_sweep_record(store, spec, plan)
+    real_fsync = os.fsync
+    t0 = time.perf_counter()
+    os.fsync = lambda fd: None  # setup only: the same files, written faster; one os.sync below
+    try:
+        for u in plan.iter_units():
+            rec = FileRecord(table=bench_scheduling.TABLE, path=f"table={bench_scheduling.TABLE}/sweep={plan.sweep}/{u.id}.parquet",
+                             rows=1, bytes=1000, sha256="0" * 64)
+            payload = {**u.to_payload(), "description": u.describe()}
+            store.record_unit(plan.sweep, ledger_row(payload, spec.sha256, status="ok", attempts=1, started=utcnow(),
+                                                     duration_s=0.0, error=None, tables=[rec.table], rows=1,
+                                                     ran_here=False, files=[rec]))
+        store.records(plan.sweep).checkpoint()
+    finally:
+        os.fsync = real_fsync
+    os.sync()
+    seconds = time.perf_counter() - t0
+    marker.write_text(json.dumps({"units": n, "version": VERSION, "seconds": round(seconds, 1), "ledger_only": True}))
+    print(f"  wrote the ledger of a finished sweep of {n:,} units (no result files) under {root} in {seconds:.1f} s",
+          flush=True)
+    return root, spec
+
+
+def measure_relaunch_ledger_only(directory: Path, n: int, repeat: int) -> dict[str, Any]:
+    from orchestrator.runner import launch
+
+    root, spec = ledger_only_sweep(directory, n)
+    load_before = common.load_average()
+
+    def relaunch() -> None:
+        summary = launch(spec, root)
+        assert summary.n_skipped == n and summary.n_ok == 0, summary
+
+    relaunch_s, relaunch_all = _median(relaunch, repeat)
+    print(f"  {n:>9,} units (ledger only): relaunch {relaunch_s:.3f} s (median of {repeat}; load "
+          f"{load_before[0]:.1f} -> {common.load_average()[0]:.1f})", flush=True)
+    return {"units": n, "relaunch_s": relaunch_s, "times": relaunch_all, "load_before": load_before}
 
 
 def measure_units(directory: Path, n: int, repeat: int) -> dict[str, Any]:
@@ -242,6 +309,9 @@ def main() -> None:
     ap.add_argument("--rows-dir", type=Path, default=DEFAULT_DIR, help="where gen_rows trees are cached")
     ap.add_argument("--no-units", action="store_true", help="skip the units measures")
     ap.add_argument("--no-rows", action="store_true", help="skip the rows measures")
+    ap.add_argument("--ledger-only", default="",
+                    help="unit counts whose relaunch to measure on a finished sweep's ledger alone (no result files), "
+                         "e.g. 1000,1000000")
     ap.add_argument("--plan-memory", default="",
                     help="unit counts whose plan's time and driver memory to measure in a fresh process (e.g. 1000000)")
     args = ap.parse_args()
@@ -266,6 +336,10 @@ def main() -> None:
                                          f"the same at {a['units']:,} units", [b[f"{what}_s"]], [a[f"{what}_s"]],
                                          goal=None, quantity="seconds at the larger size / at the smaller",
                                          notes=f"exponent {e:.2f}", extra={"exponent": e, "small": a, "large": b}))
+    if args.ledger_only:
+        print("relaunch on a finished sweep's ledger alone (spec record, checkpointed ledger, no result files)", flush=True)
+        results["ledger_only"] = [measure_relaunch_ledger_only(args.dir, int(n), reps(int(n) >= 100_000))
+                                  for n in args.ledger_only.split(",")]
     if args.plan_memory:
         print("plan memory (a fresh process: make_plan, then every unit streamed through the scheduler)", flush=True)
         results["plan_memory"] = [measure_plan_memory(args.dir, int(n)) for n in args.plan_memory.split(",")]

@@ -608,7 +608,7 @@ def _launch(spec: LoadedSpec, results: str | Path, address: str | None, num_cpus
     emit = on_event or (lambda kind, info: None)
     stop_grace_s()  # a bad SWAPCHECK_STOP_GRACE_S is refused now, not when a stop needs it
     batch_target_s()  # and a bad SWAPCHECK_BATCH_TARGET_S
-    checkpoint_from = _checkpoint_from()  # and a bad SWAPCHECK_CHECKPOINT_FROM
+    checkpoint_from, compact_from, compact_rows = _storage_settings()  # and bad SWAPCHECK_CHECKPOINT_FROM, _COMPACT_*
     plan = make_plan(spec)
     store = open_store(results)
     stop.committed = lambda: committed_line(store, plan)
@@ -702,6 +702,8 @@ def _launch(spec: LoadedSpec, results: str | Path, address: str | None, num_cpus
                 _compare_recomputed(store, plan.sweep, fixed, emit)
             if stop.signum is None:
                 _checkpoint(store, plan.sweep, checkpoint_from, emit)
+                if summary.n_skipped + summary.n_ok == summary.n_units and not summary.budget_reached:
+                    _compact(store, plan.sweep, compact_from, compact_rows, emit)  # the sweep is finished
             summary.seconds = time.perf_counter() - t0
         finally:
             lock.release()
@@ -713,13 +715,37 @@ def _launch(spec: LoadedSpec, results: str | Path, address: str | None, num_cpus
     return summary
 
 
-def _checkpoint_from() -> int:
-    from storage.records import checkpoint_from
+def _storage_settings() -> tuple[int, int, int]:
+    """``SWAPCHECK_CHECKPOINT_FROM``, ``SWAPCHECK_COMPACT_FROM`` and ``SWAPCHECK_COMPACT_ROWS``; a bad
+    value is refused (exit 2) before anything is written."""
+    from storage.records import checkpoint_from, compact_settings
 
     try:
-        return checkpoint_from()
+        return (checkpoint_from(), *compact_settings())
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+
+
+def _compact(store: ResultStore, sweep: str, min_files: int, target_rows: int,
+             emit: Callable[[str, dict[str, Any]], None]) -> None:
+    """When a launch leaves its sweep finished (every unit ok), under its lock: merge each result
+    partition of at least ``min_files`` unit files into files of ``target_rows`` rows (storage.records,
+    ``SweepRecords.compact``). The results are committed already: a compaction that cannot be written
+    is a warning, and what it left is finished by the next launch."""
+    if min_files <= 0:
+        return
+    from storage.schemas import UNMANAGED_TABLES
+
+    tables = [t for t in store.table_partitions() if t not in UNMANAGED_TABLES]
+    try:
+        written = store.records(sweep).compact(tables, min_files, target_rows)
+    except (OSError, StorageError) as exc:
+        emit("message", {"level": "warning", "line": (
+            f"the result files of sweep {sweep} could not be compacted ({exc}); they stay as they are and the next "
+            "launch of the finished sweep tries again")})
+        return
+    if written:
+        log.info("compacted sweep %s into %d file(s)", sweep, len(written))
 
 
 def _checkpoint(store: ResultStore, sweep: str, min_tail: int, emit: Callable[[str, dict[str, Any]], None]) -> None:

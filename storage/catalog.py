@@ -75,7 +75,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from storage.errors import PathEscape, QueryError, StorageError
-from storage.records import file_problem
+from storage.records import file_problem, is_compacted
 from storage.schemas import TABLES, UNITS, UNMANAGED_TABLES
 from storage.schemas import fingerprint as schemas_fingerprint
 from storage.store import (
@@ -307,6 +307,8 @@ class _Want:
     rows: int | None = None
     size: int | None = None
     sha256: str | None = None  # the ledger's; None: a legacy row, or a table no ledger row names
+    #: a compacted file (storage.records): the units whose ok rows name it (``unit`` is then None)
+    members: tuple[str, ...] = ()
 
     @property
     def stem(self) -> str:
@@ -330,6 +332,8 @@ class _Bound:
     sweeps: set[str] = field(default_factory=set)  # sweeps with a ledger or a spec record
     #: each sweep's ledger checkpoint bound (storage.records), and the units whose tail file supersedes its row
     checkpoints: list[tuple[_Want, list[str]]] = field(default_factory=list)
+    #: a bound compacted file -> the units it holds that no ok row names it for (superseded since): not read
+    stale: dict[str, list[str]] = field(default_factory=dict)
     hashed: int = 0  # files hashed at open (not found in the verified-files cache)
     native: bool = False  # the result views scan with DuckDB's own reader (:func:`native_scan`)
     #: rel -> the identity a bound file had when it was verified (checked again after every query of a
@@ -621,6 +625,7 @@ class _Binder:
             self.out.warnings.append(f"the verified-files cache {self.cache.path} is ignored: {self.cache.problem}; "
                                      "every file is hashed this time, and the cache is rewritten")
         self.infos: dict[str, pafs.FileInfo] = {}
+        self._compacted_rows: dict[tuple[str, str], int | None] = {}  # (compacted file, unit) -> its record's rows
 
     def _abs(self, rel: str) -> str:
         return f"{self.store.base}/{rel}"
@@ -761,6 +766,10 @@ class _Binder:
             if w.unit is not None:
                 self.out.damaged.setdefault(w.unit, f"{w.rel}: {p}")
                 self._warn(w.rel, p, f"skipped, unit {w.unit[1]} of sweep {w.unit[0]} is marked damaged")
+            elif w.members:
+                for u in w.members:
+                    self.out.damaged.setdefault((w.sweep, u), f"{w.rel}: {p}")
+                self._warn(w.rel, p, f"skipped, its {len(w.members)} unit(s) of sweep {w.sweep} are marked damaged")
             else:
                 self._warn(w.rel, p, "skipped")
         return good
@@ -863,6 +872,12 @@ class _Binder:
     def _expected(self) -> dict[str, list[_Want]]:
         """table -> the files ``ok`` ledger rows name (legacy rows: ``<unit_id>.parquet`` per table)."""
         out: dict[str, list[_Want]] = {t: [] for t in TABLES if t not in UNMANAGED_TABLES}
+        compacted: dict[tuple[str, str], list[tuple[tuple[str, str], dict[str, Any]]]] = {}
+        passed: set[tuple[str, Any, str]] = set()  # compacted files whose recorded path passed the check
+
+        def first_sweep(rel: str) -> str:
+            return rel.split("/", 2)[1].removeprefix("sweep=")
+
         assert self.out.ledger is not None
         for row in self.out.ledger.select(["unit_id", "status", "tables", "files", "sweep"]).to_pylist():
             if row["status"] != "ok":
@@ -875,15 +890,35 @@ class _Binder:
             for i, rec in enumerate(records):
                 table, rel = rec.get("table"), str(rec.get("path") or "")
                 try:  # the one check of a recorded path (storage.store.ResultStore.recorded): never followed
-                    self.store.recorded(row["sweep"], rec)
+                    key = (row["sweep"], table, rel)
+                    if key not in passed:  # a compacted file is named by every one of its units: checked once
+                        self.store.recorded(row["sweep"], rec)
+                        if is_compacted(rel):
+                            passed.add(key)
                 except PathEscape as exc:
                     self.out.damaged.setdefault(unit, f"{rel}: path_escape: {exc.why}")
                     field_name = f"files[{i}].path" if row["files"] is not None else "tables"
                     self._warn(rel or "(empty path)", f"ledger row of unit {unit[1]}, {field_name}: path_escape: {exc}",
                                f"not read, unit {unit[1]} of sweep {unit[0]} is marked damaged")
                     continue
+                if is_compacted(rel):
+                    compacted.setdefault((table, rel), []).append((unit, rec))
+                    self._compacted_rows[(rel, unit[1])] = rec.get("rows")
+                    continue
                 out[table].append(_Want(rel, table, row["sweep"], unit, rec.get("rows"), rec.get("bytes"),
                                         rec.get("sha256") or None))
+        for (table, rel), named in compacted.items():  # one want per compacted file, named by all its units
+            first = named[0][1]
+            agree: list[str] = []
+            for u, r in named:
+                if r.get("bytes") == first.get("bytes") and r.get("sha256") == first.get("sha256"):
+                    agree.append(u[1])
+                    continue
+                self.out.damaged.setdefault(u, f"{rel}: its record's size or SHA-256 is not the other units'")
+                self._warn(rel, f"ledger row of unit {u[1]} records other bytes for this compacted file than its "
+                           "other units' rows", f"not read for unit {u[1]}, which is marked damaged")
+            out[table].append(_Want(rel, table, first_sweep(rel), None, None, first.get("bytes"), first.get("sha256") or None,
+                                    tuple(agree)))
         return out
 
     def _unmanaged(self, table: str, listing: dict[str, list[str]], specs: set[str]) -> None:
@@ -910,6 +945,38 @@ class _Binder:
         self.out.files[table] = files_ok
         self.out.memory[table] = _concat(parts, TABLES[table].append(pa.field("sweep", pa.string())))
 
+    def _members(self, good: list[tuple[_Want, pa.Table | None]]) -> list[tuple[_Want, pa.Table | None]]:
+        """Each bound compacted file against the units its footer lists (storage.records.compacted_units,
+        one footer read): every unit naming it must be listed with the rows its record says (else the
+        file is not read and its units are marked damaged); listed units no ok row names it for are
+        ``stale`` (their rows are not read)."""
+        from storage.records import compacted_units
+
+        out = []
+        for w, t in good:
+            if not w.members:
+                out.append((w, t))
+                continue
+            units, why = compacted_units(self.store, w.rel)
+            records = {u: r for u, r in ((u, self._member_rows(w, u)) for u in w.members)}
+            if units is not None:
+                wrong = [u for u in w.members if u not in units or (records[u] is not None and records[u] != units[u])]
+                why = f"does not hold the rows its units' records say (e.g. unit {wrong[0]})" if wrong else ""
+            if why:
+                for u in w.members:
+                    self.out.damaged.setdefault((w.sweep, u), f"{w.rel}: {why}")
+                self._warn(w.rel, why, f"skipped, its {len(w.members)} unit(s) of sweep {w.sweep} are marked damaged")
+                continue
+            assert units is not None
+            stale = sorted(set(units) - set(w.members))
+            if stale:
+                self.out.stale[w.rel] = stale
+            out.append((w, t))
+        return out
+
+    def _member_rows(self, w: _Want, unit: str) -> int | None:
+        return self._compacted_rows.get((w.rel, unit))
+
     def bind(self) -> _Bound:
         listing = self._listing()
         self._read_ledger(listing["units"])
@@ -935,7 +1002,7 @@ class _Binder:
                 for rel in files:
                     if rel not in named:
                         self._warn(rel, "not named by any ok ledger row (an orphan)", "not read")
-            good = self._check(wants)
+            good = self._members(self._check(wants))
             self.out.files[table] = [w for w, _ in good]
             legacy = [t for _, t in good if t is not None]  # no SHA-256 to identify them: read whole now
             if legacy:
@@ -1048,6 +1115,14 @@ def native_scan(store: ResultStore, bound: _Bound) -> bool:
     return not any(_GLOB_CHARS & set(w.rel) for t, ws in bound.files.items() if t not in UNMANAGED_TABLES for w in ws)
 
 
+def _stale_part(path: str, w: _Want, bound: _Bound) -> str:
+    """A compacted file some of whose units were superseded since it was written: its rows but theirs."""
+    stale = ", ".join(_literal(u) for u in bound.stale[w.rel])
+    by_name = "" if bound.exact.get(w.rel, False) else ", union_by_name = true"
+    return (f"SELECT *, {_literal(w.sweep)} AS sweep FROM read_parquet([{_literal(path)}], hive_partitioning = false"
+            f"{by_name}) WHERE unit_id NOT IN ({stale})")
+
+
 def _native_files(bound: _Bound) -> list[_Want]:
     """The bound result files a native view reads (each identified by its SHA-256; legacy rows' files
     are read whole at open, held in ``bound.memory``)."""
@@ -1064,13 +1139,14 @@ def _native_view(store: ResultStore, table: str, wants: list[_Want], bound: _Bou
     parts = [_typed_empty(schema)]
     groups: dict[tuple[str, bool], list[str]] = {}
     for w in wants:
-        if w.sha256 is not None:
+        if w.sha256 is not None and w.rel not in bound.stale:
             groups.setdefault((w.sweep, bound.exact.get(w.rel, False)), []).append(f"{store.base}/{w.rel}")
     for (sweep, exact), files in sorted(groups.items()):
         listed = ", ".join(_literal(f) for f in files)
         by_name = "" if exact else ", union_by_name = true"
         parts.append(f"SELECT *, {_literal(sweep)} AS sweep FROM read_parquet([{listed}], "
                      f"hive_partitioning = false{by_name})")
+    parts += [_stale_part(f"{store.base}/{w.rel}", w, bound) for w in wants if w.rel in bound.stale]
     if memory is not None:
         parts.append(f"SELECT * FROM {_ident(memory)}")
     body = "\nUNION ALL BY NAME\n".join(parts)
@@ -1130,7 +1206,18 @@ def _create_views(con: duckdb.DuckDBPyConnection, store: ResultStore, bound: _Bo
                 con.register(name, memory)
             con.execute(_native_view(store, table, bound.files[table], bound, name))
         else:
-            con.register(table, _dataset(store, table, bound.files[table], memory))  # DuckDB opens no file
+            wants = bound.files[table]
+            stale = [w for w in wants if w.rel in bound.stale]
+            if stale:  # a compacted file with superseded units: its other units' rows, read now
+                schema = TABLES[table].append(pa.field("sweep", pa.string()))
+                parts = [memory] if memory is not None else []
+                for w in stale:
+                    t = store.read_table(f"{store.base}/{w.rel}")
+                    t = t.filter(pc.invert(pc.is_in(t.column("unit_id"), pa.array(bound.stale[w.rel], pa.string()))))
+                    parts.append(_conform(t.append_column("sweep", pa.array([w.sweep] * len(t), pa.string())), schema))
+                memory = _concat(parts, schema)
+                wants = [w for w in wants if w.rel not in bound.stale]
+            con.register(table, _dataset(store, table, wants, memory))  # DuckDB opens no file
 
 
 def connect(results: str | Path, store: ResultStore | None = None) -> duckdb.DuckDBPyConnection:
@@ -1533,8 +1620,11 @@ def view_definitions(results: str | Path) -> tuple[str, list[str]]:
 
     statements = []
     for table in TABLES:
-        wants = bound.files[table]
+        wants = [w for w in bound.files[table] if w.rel not in bound.stale]
         body = _scan(paths(wants), wants, TABLES[table])
+        for w in bound.files[table]:
+            if w.rel in bound.stale:  # a compacted file with superseded units: its other units' rows
+                body += "\nUNION ALL BY NAME\n" + _stale_part(paths([w])[0], w, bound)
         if table == "units":
             for w, superseded in bound.checkpoints:  # the checkpoint's rows that no tail file supersedes
                 skip = (f" WHERE unit_id NOT IN (SELECT unit_id FROM ({_rows(['unit_id'], [(u,) for u in superseded])}))"

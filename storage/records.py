@@ -64,25 +64,51 @@ from storage.files import (
     ledger_bytes,
     local_identity,
     object_identity,
+    parquet_bytes,
     parse_ledger_file,
     to_table,
     utcnow,
 )
 from storage.schemas import SWEEPS, UNITS
+from swapcheck_common.env import count_from_env
 
 if TYPE_CHECKING:
     from storage.store import ResultStore
 
-__all__ = ["CHECKPOINT_FROM", "CHECKPOINTS", "CHECKPOINT_SCHEMA", "Checkpoint", "CheckpointRead", "LedgerDamage",
-           "LedgerRead", "SweepRecords", "checkpoint_from", "file_problem"]
+__all__ = ["CHECKPOINT_FROM", "CHECKPOINTS", "CHECKPOINT_SCHEMA", "COMPACTED_KEY", "COMPACT_FROM", "COMPACT_ROWS",
+           "Checkpoint", "CheckpointRead", "LedgerDamage", "LedgerRead", "SweepRecords", "checkpoint_from",
+           "compact_settings", "compacted_units", "file_problem", "is_compacted"]
 
 #: Where a sweep's checkpoints are, under its ledger partition ``table=units/sweep=<s>/``.
 CHECKPOINTS = "_checkpoints"
 #: A launch that ends with at least this many ledger files in the tail writes a checkpoint
 #: (``SWAPCHECK_CHECKPOINT_FROM``; 0 turns checkpoints off).
 CHECKPOINT_FROM = 1000
-#: The checkpoint's columns: the ledger's, and where each row came from.
-CHECKPOINT_SCHEMA = UNITS.append(pa.field("replaced_sha256", pa.string())).append(pa.field("replaced_writer", pa.string()))
+#: The checkpoint's columns: the ledger's, where each row came from, and (a compacted unit) the files
+#: its row named when it was committed.
+CHECKPOINT_SCHEMA = (UNITS.append(pa.field("replaced_sha256", pa.string())).append(pa.field("replaced_writer", pa.string()))
+                     .append(pa.field("original_files", UNITS.field("files").type)))
+#: The checkpoint's columns before compaction existed (read as if ``original_files`` were all null).
+_CHECKPOINT_V1 = pa.schema(list(CHECKPOINT_SCHEMA)[:-1])
+#: A finished sweep's result partition with at least this many unit files is compacted
+#: (``SWAPCHECK_COMPACT_FROM``; 0: never) into files of at least :data:`COMPACT_ROWS` rows
+#: (``SWAPCHECK_COMPACT_ROWS``), the last one holding the rest.
+COMPACT_FROM = 1000
+COMPACT_ROWS = 100_000
+#: The key-value metadata a compacted file carries: JSON ``{"sweep", "table", "units": {unit_id: rows}}``.
+COMPACTED_KEY = "swapcheck.compacted"
+_COMPACTED = re.compile(r"^c-[0-9a-f]{20}\.parquet$")
+
+
+def is_compacted(path: str) -> bool:
+    """Whether ``path`` names a compacted result file (``c-<20 hex>.parquet``: the rows of many units)."""
+    return bool(_COMPACTED.match(path.rsplit("/", 1)[-1]))
+
+
+def compact_settings() -> tuple[int, int]:
+    """(``SWAPCHECK_COMPACT_FROM``, ``SWAPCHECK_COMPACT_ROWS``); a bad value raises ``ValueError``."""
+    return (count_from_env("SWAPCHECK_COMPACT_FROM", COMPACT_FROM, 0, 10**9, ValueError, "unit files (0: never)"),
+            count_from_env("SWAPCHECK_COMPACT_ROWS", COMPACT_ROWS, 1, 10**12, ValueError, "rows"))
 #: The key-value metadata a checkpoint carries (JSON: sweep, seq, units, replaced, created_at).
 CHECKPOINT_KEY = "swapcheck.checkpoint"
 _NAME = re.compile(r"^(\d{10})-([0-9a-f]{64})\.parquet$")
@@ -90,16 +116,7 @@ _NAME = re.compile(r"^(\d{10})-([0-9a-f]{64})\.parquet$")
 
 def checkpoint_from() -> int:
     """``SWAPCHECK_CHECKPOINT_FROM`` (default :data:`CHECKPOINT_FROM`); a bad value raises ``ValueError``."""
-    raw = os.environ.get("SWAPCHECK_CHECKPOINT_FROM", "").strip()
-    if not raw:
-        return CHECKPOINT_FROM
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"SWAPCHECK_CHECKPOINT_FROM={raw!r}: expected a whole number of ledger files (0: never)") from None
-    if value < 0:
-        raise ValueError(f"SWAPCHECK_CHECKPOINT_FROM={raw!r}: expected 0 (never) or more")
-    return value
+    return count_from_env("SWAPCHECK_CHECKPOINT_FROM", CHECKPOINT_FROM, 0, 10**9, ValueError, "ledger files (0: never)")
 
 
 # -- the one rule for a file against its record -----------------------------------------------------
@@ -158,7 +175,11 @@ class CheckpointRead:
     def table(self) -> pa.Table | None:
         if self.file is None:
             return None
-        return self.file.read(use_threads=False).replace_schema_metadata(None)
+        t = self.file.read(use_threads=False).replace_schema_metadata(None)
+        if "original_files" not in t.column_names:  # a checkpoint written before compaction existed
+            t = t.append_column(CHECKPOINT_SCHEMA.field("original_files"),
+                                pa.nulls(t.num_rows, CHECKPOINT_SCHEMA.field("original_files").type))
+        return t
 
 
 @dataclass
@@ -215,6 +236,26 @@ class LedgerRead:
             out = dict(zip(self.base.column("unit_id").to_pylist(), self.base.column("replaced_writer").to_pylist(),
                            strict=True))
         out.update(self.tail_writers)
+        return out
+
+    def row(self, unit: str) -> dict[str, Any] | None:
+        """``unit``'s intact ledger row, or None (one row decoded, not the whole ledger)."""
+        if unit in self.tail:
+            return self.tail[unit]
+        base = self.base
+        if base is None or unit in self.superseded:
+            return None
+        found = base.filter(pc.equal(base.column("unit_id"), unit)).select(UNITS.names).to_pylist()
+        return found[0] if found else None
+
+    def rows_of(self, units: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """The intact ledger rows of ``units`` (one pass over the checkpoint's rows, not one per unit)."""
+        want = set(units)
+        out = {u: self.tail[u] for u in want if u in self.tail}
+        base = self.base
+        if base is not None and base.num_rows and want - set(out):
+            picked = base.filter(pc.is_in(base.column("unit_id"), pa.array(sorted(want - set(out)), pa.string())))
+            out.update({r["unit_id"]: r for r in picked.select(UNITS.names).to_pylist()})
         return out
 
     def done(self) -> set[str]:
@@ -316,7 +357,7 @@ class SweepRecords:
                 pf = pq.ParquetFile(pa.BufferReader(data), page_checksum_verification=True)
                 out.created_by = str(pf.metadata.created_by or "")
                 meta = json.loads((pf.schema_arrow.metadata or {}).get(CHECKPOINT_KEY.encode(), b"{}"))
-                if not pf.schema_arrow.equals(CHECKPOINT_SCHEMA, check_metadata=False):
+                if not any(pf.schema_arrow.equals(sch, check_metadata=False) for sch in (CHECKPOINT_SCHEMA, _CHECKPOINT_V1)):
                     out.kind, out.why = "schema", f"columns {pf.schema_arrow.names}, a checkpoint has {CHECKPOINT_SCHEMA.names}"
                 elif meta.get("sweep") != self.sweep:
                     out.kind, out.why = "wrong_sweep", f"records sweep {meta.get('sweep')!r}, it lies under sweep {self.sweep!r}"
@@ -435,11 +476,17 @@ class SweepRecords:
             t = to_table("units", [{k: v for k, v in r.items() if k in UNITS.names} for r in tail_rows])
             t = t.append_column("replaced_sha256", pa.array([r["replaced_sha256"] for r in tail_rows], pa.string()))
             t = t.append_column("replaced_writer", pa.array([r["replaced_writer"] for r in tail_rows], pa.string()))
+            t = t.append_column("original_files", pa.nulls(len(tail_rows), CHECKPOINT_SCHEMA.field("original_files").type))
             parts.append(t)
         merged = pa.concat_tables([p.cast(CHECKPOINT_SCHEMA) for p in parts]) if parts else CHECKPOINT_SCHEMA.empty_table()
         if leave and merged.num_rows:
             merged = merged.filter(pc.invert(pc.is_in(merged.column("unit_id"), pa.array(sorted(leave), pa.string()))))
-        merged = merged.sort_by("unit_id")
+        return self._write_checkpoint(merged.sort_by("unit_id"), read)
+
+    def _write_checkpoint(self, merged: pa.Table, read: LedgerRead) -> Checkpoint:
+        """Write ``merged`` (``CHECKPOINT_SCHEMA``, sorted) as the next checkpoint, then remove the tail
+        files of ``read`` it replaced and the checkpoints before it (module docstring)."""
+        store = self.store
         before, _strays = self.checkpoints()
         seq = (before[-1].seq + 1) if before else 1
         meta = {"sweep": self.sweep, "seq": seq, "units": merged.num_rows, "replaced": len(read.tail_files),
@@ -488,6 +535,135 @@ class SweepRecords:
         detached = [r["unit_id"] for r in rows]
         self.checkpoint(leave_out=detached)
         return detached
+
+    # -- compaction --------------------------------------------------------------------------------
+    def compact(self, tables: Iterable[str], min_files: int = COMPACT_FROM, target_rows: int = COMPACT_ROWS) -> list[str]:
+        """Merge each of ``tables``' partitions of this finished sweep into compacted files (``c-<20
+        hex>.parquet``, at least ``target_rows`` rows each but the last, units in id order), when it
+        holds at least ``min_files`` unit files; returns the compacted files written. Call it under the
+        launch lock, when every unit is committed (module docstring of storage.records, "Compaction").
+
+        Only a clean ledger is compacted (an intact checkpoint, no tail left after merging it, no
+        damaged file): a unit file whose bytes are not its record's is left where it is, for
+        ``sweep verify``. Each compacted file is written whole and durable first; then one checkpoint
+        names it in the rows of its units (``original_files`` keeps what each row named before); only
+        then are the unit files removed. A compaction cut short is finished by the next one (the
+        names are the content's: a rerun writes the same files), and leaves nothing counted twice:
+        readers read only the files the ledger names."""
+        if min_files <= 0:
+            return []
+        store = self.store
+        small: dict[str, list[str]] = {}  # table -> the unit files of its partition (a listing, nothing read)
+        compacted: set[str] = set()  # tables whose partition holds a compacted file
+        for table in sorted(set(tables)):
+            names = [p.rsplit("/", 1)[1] for p in store.parquet_files(table, self.sweep)]
+            small[table] = [n[: -len(".parquet")] for n in names if not is_compacted(n)]
+            if len(small[table]) < len(names):
+                compacted.add(table)
+        eligible = [t for t in sorted(small) if len(small[t]) >= min_files]
+        leftover = {t: small[t] for t in sorted(compacted) if small[t]}  # a compaction cut short, or recomputed units
+        if not eligible and not leftover:
+            return []  # a finished sweep's relaunch: a listing per partition, nothing more
+        self.checkpoint(1)  # the tail first
+        read = self.read_ledger()
+        cp = read.checkpoint
+        if read.tail or read.damaged or cp is None or not cp.ok or read.base is None:
+            return []
+        if leftover:
+            self._remove_compacted_originals(read, leftover)
+        if not eligible:
+            return []
+        rows = read.base.to_pylist()
+        tables = eligible
+        written: list[str] = []
+        new_files: dict[str, dict[str, dict[str, Any]]] = {}  # unit -> table -> its new file record
+        for table in sorted(set(tables)):
+            own = [(r["unit_id"], rec) for r in rows if r["status"] == "ok" for rec in r["files"] or []
+                   if rec["table"] == table and rec["path"] == f"table={table}/sweep={self.sweep}/{r['unit_id']}.parquet"]
+            if len(own) < min_files:
+                continue
+            chunk: list[tuple[str, dict[str, Any]]] = []
+            n = 0
+            for i, (unit, rec) in enumerate(own):
+                chunk.append((unit, rec))
+                n += int(rec["rows"] or 0)
+                if n >= target_rows or i == len(own) - 1:
+                    rel = self._compact_chunk(table, chunk, new_files)
+                    if rel is not None:
+                        written.append(rel)
+                    chunk, n = [], 0
+        if not new_files:
+            return written
+        base = read.base
+        files = base.column("files").to_pylist()
+        original = base.column("original_files").to_pylist()
+        for i, unit in enumerate(base.column("unit_id").to_pylist()):
+            if unit in new_files:
+                original[i] = original[i] if original[i] is not None else files[i]
+                files[i] = [new_files[unit].get(rec["table"], rec) for rec in files[i] or []]
+        t = base.set_column(base.schema.get_field_index("files"), "files", pa.array(files, UNITS.field("files").type))
+        t = t.set_column(t.schema.get_field_index("original_files"), "original_files",
+                         pa.array(original, CHECKPOINT_SCHEMA.field("original_files").type))
+        self._write_checkpoint(t, LedgerRead(self.sweep, {}, []))
+        _HOOK("compacted", written)
+        for unit, by_table in sorted(new_files.items()):  # the unit files the checkpoint no longer names
+            for table in by_table:
+                try:
+                    store.fs.delete_file(store._p(f"table={table}/sweep={self.sweep}/{unit}.parquet"))
+                except FileNotFoundError:
+                    continue
+        return written
+
+    def _compact_chunk(self, table: str, chunk: list[tuple[str, dict[str, Any]]],
+                       new_files: dict[str, dict[str, dict[str, Any]]]) -> str | None:
+        """One compacted file of ``chunk``'s unit files (each checked against its record first; one
+        that differs is left out); its record for each unit goes to ``new_files``."""
+        store = self.store
+        parts, members = [], {}
+        for unit, rec in chunk:
+            try:
+                data = store._read_bytes(store._p(rec["path"]))
+            except FileNotFoundError:
+                continue
+            if hashlib.sha256(data).hexdigest() != rec["sha256"] or len(data) != rec["bytes"]:
+                continue  # not as committed: sweep verify names it; never merged
+            t = pq.read_table(pa.BufferReader(data), page_checksum_verification=True)
+            if t.num_rows != rec["rows"]:
+                continue
+            parts.append(to_table(table, t.replace_schema_metadata(None)))
+            members[unit] = int(t.num_rows)
+        if not members:
+            return None
+        meta = json.dumps({"sweep": self.sweep, "table": table, "units": members}, sort_keys=True, separators=(",", ":"))
+        name = hashlib.sha256(json.dumps([table, sorted((u, r["sha256"]) for u, r in chunk if u in members)]).encode())
+        rel = f"table={table}/sweep={self.sweep}/c-{name.hexdigest()[:20]}.parquet"
+        data = parquet_bytes(pa.concat_tables(parts), {COMPACTED_KEY: meta})
+        try:
+            store._put(store._p(rel), data)
+        except OSError as exc:
+            raise StorageFault(store._where(rel), f"{type(exc).__name__}: {exc}") from exc
+        _HOOK("chunk", rel)
+        digest = hashlib.sha256(data).hexdigest()
+        for unit, n in members.items():
+            new_files.setdefault(unit, {})[table] = {"table": table, "path": rel, "rows": n, "bytes": data.size,
+                                                     "sha256": digest}
+        return rel
+
+    def _remove_compacted_originals(self, read: LedgerRead, small: Mapping[str, list[str]]) -> None:
+        """Remove each unit file (of ``small``: table -> unit file names) whose unit's row names a
+        compacted file of its table instead: a compaction's last step, finished here when it was cut
+        short. A unit file its unit's row still names (a unit recomputed since) stays."""
+        store = self.store
+        rows = read.rows_of(u for names in small.values() for u in names)
+        for table, names in small.items():
+            for unit in names:
+                row = rows.get(unit)
+                rec = next((r for r in (row or {}).get("files") or [] if r["table"] == table), None)
+                if rec is not None and is_compacted(str(rec["path"])):
+                    try:
+                        store.fs.delete_file(store._p(f"table={table}/sweep={self.sweep}/{unit}.parquet"))
+                    except FileNotFoundError:
+                        continue
 
     def _sync_dir(self, folder: str) -> None:
         """Make a rename in ``folder`` durable (local file systems; an object store's put already is)."""
@@ -581,6 +757,23 @@ class SweepRecords:
         return len(statuses), sum(1 for s in statuses if s != "ok")
 
 
+def compacted_units(store: ResultStore, rel: str) -> tuple[dict[str, int] | None, str]:
+    """The units a compacted file holds (unit -> rows, from its footer's :data:`COMPACTED_KEY`), or
+    (None, why not). One footer read."""
+    try:
+        with store.fs.open_input_file(store._p(rel)) as fh:
+            meta = pq.read_metadata(fh).metadata or {}
+        found = json.loads(meta.get(COMPACTED_KEY.encode(), b"null"))
+    except FileNotFoundError:
+        return None, "missing (deleted?)"
+    except Exception as exc:  # noqa: BLE001 - an unreadable footer is damage, never a traceback
+        return None, f"not a readable Parquet file ({type(exc).__name__})"
+    units = found.get("units") if isinstance(found, dict) else None
+    if not isinstance(units, dict) or not all(isinstance(v, int) for v in units.values()):
+        return None, f"carries no list of its units ({COMPACTED_KEY})"
+    return units, ""
+
+
 def _object_identity(info: pafs.FileInfo) -> list[Any] | None:
     return object_identity(info)
 
@@ -602,5 +795,6 @@ def _no_hook(step: str, what: Any) -> None:
     return None
 
 
-#: Called after each step of a checkpoint (``published``, ``removed``): the fault suite kills there.
+#: Called after each step of a checkpoint (``published``, ``removed``) and of a compaction (``chunk``: one
+#: compacted file durable; ``compacted``: the checkpoint naming them): the fault suite kills there.
 _HOOK: Callable[[str, Any], None] = _no_hook

@@ -851,10 +851,23 @@ class ResultStore:
         return SweepRecords(self, sweep).spec_record()
 
     def read_unit(self, table: str, sweep: str, unit_id: str, columns: list[str] | None = None) -> list[dict[str, Any]]:
-        """The rows of one unit's file ``table=<table>/sweep=<sweep>/<unit_id>.parquet`` ([] if absent)."""
+        """The rows of one unit in ``table``: its file ``table=<table>/sweep=<sweep>/<unit_id>.parquet``,
+        or, once its sweep is compacted (storage.records), its rows of the compacted file its ledger
+        row names ([] if it has none)."""
         p = f"{self._partition(table, sweep)}/{unit_id}.parquet"
         if not self._is_file(p):
-            return []
+            from storage.records import is_compacted
+
+            row = self.read_ledger(sweep).row(unit_id)
+            rel = next((str(r["path"]) for r in (row or {}).get("files") or [] if r["table"] == table), "")
+            if not is_compacted(rel):
+                return []
+            import pyarrow.compute as pc
+
+            t = self.read_table(self._p(self.inside(rel, f"table={table}/sweep={sweep}")))
+            t = t.filter(pc.equal(t.column("unit_id"), unit_id))
+            found: list[dict[str, Any]] = (t.select(columns) if columns else t).to_pylist()
+            return found
         rows: list[dict[str, Any]] = self.read_table(p, columns=columns).to_pylist()
         return rows
 

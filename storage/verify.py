@@ -73,7 +73,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from storage.errors import PathEscape
-from storage.records import SweepRecords, file_problem
+from storage.records import COMPACTED_KEY, SweepRecords, file_problem, is_compacted
 from storage.schemas import LEDGER_ROW_KEY, TABLES, UNITS, UNMANAGED_TABLES
 from storage.store import (
     STALE_AFTER_S,
@@ -259,6 +259,48 @@ def _check_record(store: ResultStore, sweep: str, unit: str, rec: dict[str, Any]
     return None, ids
 
 
+def _check_compacted(store: ResultStore, sweep: str, rel: str, members: list[tuple[str, dict[str, Any]]]) -> list[Problem]:
+    """A compacted file (storage.records) against the records of the units that name it, read once:
+    its size and SHA-256 (the one rule, :func:`storage.records.file_problem`), its schema, the units
+    its footer lists (``COMPACTED_KEY``) against the rows it holds per unit, and each naming unit's
+    rows. A problem of the file is each naming unit's (recompute); a listed unit that no row names it
+    for (superseded since) is not read by anyone and is no problem."""
+    table = members[0][1]["table"]
+
+    def each(kind: str, detail: str, units: Iterable[str] | None = None) -> list[Problem]:
+        return [Problem(sweep, u, table, rel, kind, detail) for u in sorted(set(units or [u for u, _r in members]))]
+
+    size = store.size(rel)
+    if size is None:
+        return each("missing", f"no file; {len(members)} unit(s) name this compacted file")
+    data, t, err = _read(store, rel)
+    declared = TABLES.get(table)
+    digest = hashlib.sha256(data).hexdigest() if data is not None else None
+    out: list[Problem] = []
+    for unit, rec in members:
+        found = file_problem(rec, size=size, sha256=digest, schema_problem=_compatible(t.schema, declared, exact=True)
+                             if t is not None and declared is not None else None)
+        if found is not None:
+            out += each(found[0], found[1] + (f"; {err}" if err and found[0] not in ("schema", "rows") else ""), [unit])
+    if out:
+        return out
+    if err or t is None:
+        return each("unreadable", err or "not readable")
+    try:
+        listed = json.loads((t.schema.metadata or {}).get(COMPACTED_KEY.encode(), b"null"))["units"]
+        assert isinstance(listed, dict)
+    except (ValueError, TypeError, KeyError, AssertionError):
+        return each("schema", f"a compacted file whose footer lists no units ({COMPACTED_KEY})")
+    counts = dict(zip(*t.group_by("unit_id").aggregate([("unit_id", "count")]).select(["unit_id", "unit_id_count"])
+                      .to_pydict().values(), strict=True))
+    if counts != listed:
+        return each("rows", "the rows it holds per unit are not the ones its footer lists")
+    for unit, rec in members:
+        if listed.get(unit) != rec["rows"]:
+            out += each("rows", f"holds {listed.get(unit, 0)} rows of unit {unit}, the ledger records {rec['rows']}", [unit])
+    return out
+
+
 def _check_legacy(store: ResultStore, sweep: str, unit: str, tables: list[str]) -> list[Problem]:
     """A row written before integrity records: its ``<unit_id>.parquet`` files must exist and read."""
     out = []
@@ -298,6 +340,7 @@ class _Ledger:
     writers: dict[str, str] = field(default_factory=dict)  # unit -> created_by of its ledger file
     damaged: set[str] = field(default_factory=set)  # units whose ledger file is damaged
     where: dict[str, str] = field(default_factory=dict)  # unit -> its row's file when not its own ledger file
+    original: dict[str, Any] = field(default_factory=dict)  # compacted unit -> the files its row named at commit
 
 
 def _ledger(store: ResultStore, sweep: str, problems: list[Problem], tables: list[str] | None = None) -> _Ledger:
@@ -383,9 +426,10 @@ def _checkpoint(store: ResultStore, sweep: str, problems: list[Problem], out: _L
         unit = row["unit_id"]
         if unit in superseded:
             continue
-        sha, wrote = row.pop("replaced_sha256"), row.pop("replaced_writer")
-        if writer is not None and wrote == writer and sha and row["files"] is not None \
-                and hashlib.sha256(bytes(ledger_bytes(row))).hexdigest() != sha:
+        sha, wrote, original = row.pop("replaced_sha256"), row.pop("replaced_writer"), row.pop("original_files")
+        committed = row if original is None else {**row, "files": original}  # a compacted unit: as committed
+        if writer is not None and wrote == writer and sha and committed["files"] is not None \
+                and hashlib.sha256(bytes(ledger_bytes(committed))).hexdigest() != sha:
             out.damaged.add(unit)
             problems.append(Problem(sweep, unit, "units", cp.rel, "checksum",
                                     f"ledger checkpoint: its row of unit {unit} is not the ledger file it replaced "
@@ -394,6 +438,8 @@ def _checkpoint(store: ResultStore, sweep: str, problems: list[Problem], out: _L
         out.rows[unit] = row
         out.writers[unit] = wrote or ""
         out.where[unit] = cp.rel
+        if original is not None:
+            out.original[unit] = original
 
 
 def _is_unit(store: ResultStore, sweep: str, name: str, planned: set[str], tables: list[str] | None) -> bool:
@@ -497,6 +543,7 @@ def _verify_sweep(store: ResultStore, sweep: str, tables: list[str]) -> list[Pro
     held: set[tuple[str, str]] = set()  # (table, unit) whose rows a recorded file holds
     escaped: set[str] = set()  # units with a record pointing outside its partition: recomputed
     seen: dict[str, list[tuple[str, _Seen]]] = {}  # unit -> (path, what it carries) of its intact files
+    compacted: dict[str, list[tuple[str, dict[str, Any]]]] = {}  # compacted file -> (unit, record) naming it
     for unit, row in sorted(ledger.items()):
         ok = row["status"] == "ok"
         if row["files"] is None:  # legacy row: the file names follow from the unit id
@@ -513,6 +560,11 @@ def _verify_sweep(store: ResultStore, sweep: str, tables: list[str]) -> list[Pro
             problems.append(Problem(sweep, unit, "units", _rel("units", sweep, unit), "no_records",
                                     f"ledger row says ok with {row['rows']} rows in {row['tables']} but records no files"))
         for i, rec in enumerate(row["files"]):
+            if is_compacted(str(rec["path"])) and _escape(store, sweep, unit, f"files[{i}].path", rec) is None:
+                compacted.setdefault(rec["path"], []).append((unit, rec))  # checked once per file, below
+                named.setdefault(rec["path"], []).append(unit)
+                held.add((rec["table"], unit))
+                continue
             what = _Seen()
             p, ids = _check_record(store, sweep, unit, rec, f"files[{i}].path", what)
             problems += [p] if p is not None else []
@@ -523,8 +575,10 @@ def _verify_sweep(store: ResultStore, sweep: str, tables: list[str]) -> list[Pro
                 seen.setdefault(unit, []).append((rec["path"], what))
             named.setdefault(rec["path"], []).append(unit)
             held |= {(rec["table"], u) for u in ids}
+    for rel, members in sorted(compacted.items()):
+        problems += _check_compacted(store, sweep, rel, members)
     for rel, units in sorted(named.items()):
-        if len(units) > 1:
+        if len(units) > 1 and rel not in compacted:
             problems += [Problem(sweep, u, rel.split("/", 1)[0].removeprefix("table="), rel, "duplicate",
                                  f"one file named by the ledger rows of {len(units)} units {sorted(units)}: rows counted twice")
                          for u in sorted(set(units))]
@@ -608,7 +662,8 @@ def _cross_check(sweep: str, read: _Ledger, seen: dict[str, list[tuple[str, _See
         for path, what in files:
             if len(named.get(path, [])) > 1:
                 continue  # a file named by two rows: reported as duplicate
-            if what.carried is not None and (why := _differs(row, what.carried, sweep)) is not None:
+            committed = row if unit not in read.original else {**row, "files": read.original[unit]}
+            if what.carried is not None and (why := _differs(committed, what.carried, sweep)) is not None:
                 out.append(Problem(sweep, unit, "units", rel, "mismatch", f"ledger row: {why} ({path})"))
                 break
             if what.writer and what.writer != read.writers.get(unit, ""):
@@ -807,4 +862,10 @@ def repair(store: ResultStore, sweep: str, units: Iterable[str], *, strays: bool
     for p in found:
         if strays and p.remedy == SET_ASIDE and p.sweep == sweep and p.path is not None:
             move(p.path)
+    # A damaged compacted file whose every unit is recomputed now holds nothing anyone reads: aside too.
+    damaged_compacted = {p.path for p in found if p.sweep == sweep and p.path is not None and is_compacted(p.path)
+                         and p.remedy == RECOMPUTE}
+    for rel in sorted(damaged_compacted):
+        if {p.unit_id for p in found if p.path == rel} <= set(units):
+            move(rel)
     return done

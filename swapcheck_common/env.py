@@ -23,3 +23,19 @@ def seconds_from_env(name: str, default: float, low: float, high: float,
     if not low <= value <= high:  # NaN fails both comparisons
         raise error(f"{name}={raw!r}: give {unit} between {low:g} and {high:g} (default {default:g})")
     return value
+
+
+def count_from_env(name: str, default: int, low: int, high: int, error: type[Exception] = InputError,
+                   unit: str = "a whole number") -> int:
+    """``$name`` as a whole number in ``[low, high]``; ``default`` when unset or empty; anything else
+    raises ``error`` naming the variable, its value and what is allowed (as :func:`seconds_from_env`)."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = low - 1
+    if not low <= value <= high:
+        raise error(f"{name}={raw!r}: give {unit} between {low} and {high} (default {default})")
+    return value

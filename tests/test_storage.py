@@ -241,7 +241,7 @@ def test_a_store_reads_each_unchanged_ledger_file_once(tmp_path: Path, monkeypat
     """A launch reads the ledger before its lock and again under it: the second read re-reads only
     files that changed (identity: size, mtime, ctime, inode), finds new, damaged and removed ones,
     and a new store object reads everything."""
-    import storage.store as store_mod
+    import storage.records as store_mod  # the ledger reader (storage.records.SweepRecords.read_ledger)
 
     store = ResultStore(tmp_path)
     for i in range(5):
