@@ -25,6 +25,7 @@ import numpy as np
 from swapcheck_common.errors import InputError
 from tasks.numerics.errormodel import Bounds
 from tasks.numerics.formats import FORMATS, FloatFormat, get_format
+from tasks.numerics.spacing import distance
 from tasks.numerics.tolerance import (
     INT32_MAX,
     VERSION,
@@ -186,6 +187,8 @@ class BoundCheck:
     actual: np.ndarray
     k: int
     description: str
+    #: the output's format: an element outside is also told in its spacings beyond the allowed range
+    fmt: FloatFormat | None = None
 
     @property
     def outside(self) -> int:
@@ -212,14 +215,32 @@ class BoundCheck:
             if n and j.covered[r, c]:
                 break
             label = "worst element" if n == 0 else "next"
-            lines.append(f"{label} (row {r}, col {c}): error {_units(j.units[r, c])} its bound: actual "
+            lines.append(f"{label} (row {r}, col {c}): error {_units(j.units[r, c])}: actual "
                          f"{float(self.actual[r, c])!r} vs exact {float(j.exact[r, c])!r}, allowed "
-                         f"[{float(j.low[r, c])!r}, {float(j.high[r, c])!r}], sum_k |a b| = {float(j.sum_abs[r, c]):.6g}")  # fmt: skip
+                         f"[{float(j.low[r, c])!r}, {float(j.high[r, c])!r}]{self._beyond(r, c)}, "
+                         f"sum_k |a b| = {float(j.sum_abs[r, c]):.6g}")  # fmt: skip
         return "\n".join(lines)
 
 
+    def _beyond(self, r: int, c: int) -> str:
+        """``, N <fmt> spacings beyond the allowed range`` for an element outside it (ordered bit patterns)."""
+        j, x = self.judgement, float(self.actual[r, c])
+        if self.fmt is None or j.covered[r, c] or not np.isfinite(x):
+            return ""
+        end = float(j.high[r, c]) if x > float(j.high[r, c]) else float(j.low[r, c])
+        if not np.isfinite(end):
+            return ""
+        try:
+            d = int(distance(np.array([x]), np.array([end]), self.fmt)[0])
+        except ValueError:  # a value the format cannot hold exactly (an int32 output): no spacing count
+            return ""
+        return f", {d} {self.fmt.name} spacing{'s' if d != 1 else ''} beyond the allowed range"
+
+
 def _units(x: float) -> str:
-    return "inf times" if not np.isfinite(x) else f"{x:.4g} times"
+    if not np.isfinite(x):  # the allowed range lies wholly on the other side of the exact result
+        return "beyond its bound, which allows no error on that side of the exact result"
+    return f"{x:.4g} times its bound"
 
 
 def _products_exact(a: Any, b: Any, a64: np.ndarray, b64: np.ndarray, acc: FloatFormat) -> bool:
@@ -265,7 +286,8 @@ def check_within_bound(actual: Any, a: Any, b: Any, *, out_dtype: Any, algorithm
     out_fmt = None if isinstance(out, str) else out
     if out_fmt is not None and out_fmt != bounds.fmt:
         description += f", then one rounding to {out_fmt.name}"
-    return BoundCheck(judge(act, bounds, out_fmt), act, k, description)
+    fmt = out_fmt if out_fmt is not None else None if isinstance(acc, str) else bounds.fmt
+    return BoundCheck(judge(act, bounds, out_fmt), act, k, description, fmt)
 
 
 def _int32_bounds(a64: np.ndarray, b64: np.ndarray) -> Bounds:
