@@ -13,7 +13,7 @@ DOCKERFILE = (REPO / "infra" / "docker" / "Dockerfile").read_text()
 
 def test_every_package_pyproject_installs_is_copied_into_the_image() -> None:
     project = tomllib.loads((REPO / "pyproject.toml").read_text())
-    packages = {p.rstrip("*") for p in project["tool"]["setuptools"]["packages"]["find"]["include"]}
+    packages = {p.rstrip("*").rstrip(".") for p in project["tool"]["setuptools"]["packages"]["find"]["include"]}
     copied = set(re.findall(r"^COPY (\S+) \./\1$", DOCKERFILE, re.MULTILINE))
     assert packages <= copied, f"not copied into the image: {sorted(packages - copied)}"
     # the shipped models are package data of tasks (they travel in the wheel the image installs)
