@@ -108,8 +108,8 @@ def finished_sweep(directory: Path, n: int) -> tuple[Path, Any]:
     from storage.store import ResultStore, utcnow
 
     bench_scheduling.register()
-    spec = spec_for(directory, n)
     root, marker, cached = _cached_root(directory, f"units-{n}")
+    spec = spec_for(directory, n)
     if cached:
         return root, spec
     plan = make_plan(spec)
@@ -150,8 +150,8 @@ def ledger_only_sweep(directory: Path, n: int) -> tuple[Path, Any]:
     from storage.store import FileRecord, ResultStore, utcnow
 
     bench_scheduling.register()
-    spec = spec_for(directory, n)
     root, marker, cached = _cached_root(directory, f"ledger-only-{n}")
+    spec = spec_for(directory, n)
     if cached:
         return root, spec
     plan = make_plan(spec)
