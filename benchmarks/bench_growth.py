@@ -32,6 +32,15 @@ of bench_reads.py (benchmarks/reads_baseline.py), which computes the same number
 
 ``--quick``: units 1000,10000 and rows 1000000,10000000 (no 100k units). ``--smoke`` (a check of
 the harness): units 50,100 and rows 20000,40000, one repetition.
+
+The finished sweeps end as a launch leaves them: their ledger merged into a checkpoint
+(storage.records). Two more measures, each its own flag:
+
+* ``--ledger-only 1000,1000000``: the relaunch on a finished sweep's ledger alone (spec record and
+  checkpointed ledger written through the store, no result files: a relaunch with nothing to run
+  reads none), so a 1M-unit tree takes about an hour to make, not many;
+* ``--plan-memory 1000,1000000``: the plan's seconds and the driver's peak memory in a fresh process
+  while every unit streams through the scheduler, as a first launch takes them.
 """
 
 from __future__ import annotations
