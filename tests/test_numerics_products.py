@@ -360,3 +360,41 @@ def test_docs_examples_run() -> None:
     assert len(blocks) >= 2
     for block in blocks:
         exec(compile(block, "docs/numerics.md", "exec"), {})
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 300), st.integers(1, 5), st.sampled_from([127, 2**12, 2**20]), st.integers(0, 2**31))
+def test_exact_matmul_of_small_integers_is_one_matmul_and_exact(m: int, k: int, n: int, top: int, seed: int) -> None:
+    """Integers whose products' magnitudes sum below 2**53 (int8 GEMMs) take one float64 matmul
+    (exactsum._integer_top), checked against Fractions; the windowed path is never entered."""
+    from fractions import Fraction
+
+    import tasks.numerics.exactsum as es
+
+    rng = np.random.default_rng(seed)
+    a = rng.integers(-top, top + 1, (m, k)).astype(np.float64)
+    b = rng.integers(-top, top + 1, (k, n)).astype(np.float64)
+    if k * top * top >= 2**53:
+        return
+    real = es.bit_range
+    es.bit_range = lambda x: (_ for _ in ()).throw(AssertionError("the windowed path was taken"))  # type: ignore[assignment]
+    try:
+        e = exact_matmul(a, b)
+    finally:
+        es.bit_range = real
+    for i in range(m):
+        for j in range(n):
+            assert e.fraction((i, j)) == sum(Fraction(int(a[i, q])) * Fraction(int(b[q, j])) for q in range(k))
+
+
+def test_exact_matmul_takes_the_windows_past_2_53_or_off_the_integers() -> None:
+    from fractions import Fraction
+
+    from tasks.numerics.exactsum import _integer_top
+
+    big = np.full((1, 4), 2.0**26)
+    assert _integer_top(big, big.T.copy(), 4) is None  # 4 * 2**52 >= 2**53: windows
+    assert _integer_top(np.array([[0.5, 1.0]]), np.array([[1.0], [2.0]]), 2) is None  # not integers
+    assert _integer_top(np.array([[127.0, -128.0]]), np.array([[127.0], [127.0]]), 2) == 16  # 2 * 128 * 127 < 2**15
+    e = exact_matmul(big, big.T.copy())
+    assert e.fraction((0, 0)) == 4 * Fraction(2) ** 52

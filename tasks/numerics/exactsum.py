@@ -259,6 +259,18 @@ def _window_width(k: int) -> int:
     return max(1, (51 - max(1, math.ceil(math.log2(max(k, 2))))) // 2)
 
 
+def _integer_top(a64: np.ndarray, b64: np.ndarray, k: int) -> int | None:
+    """``top`` (every sum of products is below ``2**top`` in magnitude, ``top <= 53``) when ``a`` and
+    ``b`` hold integers whose ``k`` products' magnitudes sum below ``2**53``; else None."""
+    if k == 0 or a64.size == 0 or b64.size == 0:
+        return None
+    ma, mb = float(np.max(np.abs(a64))), float(np.max(np.abs(b64)))
+    bound = k * ma * mb
+    if not bound < 2.0**53 or not (np.array_equal(a64, np.rint(a64)) and np.array_equal(b64, np.rint(b64))):
+        return None  # NaN or inf compare unequal: the general path
+    return max(1, math.ceil(math.log2(bound + 1.0)) + 1)
+
+
 def exact_matmul(a: np.ndarray | torch.Tensor, b: np.ndarray | torch.Tensor) -> ExactSum:
     """The exact ``a @ b`` of finite float64 matrices ``a [M, K]``, ``b [K, N]`` (see module doc)."""
     import torch
@@ -267,6 +279,14 @@ def exact_matmul(a: np.ndarray | torch.Tensor, b: np.ndarray | torch.Tensor) -> 
     b64 = np.asarray(b.double().numpy() if isinstance(b, torch.Tensor) else b, dtype=np.float64)
     m, k = a64.shape
     n = b64.shape[1]
+    top = _integer_top(a64, b64, k)
+    if top is not None:
+        # Integers whose products' magnitudes sum below 2**53 (int8 GEMMs): every partial sum of any
+        # order is an integer float64 holds exactly, so one float64 matmul (any BLAS order, FMA or
+        # not) is the exact product; no windows needed.
+        acc = ExactSum((m, n), 0)
+        acc.add((torch.from_numpy(a64) @ torch.from_numpy(b64)).numpy(), 0, top)
+        return acc
     ra, rb = bit_range(a64), bit_range(b64)
     if ra is None or rb is None:
         return ExactSum((m, n), 0)
