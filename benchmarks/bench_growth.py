@@ -107,29 +107,43 @@ def _cached_root(directory: Path, name: str) -> tuple[Path, Path, bool]:
     return root, marker, False
 
 
-def finished_sweep(directory: Path, n: int) -> tuple[Path, Any]:
-    """The results root of a finished ``n``-unit sweep (cached), and its spec."""
+def finished_sweep(directory: Path, n: int, ledger_only: bool = False) -> tuple[Path, Any]:
+    """The results root of a finished ``n``-unit sweep (cached), and its spec: per unit its result
+    file (``ResultStore.write``) and its ``ok`` ledger row (``orchestrator.worker.ledger_row`` with the
+    file's record, ``ResultStore.record_unit``), the ledger then merged into a checkpoint
+    (``SweepRecords.checkpoint``) as a launch's end does.
+
+    ``ledger_only``: the spec record and the ledger alone, no result files (each row records the file
+    its unit would have written). What a relaunch with nothing to run reads is all there; what it never
+    reads (the result files) is left out, so a 1M-unit tree takes about an hour to make, not many."""
     import bench_scheduling
     import pyarrow as pa
 
     from orchestrator.plan import make_plan
+    from orchestrator.runner import write_sweep_record
     from orchestrator.worker import ledger_row
-    from storage.store import ResultStore, utcnow
+    from storage.store import FileRecord, ResultStore, utcnow
 
     bench_scheduling.register()
-    root, marker, cached = _cached_root(directory, f"units-{n}")
+    root, marker, cached = _cached_root(directory, f"{'ledger-only' if ledger_only else 'units'}-{n}")
     spec = spec_for(directory, n)
     if cached:
         return root, spec
     plan = make_plan(spec)
     store = ResultStore(root)
+    if ledger_only:
+        write_sweep_record(store, spec, plan)
     real_fsync = os.fsync
     t0 = time.perf_counter()
     os.fsync = lambda fd: None  # setup only: the same files, written faster; one os.sync below
     try:
-        for u in plan.units:
-            rec = store.write(bench_scheduling.TABLE, plan.sweep, u.id, pa.table(
-                {"unit_id": [u.id], "experiment": [u.experiment], "i": [u.params["i"]], "slept_s": [0.0]}))
+        for u in plan.iter_units():
+            if ledger_only:
+                rec = FileRecord(table=bench_scheduling.TABLE, rows=1, bytes=1000, sha256="0" * 64,
+                                 path=f"table={bench_scheduling.TABLE}/sweep={plan.sweep}/{u.id}.parquet")
+            else:
+                rec = store.write(bench_scheduling.TABLE, plan.sweep, u.id, pa.table(
+                    {"unit_id": [u.id], "experiment": [u.experiment], "i": [u.params["i"]], "slept_s": [0.0]}))
             payload = {**u.to_payload(), "description": u.describe()}
             store.record_unit(plan.sweep, ledger_row(payload, spec.sha256, status="ok", attempts=1, started=utcnow(),
                                                      duration_s=0.0, error=None, tables=[rec.table], rows=rec.rows,
@@ -140,50 +154,9 @@ def finished_sweep(directory: Path, n: int) -> tuple[Path, Any]:
         os.fsync = real_fsync
     os.sync()
     seconds = time.perf_counter() - t0
-    marker.write_text(json.dumps({"units": n, "version": VERSION, "seconds": round(seconds, 1)}))
-    print(f"  wrote a finished sweep of {n:,} units under {root} in {seconds:.1f} s", flush=True)
-    return root, spec
-
-
-def ledger_only_sweep(directory: Path, n: int) -> tuple[Path, Any]:
-    """The results root of an ``n``-unit sweep as a finished launch leaves its *ledger* (cached): the spec
-    record, every unit's ``ok`` ledger row written through the store (``ResultStore.record_unit``) and
-    merged into a checkpoint (``SweepRecords.checkpoint``), but no result files (each row records the
-    file its unit would have written). What a relaunch with nothing to run reads is all there; what it
-    never reads (the result files) is left out, so a 1M-unit tree takes minutes to make, not hours."""
-    import bench_scheduling
-
-    from orchestrator.plan import make_plan
-    from orchestrator.runner import write_sweep_record
-    from orchestrator.worker import ledger_row
-    from storage.store import FileRecord, ResultStore, utcnow
-
-    bench_scheduling.register()
-    root, marker, cached = _cached_root(directory, f"ledger-only-{n}")
-    spec = spec_for(directory, n)
-    if cached:
-        return root, spec
-    plan = make_plan(spec)
-    store = ResultStore(root)
-    write_sweep_record(store, spec, plan)
-    real_fsync = os.fsync
-    t0 = time.perf_counter()
-    os.fsync = lambda fd: None  # setup only: the same files, written faster; one os.sync below
-    try:
-        for u in plan.iter_units():
-            rec = FileRecord(table=bench_scheduling.TABLE, path=f"table={bench_scheduling.TABLE}/sweep={plan.sweep}/{u.id}.parquet",
-                             rows=1, bytes=1000, sha256="0" * 64)
-            payload = {**u.to_payload(), "description": u.describe()}
-            store.record_unit(plan.sweep, ledger_row(payload, spec.sha256, status="ok", attempts=1, started=utcnow(),
-                                                     duration_s=0.0, error=None, tables=[rec.table], rows=1,
-                                                     ran_here=False, files=[rec]))
-        store.records(plan.sweep).checkpoint()
-    finally:
-        os.fsync = real_fsync
-    os.sync()
-    seconds = time.perf_counter() - t0
-    marker.write_text(json.dumps({"units": n, "version": VERSION, "seconds": round(seconds, 1), "ledger_only": True}))
-    print(f"  wrote the ledger of a finished sweep of {n:,} units (no result files) under {root} in {seconds:.1f} s",
+    marker.write_text(json.dumps({"units": n, "version": VERSION, "seconds": round(seconds, 1), "ledger_only": ledger_only}))
+    what = "the ledger of a finished sweep" if ledger_only else "a finished sweep"
+    print(f"  wrote {what} of {n:,} units{' (no result files)' if ledger_only else ''} under {root} in {seconds:.1f} s",
           flush=True)
     return root, spec
 
@@ -191,7 +164,7 @@ def ledger_only_sweep(directory: Path, n: int) -> tuple[Path, Any]:
 def measure_relaunch_ledger_only(directory: Path, n: int, repeat: int) -> dict[str, Any]:
     from orchestrator.runner import launch
 
-    root, spec = ledger_only_sweep(directory, n)
+    root, spec = finished_sweep(directory, n, ledger_only=True)
     load_before = common.load_average()
 
     def relaunch() -> None:

@@ -958,9 +958,10 @@ class _Binder:
                 out.append((w, t))
                 continue
             units, why = compacted_units(self.store, w.rel)
-            records = {u: r for u, r in ((u, self._member_rows(w, u)) for u in w.members)}
             if units is not None:
-                wrong = [u for u in w.members if u not in units or (records[u] is not None and records[u] != units[u])]
+                recorded = self._compacted_rows
+                wrong = [u for u in w.members
+                         if u not in units or recorded.get((w.rel, u)) not in (None, units[u])]
                 why = f"does not hold the rows its units' records say (e.g. unit {wrong[0]})" if wrong else ""
             if why:
                 for u in w.members:
@@ -973,9 +974,6 @@ class _Binder:
                 self.out.stale[w.rel] = stale
             out.append((w, t))
         return out
-
-    def _member_rows(self, w: _Want, unit: str) -> int | None:
-        return self._compacted_rows.get((w.rel, unit))
 
     def bind(self) -> _Bound:
         listing = self._listing()

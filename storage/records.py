@@ -195,13 +195,13 @@ class LedgerRead:
     tail: dict[str, dict[str, Any]]
     damaged: list[LedgerDamage]
     tail_writers: dict[str, str] = field(default_factory=dict)
+    #: unit -> the SHA-256 of its tail file's bytes (what a checkpoint records as ``replaced_sha256``)
+    tail_sha: dict[str, str] = field(default_factory=dict)
     checkpoint: CheckpointRead | None = None
     #: Units whose tail file (intact or damaged) supersedes their checkpoint row.
     superseded: set[str] = field(default_factory=set)
     #: path -> identity of each intact tail file as read (what a checkpoint may replace).
     tail_files: dict[str, list[Any] | None] = field(default_factory=dict)
-    #: unit -> the path of its tail file.
-    tail_paths: dict[str, str] = field(default_factory=dict)
 
     def _live(self, t: pa.Table) -> pa.Table:
         if not self.superseded or not t.num_rows:
@@ -406,25 +406,27 @@ class SweepRecords:
         def copy(found: Found) -> Found:
             return (dict(found[0]) if found[0] is not None else None, found[1], found[2])
 
-        def one(item: tuple[pafs.FileInfo, list[Any] | None]) -> tuple[str, list[Any] | None, Found] | None:
+        def one(item: tuple[pafs.FileInfo, list[Any] | None]) -> tuple[str, list[Any] | None, Found, str] | None:
             info, ident = item
             try:
                 with store.fs.open_input_file(info.path) as fh:
-                    found = parse_ledger_file(fh, store.relative(info.path))
+                    data = fh.read_buffer()  # read once: parsed, and hashed for a checkpoint's replaced_sha256
             except FileNotFoundError:  # removed between the listing and the read: no entry
                 seen.pop(info.path, None)
                 return None
+            found = parse_ledger_file(pa.BufferReader(data), store.relative(info.path))
+            digest = hashlib.sha256(data).hexdigest()
             if ident is not None:
-                seen[info.path] = (ident, copy(found))
-            return info.path, ident, found
+                seen[info.path] = (ident, (copy(found), digest))
+            return info.path, ident, found, digest
 
-        parsed: list[tuple[str, list[Any] | None, Found] | None] = []
+        parsed: list[tuple[str, list[Any] | None, Found, str] | None] = []
         todo = []
         for info in infos:  # identities first (a stat each), then only changed or new files are read
-            ident = self._identity(info.path) if store.local else _object_identity(info)
+            ident = self._identity(info.path) if store.local else object_identity(info)
             before = seen.get(info.path)
             if ident is not None and before is not None and before[0] == ident:
-                parsed.append((info.path, ident, copy(before[1])))
+                parsed.append((info.path, ident, copy(before[1][0]), before[1][1]))
             else:
                 todo.append((info, ident))
         parsed += list(_pool().map(one, todo)) if len(todo) > 1 else [one(t) for t in todo]
@@ -432,14 +434,14 @@ class SweepRecords:
         for item in parsed:
             if item is None:
                 continue
-            path, ident, (row, damage, created_by) = item
+            path, ident, (row, damage, created_by), digest = item
             if damage is not None:
                 out.damaged.append(damage)
             elif row is not None:
                 out.tail[row["unit_id"]] = row
                 out.tail_writers[row["unit_id"]] = created_by
+                out.tail_sha[row["unit_id"]] = digest
                 out.tail_files[store.relative(path)] = ident
-                out.tail_paths[row["unit_id"]] = store.relative(path)
         cp = self.current_checkpoint()
         if cp is not None:
             try:
@@ -458,7 +460,6 @@ class SweepRecords:
         in ``leave_out`` are left out of it (:meth:`detach`). Returns the checkpoint written, or None.
         Call it only under the sweep's launch lock. A storage fault raises ``StorageFault`` naming the
         file, with nothing removed."""
-        store = self.store
         read = self.read_ledger()
         leave = set(leave_out)
         if len(read.tail_files) < max(min_tail, 1) and not leave:
@@ -470,8 +471,7 @@ class SweepRecords:
             tail_rows = []
             for unit in sorted(read.tail):
                 row = read.tail[unit]
-                data = store._read_bytes(store._p(read.tail_paths[unit]))
-                tail_rows.append({**row, "replaced_sha256": hashlib.sha256(data).hexdigest(),
+                tail_rows.append({**row, "replaced_sha256": read.tail_sha[unit],
                                   "replaced_writer": read.tail_writers.get(unit, "")})
             t = to_table("units", [{k: v for k, v in r.items() if k in UNITS.names} for r in tail_rows])
             t = t.append_column("replaced_sha256", pa.array([r["replaced_sha256"] for r in tail_rows], pa.string()))
@@ -490,7 +490,7 @@ class SweepRecords:
         before, _strays = self.checkpoints()
         seq = (before[-1].seq + 1) if before else 1
         meta = {"sweep": self.sweep, "seq": seq, "units": merged.num_rows, "replaced": len(read.tail_files),
-                "created_at": _now()}
+                "created_at": utcnow()}
         data = _checkpoint_bytes(merged, meta)
         cp = Checkpoint(f"{self.checkpoint_dir}/{seq:010d}-{hashlib.sha256(data).hexdigest()}.parquet", seq,
                         hashlib.sha256(data).hexdigest())
@@ -709,7 +709,7 @@ class SweepRecords:
             return False
         self.store.write("sweeps", self.sweep, "spec", [{
             "spec_sha256": spec_sha256, "question": question, "spec_path": spec_path, "spec_toml": spec_toml,
-            "n_units": len(unit_ids), "unit_ids": unit_ids, "created_at": _now()}])
+            "n_units": len(unit_ids), "unit_ids": unit_ids, "created_at": utcnow()}])
         return True
 
     # -- pre-registrations -------------------------------------------------------------------------
@@ -774,12 +774,6 @@ def compacted_units(store: ResultStore, rel: str) -> tuple[dict[str, int] | None
     return units, ""
 
 
-def _object_identity(info: pafs.FileInfo) -> list[Any] | None:
-    return object_identity(info)
-
-
-def _now() -> Any:
-    return utcnow()
 
 
 def _checkpoint_bytes(table: pa.Table, meta: Mapping[str, Any]) -> pa.Buffer:

@@ -291,8 +291,8 @@ def _check_compacted(store: ResultStore, sweep: str, rel: str, members: list[tup
         assert isinstance(listed, dict)
     except (ValueError, TypeError, KeyError, AssertionError):
         return each("schema", f"a compacted file whose footer lists no units ({COMPACTED_KEY})")
-    counts = dict(zip(*t.group_by("unit_id").aggregate([("unit_id", "count")]).select(["unit_id", "unit_id_count"])
-                      .to_pydict().values(), strict=True))
+    per_unit = t.group_by("unit_id").aggregate([("unit_id", "count")])
+    counts = dict(zip(per_unit.column("unit_id").to_pylist(), per_unit.column("unit_id_count").to_pylist(), strict=True))
     if counts != listed:
         return each("rows", "the rows it holds per unit are not the ones its footer lists")
     for unit, rec in members:

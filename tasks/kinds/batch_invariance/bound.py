@@ -10,22 +10,9 @@ rigorous error bound ``tol`` of that algorithm (:class:`tasks.numerics.errormode
 sum |a b| + N eta (1 + gamma_n)``).  Nothing here writes a second accumulation bound.
 
 The epilogue.  The ``bounds`` check gives scaled kernels power-of-two scales, so scaling is exact; this
-kind's operands carry real scales (``scale_mode = "real"``: fp32 values), so the kernel's output is
-the accumulator times ``sa * sb`` with at most :data:`EPILOGUE_ROUNDINGS` fp32 roundings (the int32 ->
-fp32 conversion of an integer accumulator, ``* sa``, ``* sb``, in any order) and then one rounding to
-the output format.  A kernel may also scale the operands before accumulating (each term then passes
-up to three fp32 roundings: ``a * sa``, ``b * sb`` and their product).  Both are covered, with ``s = sa * sb`` (exact in float64) and ``S = sum |a b|``::
-
-    |y - s * exact| <= s * (tol * (1 + g3) + g3 * S) + underflow,   g3 = gamma_3 in fp32
-
-(scaling after: ``|acc - exact| <= tol`` and three relative roundings of ``acc * s``: ``s tol (1 +
-g3) + g3 s |exact|``, and ``|exact| <= S``; scaling before: each term is ``p s (1 + t)``, ``|t| <=
-gamma_3``, and the algorithm's bound on those terms is ``gamma_n (1 + gamma_3) s S``, both within the
-line above).  ``underflow`` charges half fp32's smallest subnormal to every rounding a term or the
-epilogue can pass through, times the largest scaled operand magnitude plus one: negligible unless
-values reach fp32's subnormal range.  The allowed outputs are ``[rn(low), rn(high)]`` with ``low``,
-``high`` the two ends of that interval (float64, widened by 2^-50 relative) and ``rn`` the rounding
-to the output format (monotone, so every output a correct kernel can produce lies inside).
+kind's operands carry real scales (``scale_mode = "real"``: fp32 values).  The bound on the scaled
+output, epilogue roundings and the final rounding to the output format included, is the one
+:mod:`tasks.checks.scaled_bound` derives (its module docstring), shared with ``kdepth``.
 
 The judgement of a cell (the rigorous form).  The probe computed alone and in a batch of M are two
 computations of the same row; a correct kernel puts *each* of them inside ``[lo, hi]``.  That is the
