@@ -2,7 +2,7 @@
 
 On the embedded Ray instance (loopback, token auth, ``--num-cpus`` slots, default 2), with a
 benchmark-only kind (``sched_bench``: each unit sleeps ``seconds`` and writes one row; registered
-through ``tasks.kinds.register_kind``, found by Ray workers as ``bench_scheduling:KIND``). Every goal
+through ``tasks.kinds.register_kind`` by reference, found by Ray workers as ``bench_scheduling:KIND``). Every goal
 is judged on the median of the pairs; only ``orchestrator.runner.launch`` and the CLI are used, no
 runner internals.
 
@@ -97,11 +97,13 @@ KIND = Kind(name="sched_bench", version="1", spec=SchedExperiment, tables=(TABLE
 
 
 def register() -> None:
-    """Register the kind in this (driver) process; workers import it by reference."""
+    """Register the kind in this (driver) process by reference (``bench_scheduling:KIND``, as a
+    plugin's entry is: its code is fingerprinted, so the process stays hermetic and a relaunch may
+    reuse its plan, orchestrator.plan_cache); workers import it by the same reference."""
     try:
         get_kind("sched_bench")
     except KindError:
-        register_kind(KIND)
+        register_kind("bench_scheduling:KIND", name="sched_bench")
 
 
 def _noop(payload: dict[str, Any], results: str, sweep: str, spec_sha256: str) -> dict[str, Any]:

@@ -69,6 +69,18 @@ class Plan:
             p = Profile(u.kind, u.stage, u.fresh_process, u.resources, u.needs)
             self.which.append(profiles.setdefault(p, len(profiles)))
         self.profiles: list[Profile] = list(profiles)
+        #: Where the ids came from: "expanded" (a walk of the spec) or "cache" (orchestrator.plan_cache).
+        self.source = "expanded"
+
+    @classmethod
+    def from_parts(cls, sweep: str, spec_sha256: str, ids: list[str], which: array[int], profiles: list[Profile],
+                   skip: set[int], expand: Callable[[], Iterable[Unit]], *, source: str) -> Plan:
+        """A plan whose ids and profiles are known already (orchestrator.plan_cache); its units are
+        walked from ``expand`` when needed, and checked against ``ids`` as any plan's are."""
+        plan = cls.__new__(cls)
+        plan.sweep, plan.spec_sha256, plan._expand = sweep, spec_sha256, expand
+        plan.ids, plan.which, plan.profiles, plan._skip, plan.source = ids, which, profiles, skip, source
+        return plan
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -105,12 +117,23 @@ class Plan:
 
 def make_plan(spec: LoadedSpec) -> Plan:
     """Expand every experiment; units come out in spec order, duplicates merged. The expansion is
-    walked once here (ids and profiles) and again whenever the units are needed."""
+    walked once here (ids and profiles) and again whenever the units are needed. A plan of the same
+    spec, code and inputs kept by an earlier expansion is reused instead (orchestrator.plan_cache)."""
+    from orchestrator import plan_cache
+    from tasks.inputs import recording
+
     def expand() -> Iterator[Unit]:
         for name, exp in spec.experiments.items():
             yield from get_kind(exp.kind).expand(name, exp)
 
-    return Plan(spec.sweep.name, spec.sha256, expand=expand)
+    cached, key = plan_cache.load(spec, expand)
+    if cached is not None:
+        return cached
+    with recording() as rec:
+        plan = Plan(spec.sweep.name, spec.sha256, expand=expand)
+    if key is not None:
+        plan_cache.save(key, plan, rec)
+    return plan
 
 
 def _without_code(value: Any) -> Any:

@@ -10,11 +10,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from tasks.inputs import expansion_input
+
 
 def _token_list(v: Any) -> bool:
     return isinstance(v, list) and bool(v) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in v)
 
 
+@expansion_input
 def read_prompt_records(path: str) -> tuple[list[list[int]], list[list[int] | None]]:
     """Prompts and their expected answers from JSONL: each line a JSON list of token ids, or an
     object with "tokens" and optionally "answer" (the expected continuation, a non-empty list of

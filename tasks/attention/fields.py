@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from tasks.attention.registry import AttentionError, get_attention
+from tasks.inputs import expansion_input
 
 __all__ = ["attention_payload", "attention_problem", "callable_problem"]
 
@@ -55,6 +56,7 @@ def callable_problem(field: str, name: str) -> str | None:
     return None if ok else f"{field}: attention kernel {name!r} is not available here: {why}"
 
 
+@expansion_input
 def attention_payload(name: str) -> dict[str, Any]:
     """The attention kernel as unit parameters: its version is part of the unit id, and for a user's
     kernel the fingerprint of its code (``code``, with ``kernel``: the name the code is reported

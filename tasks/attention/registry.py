@@ -217,11 +217,18 @@ def register_attention(kernel: AttentionKernel | str, name: str | None = None) -
         raise AttentionError(f"a lazy attention kernel is 'module:attr', got {kernel!r}")
     if not isinstance(kernel, AttentionKernel | str):
         raise AttentionError(f"cannot register {kernel!r}: expected an AttentionKernel or 'module:attr'")
-    return _REGISTRY.register(key, kernel)
+    from tasks.inputs import caller_module, registered_at_runtime
+
+    out = _REGISTRY.register(key, kernel)
+    registered_at_runtime(f"attention kernel {key!r}", kernel, caller_module())
+    return out
 
 
 def _unregister(name: str) -> None:
     """Remove an entry (tests only)."""
+    from tasks.inputs import caller_module, registered_at_runtime
+
+    registered_at_runtime(f"attention kernel {name!r}", None, caller_module())
     _REGISTRY.unregister(name)
 
 

@@ -68,6 +68,7 @@ from importlib import metadata
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from swapcheck_common.registry import Registry
+from tasks.inputs import expansion_input
 
 from .errors import KernelError
 
@@ -476,6 +477,9 @@ def register_kernel(name: str, target: Any = None, **info: Any) -> Any:
     sp = info.get("suffix_param")
     if sp is not None and not isinstance(sp, str):
         raise KernelError(f"suffix_param must be a parameter name, got {sp!r}")
+    from tasks.inputs import caller_module, registered_at_runtime
+
+    caller = caller_module()
 
     def _add(obj: Any) -> Any:
         if name in _REGISTRY:  # re-checked: the decorator may run later than the call
@@ -494,6 +498,7 @@ def register_kernel(name: str, target: Any = None, **info: Any) -> Any:
         if isinstance(obj, type) and issubclass(obj, Kernel) and "name" not in obj.__dict__:
             obj.name = name
         _REGISTRY.register(name, _Entry(name, obj, dict(info), "builtin"))
+        registered_at_runtime(f"kernel {name!r}", obj, caller)
         return obj
 
     if target is None:
@@ -503,6 +508,9 @@ def register_kernel(name: str, target: Any = None, **info: Any) -> Any:
 
 def _unregister(name: str) -> None:
     """Remove an entry (tests only)."""
+    from tasks.inputs import caller_module, registered_at_runtime
+
+    registered_at_runtime(f"kernel {name!r}", None, caller_module())
     _REGISTRY.unregister(name)
 
 
@@ -840,6 +848,7 @@ def code_path_of(kernel: Kernel) -> str | None:
     return None if path is None else str(path() if callable(path) else path)
 
 
+@expansion_input
 def kernel_code(name: str) -> str | None:
     """The code fingerprint of a user's kernel (``package.module:attr``, an entry point, a lazily
     registered target: :mod:`.fingerprint`), None for a built-in one (its ``version`` covers it).

@@ -54,13 +54,20 @@ _REGISTRY.register("localize", "tasks.kinds.localize:KIND")  # issue 27: where t
 
 def register_kind(kind: Kind | str, name: str | None = None) -> Kind | str:
     """Register ``kind`` (a :class:`Kind`, or ``"module:attr"`` with ``name``); duplicates are refused."""
+    from tasks.inputs import caller_module, registered_at_runtime
+
     key = kind.name if isinstance(kind, Kind) else name
     if not key:
         raise KindError("a lazy kind entry needs a name")
-    return _REGISTRY.register(key, kind)
+    out = _REGISTRY.register(key, kind)
+    registered_at_runtime(f"kind {key!r}", kind, caller_module())
+    return out
 
 
 def unregister_kind(name: str) -> None:
+    from tasks.inputs import caller_module, registered_at_runtime
+
+    registered_at_runtime(f"kind {name!r}", None, caller_module())
     _REGISTRY.unregister(name)
 
 

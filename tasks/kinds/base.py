@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, Union
 
+from tasks.inputs import note
 from tasks.kinds.fields import Resources, Strict
 
 if TYPE_CHECKING:
@@ -152,7 +153,10 @@ class Kind:
             from tasks.fingerprint import code_fingerprint
 
             _KIND_CODES[key] = code_fingerprint(self.run)
-        return _KIND_CODES[key]
+        code = _KIND_CODES[key]
+        if code is not None:  # a plugin's kind: its code is an input of the expansion (tasks.inputs)
+            note("tasks.kinds:kind_code", (self.name,), code)
+        return code
 
     def id_version(self) -> str:
         """``version``, plus ``+code.<fingerprint>`` for a user's or a plugin's kind (:meth:`code`; the

@@ -17,6 +17,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from tasks.inputs import expansion_input
+
 #: Names that become partitions, arms or labels: letters, digits, '.', '_' or '-'.
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")  # \Z: "$" would let a trailing newline through
 
@@ -290,6 +292,7 @@ def needs_gpu(impls: list[Implementation]) -> bool:
 #: imports no torch), loaded with their MANIFEST.json sha256 checked.
 SHIPPED_MODELS = ("answer-qwen3",)
 
+@expansion_input
 def model_fingerprint(model: str) -> str:
     """Identity of a model for unit ids: the name, or a hash of a checkpoint's config and file list."""
     if model == "tiny-qwen3":
@@ -404,13 +407,19 @@ def quantizer_problem(where: str, ref: QuantizerRef) -> str | None:
 
 def quantizer_payload(ref: QuantizerRef) -> dict[str, Any]:
     """A quantizer as unit parameters: its version is part of the unit id."""
-    from tasks.fingerprint import code_fingerprint
-    from tasks.quantizers import get_quantizer
-
-    q = get_quantizer(ref.quantizer, **ref.params)
+    version, code = quantizer_identity(ref.quantizer, ref.params)
     payload = {"name": ref.name, "quantizer": ref.quantizer, "params": dict(sorted(ref.params.items())),
-               "version": q.version}
-    code = code_fingerprint(q, ref.quantizer.partition(":")[0] if ":" in ref.quantizer else None)
+               "version": version}
     if code is not None:  # a user's quantizer: its code enters the unit id (issue #36); built-ins: pinned
         payload.update(kernel=ref.quantizer, code=code)
     return payload
+
+
+@expansion_input
+def quantizer_identity(quantizer: str, params: dict[str, Any]) -> tuple[str, str | None]:
+    """A quantizer's version and, for a user's one, the fingerprint of its code (an expansion input)."""
+    from tasks.fingerprint import code_fingerprint
+    from tasks.quantizers import get_quantizer
+
+    q = get_quantizer(quantizer, **params)
+    return q.version, code_fingerprint(q, quantizer.partition(":")[0] if ":" in quantizer else None)

@@ -128,11 +128,17 @@ def register_quantizer(name: str, target: Any, summary: str = "", **preset: Any)
     elif not (isinstance(target, type) and issubclass(target, Quantizer)):
         raise QuantizerError(f"cannot register {target!r} as quantizer {name!r}: expected a Quantizer subclass "
                              "or a 'module:attr' string naming one")
+    from tasks.inputs import caller_module, registered_at_runtime
+
     _REGISTRY.register(name, _Entry(name, target, dict(preset), summary))
+    registered_at_runtime(f"quantizer {name!r}", target, caller_module())
 
 
 def _unregister(name: str) -> None:
     """Remove an entry (tests only)."""
+    from tasks.inputs import caller_module, registered_at_runtime
+
+    registered_at_runtime(f"quantizer {name!r}", None, caller_module())
     _REGISTRY.unregister(name)
 
 
