@@ -21,7 +21,8 @@ after (the files are the same; only the setup's time differs). The tree is cache
 * ``skip-check``: ``ResultStore.done_units`` (the ledger read);
 * ``relaunch``: ``orchestrator.runner.launch`` of the same spec on the finished sweep (plan, skip-check,
   lock, records; nothing pending, so Ray is not started), after a first relaunch in the process
-  (reported apart: it pays the runner's imports and fills the plan cache), and ``relaunch
+  (reported apart: it pays the runner's imports and fills the machine's read cache, storage.readcache;
+  the plan measures before it filled the plan cache), and ``relaunch
   expanding``: the same with the plan cache off, as every relaunch was before it. The case
   "relaunch, 1,000 -> 100,000 units" carries issue #39's goal, at most 5x.
 
@@ -203,7 +204,7 @@ def plan_cache_off() -> Iterator[None]:
 
 def relaunches(spec: Any, root: Path, n: int, repeat: int) -> dict[str, Any]:
     """The relaunch of a finished sweep three ways: the first in this process (untimed as a measure:
-    it pays the runner's imports and, with an empty plan cache, expands the spec and keeps its plan),
+    it pays the runner's imports, and with empty caches expands the spec and reads every record whole),
     then the median of ``repeat`` with the plan cache (what every later relaunch costs) and of
     ``repeat`` with it off (the spec expanded each time)."""
     from orchestrator.runner import launch

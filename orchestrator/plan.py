@@ -55,7 +55,8 @@ class Plan:
         self.sweep = sweep
         self.spec_sha256 = spec_sha256
         self._expand = expand
-        self.ids: list[str] = []
+        self._ids: list[str] | None = []
+        self._id_array: Any = None
         self.which = array("I")  # unit index -> index of its profile in ``profiles``
         profiles: dict[Profile, int] = {}
         self._skip: set[int] = set()  # positions in the expansion of duplicates (merged)
@@ -65,25 +66,46 @@ class Plan:
                 self._skip.add(j)
                 continue
             seen.add(u.id)
-            self.ids.append(u.id)
+            self._ids.append(u.id)
             p = Profile(u.kind, u.stage, u.fresh_process, u.resources, u.needs)
             self.which.append(profiles.setdefault(p, len(profiles)))
         self.profiles: list[Profile] = list(profiles)
         #: Where the ids came from: "expanded" (a walk of the spec) or "cache" (orchestrator.plan_cache).
         self.source = "expanded"
+        #: The ids sorted, as an Arrow array, when known (a plan from the cache), else None.
+        self.sorted_ids: Any = None
 
     @classmethod
-    def from_parts(cls, sweep: str, spec_sha256: str, ids: list[str], which: array[int], profiles: list[Profile],
+    def from_parts(cls, sweep: str, spec_sha256: str, ids: Any, which: array[int], profiles: list[Profile],
                    skip: set[int], expand: Callable[[], Iterable[Unit]], *, source: str) -> Plan:
-        """A plan whose ids and profiles are known already (orchestrator.plan_cache); its units are
-        walked from ``expand`` when needed, and checked against ``ids`` as any plan's are."""
+        """A plan whose ids (an Arrow string array) and profiles are known already
+        (orchestrator.plan_cache); its units are walked from ``expand`` when needed, and checked
+        against its ids as any plan's are."""
         plan = cls.__new__(cls)
         plan.sweep, plan.spec_sha256, plan._expand = sweep, spec_sha256, expand
-        plan.ids, plan.which, plan.profiles, plan._skip, plan.source = ids, which, profiles, skip, source
+        plan._ids, plan._id_array, plan.sorted_ids = None, ids, None
+        plan.which, plan.profiles, plan._skip, plan.source = which, profiles, skip, source
         return plan
 
+    @property
+    def ids(self) -> list[str]:
+        """Each unit's id, in plan order."""
+        if self._ids is None:
+            self._ids = self._id_array.to_pylist()
+        return self._ids
+
+    @property
+    def id_array(self) -> Any:
+        """The ids as one Arrow string array: what a relaunch matches against the ledger and the spec
+        record without a Python string per unit (a plan from the cache never makes the list)."""
+        if self._id_array is None:
+            import pyarrow as pa
+
+            self._id_array = pa.array(self.ids, pa.string())
+        return self._id_array
+
     def __len__(self) -> int:
-        return len(self.ids)
+        return len(self._ids) if self._ids is not None else len(self._id_array)
 
     def profile(self, i: int) -> Profile:
         return self.profiles[self.which[i]]
@@ -126,9 +148,21 @@ def make_plan(spec: LoadedSpec) -> Plan:
         for name, exp in spec.experiments.items():
             yield from get_kind(exp.kind).expand(name, exp)
 
-    cached, key = plan_cache.load(spec, expand)
+    cached, key = plan_cache.load(spec)
     if cached is not None:
-        return cached
+        from tasks.kinds.fields import Resources
+
+        try:
+            profiles = [Profile(str(p["kind"]), int(p["stage"]), bool(p["fresh_process"]),
+                                Resources.model_validate(p["resources"], strict=False), tuple(p["needs"]))
+                        for p in cached.profiles]
+        except (KeyError, TypeError, ValueError):  # a file that does not describe profiles: expand the spec
+            profiles = None
+        if profiles is not None:
+            plan = Plan.from_parts(spec.sweep.name, spec.sha256, cached.ids, cached.which, profiles, cached.skip,
+                                   expand, source="cache")
+            plan.sorted_ids = cached.sorted_ids
+            return plan
     with recording() as rec:
         plan = Plan(spec.sweep.name, spec.sha256, expand=expand)
     if key is not None:

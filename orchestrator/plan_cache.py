@@ -22,7 +22,9 @@ one for every shipped spec and every kind's example.
 Where: ``$SWAPCHECK_PLAN_CACHE`` (a directory; ``off`` disables the cache), else
 ``$XDG_CACHE_HOME/swapcheck/plans`` or ``~/.cache/swapcheck/plans``. The newest :data:`KEEP` plans
 are kept. A plan file is one JSON header line (what the plan is keyed by, its inputs, its profiles,
-the SHA-256 of the rest) and then each unit's 20-character id and the index of its profile.
+the SHA-256 of the rest) and then each unit's 20-character id, the index of its profile, and the ids
+again in sorted order (``Plan.sorted_ids``: a relaunch matches them against a checkpoint's sorted
+ids with one comparison, orchestrator.runner.Pending).
 """
 
 from __future__ import annotations
@@ -33,11 +35,12 @@ import logging
 import os
 import sys
 from array import array
-from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.plan import Plan, Profile
+import pyarrow as pa
+
 from orchestrator.spec import LoadedSpec
 from tasks.inputs import Recording, not_hermetic, replay
 
@@ -45,8 +48,8 @@ __all__ = ["KEEP", "cache_dir", "code_digest", "load", "plan_key", "save"]
 
 log = logging.getLogger(__name__)
 
-#: The file format (bump when the header or the body changes).
-FORMAT = 1
+#: The file format (bump when the header or the body changes). 2: the ids sorted too.
+FORMAT = 2
 #: Plans kept in the cache directory (the newest by modification time; a reuse refreshes it).
 KEEP = 32
 ENV = "SWAPCHECK_PLAN_CACHE"
@@ -102,8 +105,22 @@ def _path(directory: Path, key: str) -> Path:
     return directory / f"{key[:40]}.plan"
 
 
-def load(spec: LoadedSpec, expand: Callable[[], Iterable[Any]]) -> tuple[Plan | None, str | None]:
-    """(the cached plan of ``spec`` when every input it was expanded from is unchanged, else None;
+@dataclass(frozen=True)
+class Cached:
+    """A kept plan (``orchestrator.plan.make_plan`` makes the ``Plan`` of it): its ids in plan order
+    and sorted (Arrow string arrays over the file's bytes), each unit's profile index, the profiles
+    (``kind``, ``stage``, ``fresh_process``, ``resources``, ``needs``) and the merged duplicates."""
+
+    ids: pa.Array
+    sorted_ids: pa.Array
+    which: array[int]
+    profiles: list[dict[str, Any]]
+    skip: set[int]
+    path: str
+
+
+def load(spec: LoadedSpec) -> tuple[Cached | None, str | None]:
+    """(the kept plan of ``spec`` when every input it was expanded from is unchanged, else None;
     the key to :func:`save` a new expansion under, None when the cache is off or the process is not
     hermetic)."""
     directory = cache_dir()
@@ -115,55 +132,69 @@ def load(spec: LoadedSpec, expand: Callable[[], Iterable[Any]]) -> tuple[Plan | 
         data = path.read_bytes()
     except OSError:
         return None, key
-    plan, why = _parse(data, key, spec, expand)
-    if plan is None:
+    cached, why = _parse(data, key, str(path))
+    if cached is None:
         log.info("plan cache: %s not reused (%s)", path, why)
         return None, key
     try:
         os.utime(path)  # the newest are kept
     except OSError:
         pass
-    log.info("plan of sweep %s: %d units from the plan cache (%s)", spec.sweep.name, len(plan), path)
-    return plan, key
+    log.info("plan of sweep %s: %d units from the plan cache (%s)", spec.sweep.name, len(cached.ids), path)
+    return cached, key
 
 
-def _parse(data: bytes, key: str, spec: LoadedSpec, expand: Callable[[], Iterable[Any]]) -> tuple[Plan | None, str]:
-    from tasks.kinds.fields import Resources
+def _parse(data: bytes, key: str, path: str) -> tuple[Cached | None, str]:
+    import numpy as np
 
-    head, sep, body = data.partition(b"\n")
+    cut = data.find(b"\n")
+    head, body = memoryview(data)[: max(cut, 0)], memoryview(data)[cut + 1:]  # no copy of the body
     try:
-        header = json.loads(head)
-        if not sep or header.get("format") != FORMAT or header.get("key") != key:
+        header = json.loads(bytes(head))
+        if cut < 0 or header.get("format") != FORMAT or header.get("key") != key:
             return None, "another format or key"
         n = int(header["n"])
-        if hashlib.sha256(body).hexdigest() != header["body_sha256"] or len(body) != n * (_ID_LEN + 4):
+        if hashlib.sha256(body).hexdigest() != header["body_sha256"] or len(body) != n * (2 * _ID_LEN + 4):
             return None, "damaged"
         changed = replay(header["inputs"])
         if changed is not None:
             return None, changed
-        profiles = [Profile(p["kind"], int(p["stage"]), bool(p["fresh_process"]),
-                            Resources.model_validate_json(json.dumps(p["resources"])), tuple(p["needs"]))
-                    for p in header["profiles"]]
-        text = body[: n * _ID_LEN].decode("ascii")
+        profiles = header["profiles"]
+        if not (isinstance(profiles, list) and all(isinstance(p, dict) for p in profiles)):
+            return None, "damaged"
         which = array("I")
         if which.itemsize != 4:
             return None, "no 4-byte array on this platform"
-        which.frombytes(body[n * _ID_LEN:])
+        which.frombytes(body[n * _ID_LEN: n * (_ID_LEN + 4)])
         if sys.byteorder != "little":
             which.byteswap()
-        if n and max(which) >= len(profiles):
+        if n and int(np.frombuffer(which, dtype=np.uint32).max()) >= len(profiles):
             return None, "damaged"
-        ids = [text[i: i + _ID_LEN] for i in range(0, len(text), _ID_LEN)]
+        ids = _id_array(body, n)
+        in_order = _id_array(body[n * (_ID_LEN + 4):], n)
         skip = {int(j) for j in header["skip"]}
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError, pa.ArrowException) as exc:
         return None, f"unreadable ({type(exc).__name__})"
-    return Plan.from_parts(spec.sweep.name, spec.sha256, ids, which, profiles, skip, expand, source="cache"), ""
+    return Cached(ids, in_order, which, profiles, skip, path), ""
 
 
-def save(key: str, plan: Plan, rec: Recording) -> None:
-    """Keep ``plan`` under ``key`` (:func:`load`'s; the plan just expanded while ``rec`` recorded its
-    inputs), unless the process is not hermetic or an input changed while it was read. Never fails
-    a launch."""
+def _id_array(body: bytes | memoryview, n: int) -> pa.Array:
+    """The ``n`` ids at the start of ``body`` (20 bytes each) as an Arrow string array over the same
+    bytes: no Python string per unit."""
+    import numpy as np
+
+    wide = (n + 1) * _ID_LEN >= 2**31  # offsets past int32: a large_string, then cast
+    offsets = np.arange(0, (n + 1) * _ID_LEN, _ID_LEN, dtype=np.int64 if wide else np.int32)
+    ids = pa.Array.from_buffers(pa.large_string() if wide else pa.string(), n,
+                                [None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(body)])
+    ids.validate(full=True)
+    return ids.cast(pa.string()) if wide else ids
+
+
+def save(key: str, plan: Any, rec: Recording) -> None:
+    """Keep ``plan`` (an ``orchestrator.plan.Plan``) under ``key`` (:func:`load`'s; the plan just
+    expanded while ``rec`` recorded its inputs), unless the process is not hermetic or an input
+    changed while it was read. Never fails a launch."""
     directory = cache_dir()
     reason = not_hermetic() or rec.conflict
     if directory is None or reason is not None:
@@ -175,7 +206,7 @@ def save(key: str, plan: Plan, rec: Recording) -> None:
     which = array("I", plan.which)
     if sys.byteorder != "little":
         which.byteswap()
-    body = "".join(plan.ids).encode("ascii") + which.tobytes()
+    body = "".join(plan.ids).encode("ascii") + which.tobytes() + "".join(sorted(plan.ids)).encode("ascii")
     header = {"format": FORMAT, "key": key, "sweep": plan.sweep, "n": len(plan.ids),
               "skip": sorted(plan._skip), "inputs": rec.entries(), "body_sha256": hashlib.sha256(body).hexdigest(),
               "profiles": [{"kind": p.kind, "stage": p.stage, "fresh_process": p.fresh_process,

@@ -328,18 +328,27 @@ class Pending:
     the units run. :meth:`units` streams the units themselves (a new walk of the plan's expansion), so
     a launch's driver never holds the whole grid."""
 
-    def __init__(self, plan: Plan, done: set[str]) -> None:
+    def __init__(self, plan: Plan, done: set[str] | Any) -> None:
+        """``done``: the finished units' ids, a set or an Arrow string array (``LedgerRead.done_ids``:
+        matched against the plan's ids in Arrow, no Python loop over the units)."""
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
         self.plan = plan
-        self.mask = bytearray(len(plan))
-        self.by_profile: dict[int, int] = {}
-        which = plan.which
-        n = 0
-        for i, uid in enumerate(plan.ids):
-            if uid not in done:
-                self.mask[i] = 1
-                self.by_profile[which[i]] = self.by_profile.get(which[i], 0) + 1
-                n += 1
-        self.n = n
+        if isinstance(done, set):
+            done = pa.array(sorted(done), pa.string())
+        if plan.sorted_ids is not None and len(done) == len(plan) and done.equals(plan.sorted_ids):
+            # A finished sweep whose checkpoint (sorted by unit id) holds exactly the plan's units, done:
+            # one comparison of two sorted arrays instead of a hash of each id.
+            pending = np.zeros(len(plan), dtype=bool)
+        else:
+            pending = np.logical_not(pc.is_in(plan.id_array, value_set=done).to_numpy(zero_copy_only=False))
+        self.mask = bytearray(pending.astype(np.uint8).tobytes())
+        which = np.frombuffer(plan.which, dtype=np.uint32) if len(plan) else np.zeros(0, np.uint32)
+        counts = np.bincount(which[pending], minlength=len(plan.profiles))
+        self.by_profile: dict[int, int] = {int(k): int(counts[k]) for k in np.flatnonzero(counts)}
+        self.n = int(pending.sum())
 
     def __len__(self) -> int:
         return self.n
@@ -415,9 +424,9 @@ def check_sweep_identity(store: ResultStore, plan: Plan, repair: bool = False) -
 
     if store.size(_retire_journal(plan.sweep)) is not None:
         return CodeRerun([], [], resume=True)
-    new = set(plan.ids)
+    records = store.records(plan.sweep)
     try:
-        record = store.sweep_record(plan.sweep)
+        claimed = records.claimed_ids()
     except DamagedRecord as exc:
         if not repair:
             raise UsageError(
@@ -425,8 +434,11 @@ def check_sweep_identity(store: ResultStore, plan: Plan, repair: bool = False) -
                 f"{store.root} --sweep {plan.sweep}`, then relaunch with --repair: it sets the record aside and "
                 "writes it anew from this spec when the sweep's ledger holds only units of this spec. "
                 "Nothing was written.") from None
-        record = None
-    if record is None:
+        claimed = None
+    if claimed is not None and claimed.equals(plan.id_array):
+        return None  # the plan the record claims, in the same order: compared in Arrow, no set per unit
+    new = set(plan.ids)
+    if claimed is None:
         ledger = store.read_ledger(plan.sweep)
         foreign = sorted(set(ledger.rows) - new)
         if foreign:
@@ -435,7 +447,7 @@ def check_sweep_identity(store: ResultStore, plan: Plan, repair: bool = False) -
                 f"{len(foreign)} unit(s) this spec does not plan (e.g. {foreign[0]}): it was planned from a "
                 "different spec. Give this spec a new `name`, or use another --results directory. Nothing was written.")
         return None
-    old = set(record["unit_ids"] or [])
+    old = set(claimed.to_pylist())
     if old != new:
         ledger = store.read_ledger(plan.sweep)
         added = new - old
@@ -447,7 +459,7 @@ def check_sweep_identity(store: ResultStore, plan: Plan, repair: bool = False) -
         raise UsageError(
             f"sweep {plan.sweep!r} in {store.root} was planned from a different spec "
             f"({len(new - old)} new and {len(old - new)} missing units; recorded spec sha256 "
-            f"{record['spec_sha256'][:12]}). Give the changed spec a new `name`, or use another "
+            f"{(records.spec_record() or {}).get('spec_sha256', '?')[:12]}). Give the changed spec a new `name`, or use another "
             "--results directory. Nothing was written."
         )
     return None
@@ -531,7 +543,10 @@ def check_gpu_resources(pending: Pending, conn: Any, have_gpus: float | None = N
 
 def write_sweep_record(store: ResultStore, spec: LoadedSpec, plan: Plan) -> None:
     """The sweep's claim: its spec record, which plan the partition holds (written once)."""
-    store.records(plan.sweep).claim(spec_sha256=spec.sha256, question=spec.sweep.question, spec_path=spec.path,
+    records = store.records(plan.sweep)
+    if records.spec_table() is not None:  # claimed already (and the plan's ids need not become a list)
+        return
+    records.claim(spec_sha256=spec.sha256, question=spec.sweep.question, spec_path=spec.path,
                                     spec_toml=spec.text, unit_ids=list(plan.ids))
 
 
@@ -583,7 +598,8 @@ def launch(
     A damaged ledger file never stops a launch: its unit counts as not done and is recomputed.
     ``on_event(kind, info)`` receives ``cluster`` (``Connection.info()``: which Ray, what it has;
     before anything is submitted), ``message`` (``level`` warning or note, one ``line``: a damaged
-    ledger file, rebuilt ledger rows), ``start`` (total, pending), ``unit`` (one finished unit's
+    ledger file, rebuilt ledger rows), ``start`` (total, pending, skipped, and ``plan``: "expanded", or
+    "cache" when orchestrator.plan_cache reused it), ``unit`` (one finished unit's
     summary) and ``end`` events, for progress display.
     """
     stop = StopSignals()
@@ -615,8 +631,8 @@ def _launch(spec: LoadedSpec, results: str | Path, address: str | None, num_cpus
     rerun = check_sweep_identity(store, plan, repair)
     # Predictions are validated and hashed before anything is written or run.
     prereg_rows = prereg.plan_registration(store, plan.sweep, spec.prereg_paths)
-    done = store.done_units(plan.sweep)
-    pending = Pending(plan, done)
+    first_read = store.read_ledger(plan.sweep)
+    pending = Pending(plan, first_read.done_ids())
     if in_process:
         if address is not None:
             raise UsageError("an in-process launch runs no Ray: it takes no --address")
@@ -686,12 +702,15 @@ def _launch(spec: LoadedSpec, results: str | Path, address: str | None, num_cpus
                 ledger = store.read_ledger(plan.sweep)  # damaged entries: not done, recomputed, named
                 for line in ledger.warnings(str(results)):
                     emit("message", {"level": "warning", "line": line})
-                done = ledger.done()
+                same = ledger.state() is not None and ledger.state() == first_read.state()
+                done = None if same else ledger.done_ids()  # the same files as before the lock: the same units done
             except OSError as exc:
                 raise StorageFailure(f"cannot write under {store.root}: {exc}. Nothing was run.") from None
-            pending = Pending(plan, done)
+            if done is not None:
+                pending = Pending(plan, done)
             summary = LaunchSummary(plan.sweep, str(results), len(plan), len(plan) - len(pending))
-            emit("start", {"total": len(plan), "pending": len(pending), "skipped": summary.n_skipped})
+            emit("start", {"total": len(plan), "pending": len(pending), "skipped": summary.n_skipped,
+                           "plan": plan.source})
             if pending:
                 if conn is None:
                     conn = _connect(connect, address, num_cpus, connect_timeout_s, stop)

@@ -75,6 +75,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from storage.errors import PathEscape, QueryError, StorageError
+from storage.files import REHASH_DEFAULT_S, REHASH_ENV, cache_dir
 from storage.records import file_problem, is_compacted
 from storage.schemas import TABLES, UNITS, UNMANAGED_TABLES
 from storage.schemas import fingerprint as schemas_fingerprint
@@ -367,20 +368,6 @@ def _concat(parts: list[pa.Table], schema: pa.Schema) -> pa.Table:
 
 # -- the verified-files cache ------------------------------------------------------------------------
 
-def cache_dir() -> Path | None:
-    """``$XDG_CACHE_HOME/swapcheck`` (an absolute ``XDG_CACHE_HOME`` only, as the XDG spec says), else
-    ``~/.cache/swapcheck``; None when there is no home directory."""
-    import os
-
-    xdg = os.environ.get("XDG_CACHE_HOME", "")
-    if os.path.isabs(xdg):
-        return Path(xdg) / "swapcheck"
-    try:
-        return Path.home() / ".cache" / "swapcheck"
-    except (RuntimeError, KeyError):
-        return None
-
-
 class VerifiedFiles:
     """Which files of one results root were hashed and matched the ledger's SHA-256, and under what
     identity: locally (size, mtime_ns, ctime_ns, inode, device), on an object store (size, mtime_ns:
@@ -417,8 +404,8 @@ class VerifiedFiles:
     #: Entries older than this many seconds (since their file was last really read) are not trusted:
     #: the file is hashed and checked again, so bit rot under an unchanged identity is found within a
     #: day by reads too (``sweep verify`` finds it at once). 0: every file is hashed at every open.
-    REHASH_ENV = "SWAPCHECK_REHASH_AFTER_S"
-    REHASH_DEFAULT_S = 86_400.0
+    REHASH_ENV = REHASH_ENV
+    REHASH_DEFAULT_S = REHASH_DEFAULT_S
 
     def __init__(self, store: ResultStore) -> None:
         import os

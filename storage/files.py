@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -264,3 +265,23 @@ def object_identity(info: pafs.FileInfo) -> list[Any] | None:
     return ["object", int(info.size), int(info.mtime_ns)]
 
 
+
+
+# -- this machine's caches of what was read ------------------------------------------------------
+
+#: Kept reads older than this many seconds (since their file was last really read) are not trusted:
+#: the file is read and checked again (storage.catalog.VerifiedFiles, storage.readcache).
+REHASH_ENV = "SWAPCHECK_REHASH_AFTER_S"
+REHASH_DEFAULT_S = 86_400.0
+
+
+def cache_dir() -> Path | None:
+    """``$XDG_CACHE_HOME/swapcheck`` (an absolute ``XDG_CACHE_HOME`` only, as the XDG spec says), else
+    ``~/.cache/swapcheck``; None when there is no home directory."""
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    if os.path.isabs(xdg):
+        return Path(xdg) / "swapcheck"
+    try:
+        return Path.home() / ".cache" / "swapcheck"
+    except (RuntimeError, KeyError):
+        return None

@@ -56,7 +56,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from storage.errors import DamagedRecord, StorageFault
+from storage.errors import DamagedRecord, StorageError, StorageFault
 from storage.files import (
     _TEMPORARY,
     LedgerDamage,
@@ -166,6 +166,10 @@ class CheckpointRead:
     identity: list[Any] | None = None
     keys: pa.Table | None = None
     file: pq.ParquetFile | None = None
+    #: The keys came from what this machine read and checked before (storage.readcache): the file
+    #: itself is read (and its bytes checked again) only when a column beyond the keys is needed.
+    from_cache: bool = False
+    loader: Callable[[], pq.ParquetFile] | None = None
 
     @property
     def ok(self) -> bool:
@@ -173,6 +177,8 @@ class CheckpointRead:
 
     @cached_property
     def table(self) -> pa.Table | None:
+        if self.file is None and self.loader is not None:
+            self.file = self.loader()
         if self.file is None:
             return None
         t = self.file.read(use_threads=False).replace_schema_metadata(None)
@@ -202,6 +208,19 @@ class LedgerRead:
     superseded: set[str] = field(default_factory=set)
     #: path -> identity of each intact tail file as read (what a checkpoint may replace).
     tail_files: dict[str, list[Any] | None] = field(default_factory=dict)
+
+    def state(self) -> tuple[Any, ...] | None:
+        """What this read saw, as identities: the checkpoint (its name holds its SHA-256, and its
+        identity) and each tail file's identity. Two reads with equal states read the same bytes, so
+        whatever was computed from one holds for the other; None when a file has no identity or is
+        damaged (nothing may then be reused)."""
+        if self.damaged or any(ident is None for ident in self.tail_files.values()):
+            return None
+        cp = self.checkpoint
+        if cp is not None and cp.identity is None:
+            return None
+        head = (cp.checkpoint.rel, tuple(cp.identity or ())) if cp is not None else None
+        return head, tuple(sorted((p, tuple(i or ())) for p, i in self.tail_files.items()))
 
     def _live(self, t: pa.Table) -> pa.Table:
         if not self.superseded or not t.num_rows:
@@ -258,6 +277,16 @@ class LedgerRead:
             out.update({r["unit_id"]: r for r in picked.select(UNITS.names).to_pylist()})
         return out
 
+    def done_ids(self) -> pa.Array:
+        """The units whose intact ledger row says ``ok``, as one Arrow string array (the checkpoint's
+        never become Python strings: a relaunch matches them against its plan in Arrow)."""
+        tail = pa.array([u for u, row in self.tail.items() if row.get("status") == "ok"], pa.string())
+        keys = self.base_keys
+        if keys is None or not keys.num_rows:
+            return tail
+        base = keys.filter(pc.equal(keys.column("status"), "ok")).column("unit_id").combine_chunks()
+        return pa.concat_arrays([base, tail]) if len(tail) else base
+
     def done(self) -> set[str]:
         """The units whose intact ledger row says ``ok``."""
         out = {u for u, row in self.tail.items() if row.get("status") == "ok"}
@@ -294,6 +323,14 @@ class LedgerRead:
         if len(self.damaged) > most:
             lines.append(f"... and {len(self.damaged) - most} more damaged ledger files of sweep {self.sweep}")
         return lines
+
+
+def _distinct(ids: pa.Array) -> bool:
+    """Whether ``ids`` holds no value twice: a checkpoint is written sorted by unit id, so strictly
+    increasing ids (one comparison per neighbour, in Arrow) prove it; anything else is counted."""
+    if len(ids) < 2 or pc.all(pc.less(ids.slice(0, len(ids) - 1), ids.slice(1))).as_py():
+        return True
+    return bool(pc.count_distinct(ids).as_py() == len(ids))
 
 
 # -- the owner --------------------------------------------------------------------------------------
@@ -343,9 +380,16 @@ class SweepRecords:
         path = store._p(cp.rel)
         ident = self._identity(path)
         before = seen.get(path)
-        if ident is not None and before is not None and before[0] == ident:
+        kept = store.read_cache
+        if ident is not None and before is not None and before[0] == ident and (kept is not None or not before[1].from_cache):
             cached: CheckpointRead = before[1]
             return cached
+        hit = kept.get(cp.rel, ident, "checkpoint-keys") if kept is not None else None
+        if hit is not None and ident is not None:  # read and checked whole before, unchanged since (storage.readcache)
+            out = CheckpointRead(cp, identity=ident, keys=hit[0], created_by=str(hit[1].get("created_by", "")),
+                                 from_cache=True, loader=lambda: self._checked_file(cp, path))
+            seen[path] = (ident, out)
+            return out
         out = CheckpointRead(cp, identity=ident)
         data = store._read_bytes(path)
         digest = hashlib.sha256(data).hexdigest()
@@ -363,8 +407,8 @@ class SweepRecords:
                     out.kind, out.why = "wrong_sweep", f"records sweep {meta.get('sweep')!r}, it lies under sweep {self.sweep!r}"
                 else:
                     keys = pf.read(columns=["unit_id", "status"], use_threads=False).replace_schema_metadata(None)
-                    ids = keys.column("unit_id")
-                    if pc.count_distinct(ids).as_py() != keys.num_rows or ids.null_count:
+                    ids = keys.column("unit_id").combine_chunks()
+                    if ids.null_count or not _distinct(ids):
                         out.kind, out.why = "duplicate", "holds a unit twice (or a row without a unit id)"
                     else:
                         out.keys, out.file = keys, pf
@@ -372,7 +416,21 @@ class SweepRecords:
                 out.kind, out.why = "unreadable", f"not a readable Parquet file: {type(exc).__name__}: {str(exc).strip()[:160]}"
         if ident is not None:
             seen[path] = (ident, out)
+            if out.ok and kept is not None and out.keys is not None:
+                kept.put(cp.rel, ident, "checkpoint-keys", out.keys, {"created_by": out.created_by})
         return out
+
+    def _checked_file(self, cp: Checkpoint, path: str) -> pq.ParquetFile:
+        """``cp``'s bytes, read now and checked against the SHA-256 its name records, for a read whose
+        keys came from the read cache; a mismatch (its bytes changed under an unchanged identity) is
+        a :class:`StorageError` naming it and what to run."""
+        data = self.store._read_bytes(path)
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != cp.sha256:
+            raise StorageError(f"ledger checkpoint {self.store._where(cp.rel)}: its bytes are not the ones its name "
+                               f"records (SHA-256 {digest[:12]}…) though its identity is unchanged; run `swapcheck "
+                               "sweep verify`, then `swapcheck sweep launch --repair`")
+        return pq.ParquetFile(pa.BufferReader(data), page_checksum_verification=True)
 
     def _identity(self, path: str) -> list[Any] | None:
         if self.store.local:
@@ -676,10 +734,11 @@ class SweepRecords:
             os.close(fd)
 
     # -- the claim ---------------------------------------------------------------------------------
-    def spec_record(self) -> dict[str, Any] | None:
-        """The sweep's spec record, None when it has none; :class:`DamagedRecord` (naming the file)
-        when its file is unreadable, fails a page checksum, has another schema or holds other than
-        one row."""
+    def spec_table(self) -> pa.Table | None:
+        """The sweep's spec record as read (one row), None when it has none; :class:`DamagedRecord`
+        (naming the file) when its file is unreadable, fails a page checksum, has another schema or
+        holds other than one row. Within one store object it is read again only once its identity
+        changed."""
         store = self.store
         rel = f"table=sweeps/sweep={self.sweep}/spec.parquet"
         p = store._p(rel)
@@ -687,8 +746,15 @@ class SweepRecords:
         if ident is None if store.local else not store._is_file(p):
             return None
         before = store._ledger_seen.get(p)  # read before by this store and unchanged since: not read again
-        if ident is not None and before is not None and before[0] == ident:
-            return dict(before[1])
+        kept = store.read_cache
+        if ident is not None and before is not None and before[0] == ident and (kept is not None or p not in store._kept):
+            cached: pa.Table = before[1]
+            return cached
+        hit = kept.get(rel, ident, "spec-record") if kept is not None else None
+        if hit is not None and ident is not None:  # read and checked before, unchanged since (storage.readcache)
+            store._ledger_seen[p] = (ident, hit[0])
+            store._kept.add(p)
+            return hit[0]
         try:
             t = store.read_table(p)
         except (pa.ArrowException, OSError, ValueError) as exc:
@@ -697,15 +763,34 @@ class SweepRecords:
             raise DamagedRecord(store._where(rel), f"columns {t.schema.names}, the spec record has {SWEEPS.names}")
         if t.num_rows != 1:
             raise DamagedRecord(store._where(rel), f"{t.num_rows} rows, the spec record is one row")
-        row: dict[str, Any] = t.to_pylist()[0]
         if ident is not None:
-            store._ledger_seen[p] = (ident, dict(row))
+            store._ledger_seen[p] = (ident, t)
+            store._kept.discard(p)
+            if kept is not None:
+                kept.put(rel, ident, "spec-record", t)
+        return t
+
+    def spec_record(self) -> dict[str, Any] | None:
+        """The sweep's spec record as a dict (:meth:`spec_table`)."""
+        t = self.spec_table()
+        if t is None:
+            return None
+        row: dict[str, Any] = t.to_pylist()[0]
         return row
+
+    def claimed_ids(self) -> pa.Array | None:
+        """The unit ids the spec record claims, in plan order, as one Arrow array (no Python string
+        per unit): a relaunch compares them with its plan's (:meth:`spec_table`'s errors)."""
+        t = self.spec_table()
+        if t is None:
+            return None
+        ids = t.column("unit_ids").combine_chunks()
+        return ids.flatten() if ids[0].is_valid else pa.array([], pa.string())
 
     def claim(self, *, spec_sha256: str, question: str, spec_path: str, spec_toml: str, unit_ids: list[str]) -> bool:
         """Write the sweep's spec record (which plan the partition holds) unless it has one; whether
         it was written."""
-        if self.spec_record() is not None:
+        if self.spec_table() is not None:
             return False
         self.store.write("sweeps", self.sweep, "spec", [{
             "spec_sha256": spec_sha256, "question": question, "spec_path": spec_path, "spec_toml": spec_toml,

@@ -341,6 +341,12 @@ class ResultStore:
         #: path -> (identity, what :func:`parse_ledger_file` found): a ledger file this store read and
         #: that has not changed since is not read again (:meth:`read_ledger`).
         self._ledger_seen: dict[str, tuple[list[Any], Any]] = {}
+        #: Whether records may come from what this machine read and checked before (storage.readcache);
+        #: ``sweep verify`` turns it off and reads every byte.
+        self.use_read_cache = True
+        self._read_cache: Any = None
+        #: paths whose entry in ``_ledger_seen`` came from the read cache (not read by this store)
+        self._kept: set[str] = set()
         #: directory -> its resolved path, only inside :meth:`resolving` (None: resolve every time).
         self._dirs: dict[str, str] | None = None
 
@@ -845,6 +851,18 @@ class ResultStore:
     def done_units(self, sweep: str) -> set[str]:
         """The units of ``sweep`` whose intact ledger row says ``ok`` (:meth:`read_ledger`)."""
         return self.read_ledger(sweep).done()
+
+    @property
+    def read_cache(self) -> Any:
+        """This store's :class:`storage.readcache.ReadCache` (made on first use), or None when
+        :attr:`use_read_cache` is off."""
+        if not self.use_read_cache:
+            return None
+        if self._read_cache is None:
+            from storage.readcache import ReadCache
+
+            self._read_cache = ReadCache(self, lambda: cache_key(self))
+        return self._read_cache
 
     def sweep_record(self, sweep: str) -> dict[str, Any] | None:
         """The sweep's spec record (:meth:`storage.records.SweepRecords.spec_record`)."""

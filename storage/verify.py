@@ -747,8 +747,13 @@ def verify(store: ResultStore, sweep: str | None = None, *, stale_after_s: float
     sweeps = [sweep] if sweep is not None else present_sweeps(store)
     tables = sorted(set(store.table_partitions()) - UNMANAGED_TABLES)
     problems: list[Problem] = []
-    for s in sweeps:
-        problems += _verify_sweep(store, s, tables)
+    before = store.use_read_cache
+    store.use_read_cache = False  # every record read whole and checked, never a kept read (storage.readcache)
+    try:
+        for s in sweeps:
+            problems += _verify_sweep(store, s, tables)
+    finally:
+        store.use_read_cache = before
     for rel, age in store.temporaries(stale_after_s):
         where = next((part.split("=", 1)[1] for part in rel.split("/") if part.startswith("sweep=")), "")
         if sweep is None or where == sweep:

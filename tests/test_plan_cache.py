@@ -144,6 +144,67 @@ def test_an_edited_users_kernel_makes_a_new_plan(tmp_path: Path, cache: Path, mo
     assert back.source == "expanded" and back.ids == first.ids
 
 
+PLUGIN_KIND = '''
+from typing import Literal
+
+from tasks.kinds import Kind
+from tasks.kinds.fields import Strict
+
+
+class Grid(Strict):
+    kind: Literal["{name}"]
+    units: int
+
+
+def _run(params, ctx=None):
+    return {{}}
+
+
+KIND = Kind(name="{name}", version="1", spec=Grid, tables=(), describe=lambda p: f"unit {{p['i']}}", run=_run,
+            expand=lambda experiment, exp: (KIND.unit(experiment, {{"i": i * {step}}}) for i in range(exp.units)))
+'''
+
+
+FRESH_PLAN = """
+import sys
+sys.path.insert(0, {where!r})
+from orchestrator.plan import make_plan
+from orchestrator.spec import load_spec
+from tasks.kinds import register_kind
+register_kind("pc_plugin.kind:KIND", name="pc-grid")
+plan = make_plan(load_spec({spec!r}))
+print(plan.source, " ".join(plan.ids))
+"""
+
+
+def test_a_plugins_kind_registered_by_reference_is_reused_until_its_code_changes(tmp_path: Path, cache: Path) -> None:
+    """A kind registered as ``"module:attr"`` (a plugin, the benchmarks' kind) keeps a process
+    hermetic; its code is an expansion input (``kind_code``): each fresh process reuses the plan
+    until the kind's code is edited, then expands it anew (a running process keeps the code it
+    imported, and the ids it gives)."""
+    pkg = tmp_path / "pc_plugin"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "kind.py").write_text(PLUGIN_KIND.format(name="pc-grid", step=1))
+    spec = tmp_path / "s.toml"
+    spec.write_text('name = "plugin"\nquestion = "q"\n[experiments.g]\nkind = "pc-grid"\nunits = 50\n')
+
+    def fresh() -> tuple[str, list[str]]:
+        out = subprocess.run([sys.executable, "-c", FRESH_PLAN.format(where=str(tmp_path), spec=str(spec))],
+                             capture_output=True, text=True, timeout=120, env={**os.environ, plan_cache.ENV: str(cache)})
+        assert out.returncode == 0, out.stderr[-2000:]
+        source, *ids = out.stdout.split()
+        return source, ids
+
+    first = fresh()
+    assert first[0] == "expanded" and len(first[1]) == 50
+    assert fresh() == ("cache", first[1])
+    (pkg / "kind.py").write_text(PLUGIN_KIND.format(name="pc-grid", step=2))  # the kind's code edited
+    source, ids = fresh()
+    assert source == "expanded" and set(ids).isdisjoint(first[1])
+    assert fresh() == ("cache", ids)
+
+
 def test_an_edited_prompt_file_or_model_config_makes_a_new_plan(tmp_path: Path, cache: Path) -> None:
     shutil.copy(REPO / "sweeps" / "prompts" / "answer-demo.jsonl", tmp_path / "p.jsonl")
     model = tmp_path / "model"

@@ -118,7 +118,8 @@ class UnitProgress:
             if not info["embedded"]:
                 note(str(info["line"]))
         elif kind == "start":
-            note(f"{self.label}: {plural(info['total'], 'unit')}, {info['skipped']} already done, {info['pending']} to run")
+            reused = " (the plan reused from the plan cache)" if info.get("plan") == "cache" else ""
+            note(f"{self.label}: {plural(info['total'], 'unit')}, {info['skipped']} already done, {info['pending']} to run{reused}")
             self.total, self.started = info["pending"], self.clock()
             self.last, self.every = self.started, max(1, self.total // 10)
             # A window of a tenth of the units (20 to 200): recent enough to follow a change of pace,

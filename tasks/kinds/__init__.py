@@ -16,6 +16,7 @@ import sys
 from typing import Any
 
 from swapcheck_common.registry import Registry, RegistryError
+from tasks.inputs import expansion_input
 from tasks.kinds.base import Kind, Rows, Unit, UnitContext, canonical_json, content_id
 
 __all__ = [
@@ -119,6 +120,7 @@ def kind_version(name: str) -> str:
     return get_kind(name).id_version()
 
 
+@expansion_input
 def kind_code(name: str) -> str | None:
     """The code fingerprint of a user's or a plugin's kind; None for swapcheck's own (:meth:`Kind.code`)."""
     return get_kind(name).code()
