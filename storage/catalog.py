@@ -613,6 +613,8 @@ class _Binder:
                                      "every file is hashed this time, and the cache is rewritten")
         self.infos: dict[str, pafs.FileInfo] = {}
         self._compacted_rows: dict[tuple[str, str], int | None] = {}  # (compacted file, unit) -> its record's rows
+        #: compacted file -> (its units, each unit's recorded rows), bound in Arrow (:meth:`_compacted_wants`)
+        self._compacted_members: dict[str, tuple[pa.Array, pa.Array]] = {}
 
     def _abs(self, rel: str) -> str:
         return f"{self.store.base}/{rel}"
@@ -866,9 +868,19 @@ class _Binder:
             return rel.split("/", 2)[1].removeprefix("sweep=")
 
         assert self.out.ledger is not None
-        for row in self.out.ledger.select(["unit_id", "status", "tables", "files", "sweep"]).to_pylist():
-            if row["status"] != "ok":
+        ledger = self.out.ledger.select(["unit_id", "status", "tables", "files", "sweep"])
+        ledger = ledger.filter(pc.equal(ledger.column("status"), "ok"))
+        sweeps = pc.unique(ledger.column("sweep")).to_pylist()
+        slow: list[pa.Table] = []
+        for sweep in sweeps:
+            rows = ledger if len(sweeps) == 1 else ledger.filter(pc.equal(ledger.column("sweep"), sweep))
+            wants = self._compacted_wants(sweep, rows)
+            if wants is None:
+                slow.append(rows)
                 continue
+            for w in wants:
+                out[w.table].append(w)
+        for row in (pa.concat_tables(slow) if slow else ledger.slice(0, 0)).to_pylist():
             unit = (row["sweep"], row["unit_id"])
             records = row["files"]
             if records is None:
@@ -908,6 +920,49 @@ class _Binder:
                                     tuple(agree)))
         return out
 
+    def _compacted_wants(self, sweep: str, rows: pa.Table) -> list[_Want] | None:
+        """The wants of a compacted sweep's ``ok`` ledger rows, in Arrow (no Python object per unit
+        but its id in each file's ``members``): when every row names only compacted files, every file's
+        recorded path passes the one check (``ResultStore.recorded``) and every row naming a file
+        records the same size and SHA-256 for it. Else None: :meth:`_expected`'s row-by-row pass
+        handles the sweep (it names each problem)."""
+        import numpy as np
+
+        if not rows.num_rows:
+            return []
+        files = rows.column("files").combine_chunks()
+        if files.null_count:
+            return None
+        flat = pc.list_flatten(files)
+        parent = pc.list_parent_indices(files).to_numpy()
+        counts = np.bincount(parent, minlength=rows.num_rows) if len(parent) else np.zeros(rows.num_rows, np.int64)
+        if (counts == 0).any():  # a row naming no file: the row-by-row pass says what it means
+            return None
+        paths = flat.field("path")
+        if paths.null_count or not all(is_compacted(p) for p in pc.unique(paths).to_pylist()):
+            return None  # each distinct path once: a compacted sweep names a few files
+        records = pa.table({"table": flat.field("table"), "path": paths, "rows": flat.field("rows"),
+                            "bytes": flat.field("bytes"), "sha256": flat.field("sha256"),
+                            "unit": rows.column("unit_id").combine_chunks().take(pa.array(parent))})
+        keys = records.group_by(["table", "path"], use_threads=False).aggregate(
+            [("bytes", "count_distinct"), ("sha256", "count_distinct"), ("bytes", "min"), ("sha256", "min")])
+        if pc.any(pc.not_equal(keys.column("bytes_count_distinct"), 1)).as_py() or \
+                pc.any(pc.not_equal(keys.column("sha256_count_distinct"), 1)).as_py():
+            return None  # a file recorded with other bytes by some unit: damage, named row by row
+        wants = []
+        for key in keys.to_pylist():
+            try:
+                self.store.recorded(sweep, {"table": key["table"], "path": key["path"]})
+            except PathEscape:
+                return None
+            mine = records.filter(pc.and_(pc.equal(records.column("table"), key["table"]),
+                                          pc.equal(records.column("path"), key["path"])))
+            rel = str(key["path"])
+            self._compacted_members[rel] = (mine.column("unit").combine_chunks(), mine.column("rows").combine_chunks())
+            wants.append(_Want(rel, str(key["table"]), rel.split("/", 2)[1].removeprefix("sweep="), None, None,
+                               key["bytes_min"], key["sha256_min"] or None, tuple(mine.column("unit").to_pylist())))
+        return wants
+
     def _unmanaged(self, table: str, listing: dict[str, list[str]], specs: set[str]) -> None:
         """A table no ledger row names (spec records, launches, pre-registrations): read whole at open;
         only a sweep's ``spec.parquet`` in ``sweeps``; elsewhere only the partitions of sweeps with a
@@ -945,7 +1000,15 @@ class _Binder:
                 out.append((w, t))
                 continue
             units, why = compacted_units(self.store, w.rel)
-            if units is not None:
+            if units is not None and w.rel in self._compacted_members:  # bound in Arrow: checked in Arrow
+                members, rows = self._compacted_members[w.rel]
+                held = pa.array(list(units), pa.string())
+                at = pc.index_in(members, value_set=held)
+                held_rows = pa.array(list(units.values()), pa.int64()).take(at)
+                bad = pc.or_kleene(pc.is_null(at), pc.fill_null(pc.not_equal(rows.cast(pa.int64()), held_rows), False))
+                wrong = members.filter(bad).slice(0, 1).to_pylist()
+                why = f"does not hold the rows its units' records say (e.g. unit {wrong[0]})" if wrong else ""
+            elif units is not None:
                 recorded = self._compacted_rows
                 wrong = [u for u in w.members
                          if u not in units or recorded.get((w.rel, u)) not in (None, units[u])]
@@ -956,7 +1019,11 @@ class _Binder:
                 self._warn(w.rel, why, f"skipped, its {len(w.members)} unit(s) of sweep {w.sweep} are marked damaged")
                 continue
             assert units is not None
-            stale = sorted(set(units) - set(w.members))
+            if w.rel in self._compacted_members:
+                held = pa.array(list(units), pa.string())
+                stale = sorted(held.filter(pc.invert(pc.is_in(held, value_set=self._compacted_members[w.rel][0]))).to_pylist())
+            else:
+                stale = sorted(set(units) - set(w.members))
             if stale:
                 self.out.stale[w.rel] = stale
             out.append((w, t))
