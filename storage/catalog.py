@@ -326,13 +326,17 @@ class _Bound:
     #: table -> rows read whole at open (bytes read once, parsed from memory): ``units`` and the other
     #: tables no ledger row names, and the files of a result table that no SHA-256 identifies (legacy rows).
     memory: dict[str, pa.Table] = field(default_factory=dict)
-    ledger: pa.Table | None = None  # every counted ledger row: UNITS + sweep
+    #: every counted ledger row of a ledger file (the tail): UNITS + sweep. A checkpoint's rows are not
+    #: read at open: the ``units`` view scans each checkpoint (``checkpoints``) at query time.
+    ledger: pa.Table | None = None
     lost: list[dict[str, Any]] = field(default_factory=list)  # units whose ledger file is unreadable
     damaged: dict[tuple[str, str], str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     sweeps: set[str] = field(default_factory=set)  # sweeps with a ledger or a spec record
     #: each sweep's ledger checkpoint bound (storage.records), and the units whose tail file supersedes its row
     checkpoints: list[tuple[_Want, list[str]]] = field(default_factory=list)
+    #: checkpoint rel -> its read (storage.records.CheckpointRead): columns decoded only when needed
+    checkpoint_reads: dict[str, Any] = field(default_factory=dict)
     #: a bound compacted file -> the units it holds that no ok row names it for (superseded since): not read
     stale: dict[str, list[str]] = field(default_factory=dict)
     hashed: int = 0  # files hashed at open (not found in the verified-files cache)
@@ -615,6 +619,10 @@ class _Binder:
         self._compacted_rows: dict[tuple[str, str], int | None] = {}  # (compacted file, unit) -> its record's rows
         #: compacted file -> (its units, each unit's recorded rows), bound in Arrow (:meth:`_compacted_wants`)
         self._compacted_members: dict[str, tuple[pa.Array, pa.Array]] = {}
+        #: checkpoints whose sweep was bound in Arrow: their binding is kept if every file passes (:meth:`bind`)
+        self._to_keep: list[tuple[_Want, list[_Want]]] = []
+        #: compacted file -> (its checkpoint, its stale units) when its binding was kept (:meth:`_kept_binding`)
+        self._kept: dict[str, tuple[_Want, list[str]]] = {}
 
     def _abs(self, rel: str) -> str:
         return f"{self.store.base}/{rel}"
@@ -755,10 +763,10 @@ class _Binder:
             if w.unit is not None:
                 self.out.damaged.setdefault(w.unit, f"{w.rel}: {p}")
                 self._warn(w.rel, p, f"skipped, unit {w.unit[1]} of sweep {w.unit[0]} is marked damaged")
-            elif w.members:
-                for u in w.members:
+            elif members := self._units_of(w):
+                for u in members:
                     self.out.damaged.setdefault((w.sweep, u), f"{w.rel}: {p}")
-                self._warn(w.rel, p, f"skipped, its {len(w.members)} unit(s) of sweep {w.sweep} are marked damaged")
+                self._warn(w.rel, p, f"skipped, its {len(members)} unit(s) of sweep {w.sweep} are marked damaged")
             else:
                 self._warn(w.rel, p, "skipped")
         return good
@@ -821,20 +829,21 @@ class _Binder:
         read = known | {w.rel for w, _ in good}
         self.out.lost = [{"unit_id": w.unit[1], "status": "damaged", "sweep": w.sweep}
                          for w in wants if w.rel not in read and w.unit is not None]
-        parts += self._checkpoints(listing, wants)
+        self._checkpoints(listing, wants)
         self.out.ledger = _concat(parts, full)
 
-    def _checkpoints(self, listing: dict[str, list[str]], wants: list[_Want]) -> list[pa.Table]:
-        """Each sweep's ledger checkpoint (storage.records): its rows of the units no tail file names
-        (a tail file, intact or not, is the later write), with ``sweep``; a damaged checkpoint is a
-        warning, and its units are not counted."""
+    def _checkpoints(self, listing: dict[str, list[str]], wants: list[_Want]) -> None:
+        """Each sweep's ledger checkpoint (storage.records), checked (its bytes against the SHA-256 its
+        name records, or a kept read of it, storage.readcache) but not decoded: the ``units`` view
+        scans its rows of the units no tail file names (a tail file, intact or not, is the later
+        write) at query time, and :meth:`_expected` decodes the columns it binds only when no kept
+        binding serves. A damaged checkpoint is a warning, and its units are not counted."""
         from storage.records import SweepRecords
 
         tail: dict[str, set[str]] = {}
         for w in wants:
             if w.unit is not None:
                 tail.setdefault(w.sweep, set()).add(w.unit[1])
-        out = []
         for sweep in sorted(listing):
             records = SweepRecords(self.store, sweep)
             cp = records.current_checkpoint()
@@ -846,17 +855,22 @@ class _Binder:
                 self._warn(cp.rel, f"ledger checkpoint: unreadable ({type(exc).__name__}: {exc})",
                            "the units only it records are not counted")
                 continue
-            if not read.ok or read.table is None:
+            if not read.ok or read.keys is None:
                 self._warn(cp.rel, f"ledger checkpoint: {read.why}", "the units only it records are not counted")
                 continue
-            t = read.table.select(UNITS.names)
-            superseded = tail.get(sweep, set())
-            if superseded:
-                t = t.filter(pc.invert(pc.is_in(t.column("unit_id"), pa.array(sorted(superseded), pa.string()))))
-            self.out.checkpoints.append((_Want(cp.rel, "units", sweep, None, read.table.num_rows, None, cp.sha256),
-                                         sorted(superseded)))
-            out.append(t.append_column("sweep", pa.array([sweep] * len(t), pa.string())))
-        return out
+            superseded = sorted(tail.get(sweep, set()))
+            self.out.checkpoints.append((_Want(cp.rel, "units", sweep, None, read.keys.num_rows, None, cp.sha256),
+                                         superseded))
+            self.out.checkpoint_reads[cp.rel] = read
+            self.out.identity[cp.rel] = read.identity
+
+    def _checkpoint_rows(self, w: _Want, superseded: list[str], columns: list[str]) -> pa.Table:
+        """``columns`` of the checkpoint ``w``'s rows that no tail file supersedes, with ``sweep``."""
+        read = self.out.checkpoint_reads[w.rel]
+        t = read.columns(columns)
+        if superseded:
+            t = t.filter(pc.invert(pc.is_in(t.column("unit_id"), pa.array(superseded, pa.string()))))
+        return t.append_column("sweep", pa.array([w.sweep] * len(t), pa.string()))
 
     def _expected(self) -> dict[str, list[_Want]]:
         """table -> the files ``ok`` ledger rows name (legacy rows: ``<unit_id>.parquet`` per table)."""
@@ -868,7 +882,27 @@ class _Binder:
             return rel.split("/", 2)[1].removeprefix("sweep=")
 
         assert self.out.ledger is not None
-        ledger = self.out.ledger.select(["unit_id", "status", "tables", "files", "sweep"])
+        columns = ["unit_id", "status", "tables", "files", "sweep"]
+        parts = [self.out.ledger.select(columns)]
+        with_tail = set(pc.unique(parts[0].column("sweep")).to_pylist()) if parts[0].num_rows else set()
+        for cpw, superseded in self.out.checkpoints:
+            if cpw.sweep not in with_tail:  # every unit of the sweep in its checkpoint: kept, or bound in Arrow
+                kept = self._kept_binding(cpw)
+                if kept is not None:
+                    for w in kept:
+                        out[w.table].append(w)
+                    continue
+                rows = self._checkpoint_rows(cpw, superseded, columns[:-1])
+                wants = self._compacted_wants(cpw.sweep, rows.filter(pc.equal(rows.column("status"), "ok")))
+                if wants is not None:
+                    for w in wants:
+                        out[w.table].append(w)
+                    self._to_keep.append((cpw, wants))
+                    continue
+                parts.append(rows)
+            else:
+                parts.append(self._checkpoint_rows(cpw, superseded, columns[:-1]))
+        ledger = pa.concat_tables(parts)
         ledger = ledger.filter(pc.equal(ledger.column("status"), "ok"))
         sweeps = pc.unique(ledger.column("sweep")).to_pylist()
         slow: list[pa.Table] = []
@@ -919,6 +953,60 @@ class _Binder:
             out[table].append(_Want(rel, table, first_sweep(rel), None, None, first.get("bytes"), first.get("sha256") or None,
                                     tuple(agree)))
         return out
+
+    _KEPT = "catalog-binding"
+
+    def _kept_binding(self, cpw: _Want) -> list[_Want] | None:
+        """The wants of checkpoint ``cpw``'s sweep as a catalog bound them before (storage.readcache),
+        when the checkpoint and every compacted file it names keep the identity they had then (so
+        the same bytes: the same records, the same members, the same stale units). None: bind it."""
+        kept = self.store.read_cache
+        hit = kept.get(cpw.rel, self.out.identity.get(cpw.rel), self._KEPT) if kept is not None else None
+        if hit is None:
+            return None
+        files = hit[1].get("files")
+        if not isinstance(files, list) or not files:
+            return None
+        wants = []
+        for f in files:
+            rel = str(f.get("rel", ""))
+            identity = self.cache.identity(rel, self.infos.get(rel)) if rel in self.infos else None
+            if identity is None or identity != f.get("identity"):
+                return None
+            wants.append(_Want(rel, str(f["table"]), str(f["sweep"]), None, None, f.get("bytes"), f.get("sha256") or None))
+        for w, f in zip(wants, files, strict=True):
+            self._kept[w.rel] = (cpw, [str(u) for u in f.get("stale") or []])
+        return wants
+
+    def _keep_bindings(self) -> None:
+        """Keep the binding of each sweep bound in Arrow whose every compacted file passed every check
+        (and no unit of which is damaged): the next open of the unchanged files reuses it."""
+        kept = self.store.read_cache
+        if kept is None:
+            return
+        bound = {w.rel for ws in self.out.files.values() for w in ws}
+        for cpw, wants in self._to_keep:
+            if any(w.rel not in bound or self.out.identity.get(w.rel) is None for w in wants) or \
+                    any(k[0] == cpw.sweep for k in self.out.damaged):
+                continue
+            files = [{"table": w.table, "rel": w.rel, "sweep": w.sweep, "bytes": w.size, "sha256": w.sha256,
+                      "identity": self.out.identity[w.rel], "stale": self.out.stale.get(w.rel, [])} for w in wants]
+            kept.put(cpw.rel, self.out.identity.get(cpw.rel), self._KEPT, pa.table({"n": [len(files)]}), {"files": files})
+
+    def _units_of(self, w: _Want) -> tuple[str, ...]:
+        """The units whose ok rows name ``w`` (a compacted file whose binding was kept: decoded now,
+        to name them damaged)."""
+        if w.members or w.rel not in self._kept:
+            return w.members
+        cpw, _stale = self._kept[w.rel]
+        superseded = next((s for c, s in self.out.checkpoints if c.rel == cpw.rel), [])
+        rows = self._checkpoint_rows(cpw, superseded, ["unit_id", "status", "files"])
+        rows = rows.filter(pc.equal(rows.column("status"), "ok"))
+        files = rows.column("files").combine_chunks()
+        flat = pc.list_flatten(files)
+        parent = pc.list_parent_indices(files)
+        hit = pc.equal(flat.field("path"), w.rel)
+        return tuple(rows.column("unit_id").combine_chunks().take(parent.filter(hit)).to_pylist())
 
     def _compacted_wants(self, sweep: str, rows: pa.Table) -> list[_Want] | None:
         """The wants of a compacted sweep's ``ok`` ledger rows, in Arrow (no Python object per unit
@@ -996,6 +1084,12 @@ class _Binder:
 
         out = []
         for w, t in good:
+            if w.rel in self._kept:  # its footer was checked against the same records before: kept
+                stale = self._kept[w.rel][1]
+                if stale:
+                    self.out.stale[w.rel] = stale
+                out.append((w, t))
+                continue
             if not w.members:
                 out.append((w, t))
                 continue
@@ -1059,6 +1153,7 @@ class _Binder:
             legacy = [t for _, t in good if t is not None]  # no SHA-256 to identify them: read whole now
             if legacy:
                 self.out.memory[table] = _concat(legacy, TABLES[table].append(pa.field("sweep", pa.string())))
+        self._keep_bindings()
         if self.cache.forged:
             self.out.warnings.append(
                 f"the verified-files cache {self.cache.path}: {self.cache.forged} entr"
@@ -1096,7 +1191,25 @@ def _bind_units(con: duckdb.DuckDBPyConnection, store: ResultStore, bound: _Boun
     """The ``units`` view: the counted ledger rows (read at open), plus ``damaged`` / ``damage`` (why)
     of each unit, plus a ``damaged`` row for each unit whose ledger file is unreadable."""
     full = UNITS.append(pa.field("sweep", pa.string()))
-    con.register("_units_ledger", bound.ledger if bound.ledger is not None else full.empty_table())
+    con.register("_units_tail", bound.ledger if bound.ledger is not None else full.empty_table())
+    parts = ["SELECT * FROM _units_tail"]
+    cols = ", ".join(_ident(c) for c in UNITS.names)
+    for i, (w, superseded) in enumerate(bound.checkpoints):  # scanned at query time, page checksums verified
+        if bound.native:
+            source = f"read_parquet([{_literal(f'{store.base}/{w.rel}')}], hive_partitioning = false)"
+        else:
+            import pyarrow.dataset as pads
+
+            fmt = pads.ParquetFileFormat(
+                default_fragment_scan_options=pads.ParquetFragmentScanOptions(page_checksum_verification=True))
+            source = f"_units_checkpoint_{i}"
+            con.register(source, pads.dataset(f"{store.base}/{w.rel}", format=fmt, filesystem=store.fs))
+        skip = ""
+        if superseded:
+            con.register(f"_units_superseded_{i}", pa.table({"unit_id": pa.array(superseded, pa.string())}))
+            skip = f" WHERE unit_id NOT IN (SELECT unit_id FROM _units_superseded_{i})"
+        parts.append(f"SELECT {cols}, {_literal(w.sweep)} AS sweep FROM {source}{skip}")
+    con.execute("CREATE VIEW _units_ledger AS " + "\nUNION ALL BY NAME\n".join(parts))
     con.register("_units_damage", pa.Table.from_pylist(
         [{"sweep": k[0], "unit_id": k[1], "damage": v} for k, v in bound.damaged.items()],
         schema=pa.schema([("sweep", pa.string()), ("unit_id", pa.string()), ("damage", pa.string())])))
@@ -1233,6 +1346,7 @@ def _open(store: ResultStore, bound: _Bound, spill: str | None = None,
             con.execute("SET max_temp_directory_size = '0B'")
         if native:
             allowed = [f"{store.base}/{w.rel}" for w in _native_files(bound)]
+            allowed += [f"{store.base}/{w.rel}" for w, _ in bound.checkpoints]
             con.execute("SET allowed_paths = $paths", {"paths": allowed})
             con.execute("SET parquet_metadata_cache = true")  # each footer read once per connection
         con.execute("SET enable_external_access = false")  # no file, any path, but the allowed ones
@@ -1370,7 +1484,8 @@ class Catalog:
         #: (path, identity when verified) of each file they read, checked after every query.
         self.native = bound.native
         self._watched: list[tuple[str, str, list[Any] | None]] = (
-            [(w.table, w.rel, bound.identity.get(w.rel)) for w in _native_files(bound)] if self.native else [])
+            [(w.table, w.rel, bound.identity.get(w.rel)) for w in _native_files(bound)]
+            + [("units", w.rel, bound.identity.get(w.rel)) for w, _ in bound.checkpoints] if self.native else [])
         try:  # the views are made when a query first names their table (a report reads a few of 16)
             con = _open(self.store, bound, self._spill, tables=())
         except BaseException:

@@ -175,6 +175,18 @@ class CheckpointRead:
     def ok(self) -> bool:
         return self.keys is not None
 
+    def columns(self, names: list[str]) -> pa.Table:
+        """``names`` of every row (an intact checkpoint's), decoded now: only those columns (the whole
+        :attr:`table` when it is decoded already). A read whose keys came from the read cache reads
+        and checks the file's bytes first (``loader``)."""
+        if "table" in self.__dict__ and self.__dict__["table"] is not None:
+            return self.__dict__["table"].select(names)
+        if self.file is None and self.loader is not None:
+            self.file = self.loader()
+        if self.file is None:
+            raise ValueError(f"{self.checkpoint.rel}: not an intact checkpoint ({self.why})")
+        return self.file.read(columns=names, use_threads=False).replace_schema_metadata(None)
+
     @cached_property
     def table(self) -> pa.Table | None:
         if self.file is None and self.loader is not None:

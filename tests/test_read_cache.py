@@ -117,3 +117,95 @@ def test_a_relaunch_of_the_finished_sweep_reads_neither_record_again(finished: P
     summary = launch_in_process(finished, tiny_spec_text(SWEEP))
     assert summary.n_skipped == summary.n_units and summary.n_ok == 0
     assert not [p for p in reads if "_checkpoints" in p or "table=sweeps" in p]
+
+
+@pytest.fixture
+def compacted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A finished sweep whose launch ended with a checkpoint and compacted result files."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("SWAPCHECK_CHECKPOINT_FROM", "1")
+    monkeypatch.setenv("SWAPCHECK_COMPACT_FROM", "1")
+    root = tmp_path / "results"
+    summary = launch_in_process(root, tiny_spec_text(SWEEP))
+    assert summary.n_ok == summary.n_units > 4
+    assert list((root / f"table=kdepth/sweep={SWEEP}").glob("c-*.parquet"))
+    return root
+
+
+def _answers(root: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, Any], int]:
+    """What a user reads through the catalog, and how many sweeps were bound in Arrow (not kept)."""
+    from storage import catalog
+
+    bound: list[str] = []
+    real = catalog._Binder._compacted_wants
+    monkeypatch.setattr(catalog._Binder, "_compacted_wants", lambda self, s, rows: bound.append(s) or real(self, s, rows))
+    with catalog.open_catalog(str(root)) as cat:
+        units = cat.query("SELECT * EXCLUDE (started_at, finished_at) FROM units ORDER BY unit_id").to_pylist()
+        rows = cat.query("SELECT unit_id, impl_a, impl_b, k, differing FROM kdepth ORDER BY ALL").to_pylist()
+        answers = {"units": units, "rows": rows, "warnings": list(cat.warnings)}
+    monkeypatch.setattr(catalog._Binder, "_compacted_wants", real)
+    return answers, len(bound)
+
+
+def test_a_catalog_reuses_the_binding_of_unchanged_compacted_files(compacted: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second open of an unchanged compacted sweep binds nothing (the kept binding: no decode of
+    the checkpoint's file records, no footer read) and reads the same answers; the units view scans
+    the checkpoint at query time."""
+    first, n_first = _answers(compacted, monkeypatch)
+    assert n_first == 1 and first["warnings"] == [] and len(first["units"]) > 4
+    assert all(u["status"] == "ok" and not u["damaged"] for u in first["units"])
+    again, n_again = _answers(compacted, monkeypatch)
+    assert n_again == 0 and again == first
+    monkeypatch.setenv("SWAPCHECK_REHASH_AFTER_S", "0")  # nothing kept is trusted: bound again, the same
+    fresh, n_fresh = _answers(compacted, monkeypatch)
+    assert n_fresh == 1 and fresh == first
+
+
+def test_a_rewritten_compacted_file_is_bound_again(compacted: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    first, _ = _answers(compacted, monkeypatch)
+    (cfile,) = (compacted / f"table=kdepth/sweep={SWEEP}").glob("c-*.parquet")
+    cfile.write_bytes(cfile.read_bytes())  # the same bytes, another identity
+    again, n_again = _answers(compacted, monkeypatch)
+    assert n_again == 1 and again == first
+
+
+def test_bit_rot_under_a_kept_binding_marks_the_files_units_damaged(compacted: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A compacted file whose bytes changed while its identity did not (what no user call can do) is
+    found by its SHA-256 once its verified entry is older than SWAPCHECK_REHASH_AFTER_S; the units it
+    holds are named damaged although the kept binding listed none of them."""
+    from storage import catalog
+
+    first, _ = _answers(compacted, monkeypatch)
+    (cfile,) = (compacted / f"table=kdepth/sweep={SWEEP}").glob("c-*.parquet")
+    rel = cfile.relative_to(compacted).as_posix()
+    real_identity = catalog.VerifiedFiles.identity
+    kept = real_identity(catalog.VerifiedFiles(ResultStore(compacted)), rel, None)
+    data = bytearray(cfile.read_bytes())
+    data[len(data) // 3] ^= 0xFF
+    cfile.write_bytes(bytes(data))
+    monkeypatch.setattr(catalog.VerifiedFiles, "identity",
+                        lambda self, r, info: kept if r == rel else real_identity(self, r, info))
+    from storage import readcache
+
+    # the kept binding is trusted (as if kept a moment ago); the verified-files entry is not: re-hashed
+    monkeypatch.setattr(readcache.ReadCache, "__init__", _fresh_reads(readcache.ReadCache.__init__))
+    monkeypatch.setenv("SWAPCHECK_REHASH_AFTER_S", "0")
+    bound: list[str] = []
+    real = catalog._Binder._compacted_wants
+    monkeypatch.setattr(catalog._Binder, "_compacted_wants", lambda self, s, rows: bound.append(s) or real(self, s, rows))
+    with catalog.open_catalog(str(compacted)) as cat:
+        damaged = cat.query("SELECT count(*) AS n FROM units WHERE damaged").to_pylist()[0]["n"]
+        assert any(rel in w and "damaged" in w for w in cat.warnings)
+    assert bound == []  # the binding was the kept one: the damaged units were found from the checkpoint
+    assert damaged == len(first["units"]) > 0
+
+
+def _fresh_reads(init: Any) -> Any:
+    """ReadCache.__init__ that trusts every kept read whatever its age (the verified-files cache
+    does not: the test's SWAPCHECK_REHASH_AFTER_S=0 applies to it alone)."""
+    def wrapped(self: Any, *a: Any, **kw: Any) -> None:
+        init(self, *a, **kw)
+        self._fresh_ns = 0
+    return wrapped
