@@ -24,7 +24,9 @@ after (the files are the same; only the setup's time differs). The tree is cache
   (reported apart: it pays the runner's imports and fills the machine's read cache, storage.readcache;
   the plan measures before it filled the plan cache), and ``relaunch
   expanding``: the same with the plan cache off, as every relaunch was before it. The case
-  "relaunch, 1,000 -> 100,000 units" carries issue #39's goal, at most 5x.
+  "relaunch, 1,000 -> 100,000 units" carries issue #39's goal, at most 5x;
+* ``open``: ``storage.catalog.open_catalog`` of the finished sweep and a count of its units and rows,
+  after a first open (reported apart: it fills the verified-files cache and the read cache).
 
 The finished sweep is left as a launch leaves it: a ledger checkpoint, its spec record, its result
 files compacted (the builder ends with one ``launch``). The bench keeps its plan cache in a fresh
@@ -223,6 +225,25 @@ def relaunches(spec: Any, root: Path, n: int, repeat: int) -> dict[str, Any]:
             "relaunch_times": relaunch_all, "relaunch_expanding_times": expanding_all}
 
 
+def catalog_opens(root: Path, n: int, repeat: int) -> tuple[float, float, list[float]]:
+    """``open_catalog`` of the finished sweep and a count of its units and result rows (what every
+    ``report`` and ``query`` pays first): the first in this process (reported apart: it may fill the
+    verified-files and read caches), then the median of ``repeat``."""
+    from storage.catalog import open_catalog
+
+    def once() -> None:
+        with open_catalog(str(root)) as cat:
+            counts = cat.query("SELECT (SELECT count(*) FROM units WHERE status = 'ok' AND NOT damaged) AS units, "
+                               "(SELECT count(*) FROM sched_bench) AS rows").to_pylist()[0]
+            assert counts == {"units": n, "rows": n} and not cat.warnings, (counts, cat.warnings[:3])
+
+    t0 = time.perf_counter()
+    once()
+    first = time.perf_counter() - t0
+    seconds, times = _median(once, repeat)
+    return first, seconds, times
+
+
 def measure_units(directory: Path, n: int, repeat: int) -> dict[str, Any]:
     from orchestrator.plan import make_plan
     from storage.store import ResultStore
@@ -239,13 +260,17 @@ def measure_units(directory: Path, n: int, repeat: int) -> dict[str, Any]:
 
     skip_s, skip_all = _median(skip, repeat)
     r = relaunches(spec, root, n, repeat)
+    first_open_s, open_s, open_all = catalog_opens(root, n, repeat)
     out = {"units": n, "plan_s": plan_s, "cached_plan_s": cached_plan_s, "skip_s": skip_s, **r,
+           "first_open_s": first_open_s, "open_s": open_s,
            "times": {"plan": plan_all, "cached_plan": cached_plan_all, "skip": skip_all,
-                     "relaunch": r["relaunch_times"], "relaunch_expanding": r["relaunch_expanding_times"]},
+                     "relaunch": r["relaunch_times"], "relaunch_expanding": r["relaunch_expanding_times"],
+                     "open": open_all},
            "load_before": load_before, "load_after": common.load_average()}
     print(f"  {n:>9,} units: plan {plan_s:.3f} s (from the plan cache {cached_plan_s:.3f} s), skip-check {skip_s:.3f} s, "
           f"relaunch {r['relaunch_s']:.3f} s (expanding the spec {r['relaunch_expanding_s']:.3f} s; the first in this "
-          f"process {r['first_relaunch_s']:.3f} s) (median of {repeat}; load {load_before[0]:.1f} -> "
+          f"process {r['first_relaunch_s']:.3f} s), catalog open {open_s:.3f} s (the first {first_open_s:.3f} s) "
+          f"(median of {repeat}; load {load_before[0]:.1f} -> "
           f"{out['load_after'][0]:.1f})", flush=True)
     return out
 
@@ -364,7 +389,7 @@ def main() -> None:
         if 1000 in by_n and 100_000 in by_n and (1000, 100_000) not in [(a["units"], b["units"]) for a, b in pairs]:
             pairs.append((by_n[1000], by_n[100_000]))
         for a, b in pairs:
-            for what in ("plan", "cached_plan", "skip", "relaunch", "relaunch_expanding"):
+            for what in ("plan", "cached_plan", "skip", "relaunch", "relaunch_expanding", "open"):
                 e = exponent(a["units"], a[f"{what}_s"], b["units"], b[f"{what}_s"])
                 # Issue #39's goal: relaunching a finished 100,000-unit sweep costs at most 5x the 1,000-unit one.
                 goal = 5.0 if what == "relaunch" and (a["units"], b["units"]) == (1000, 100_000) else None
