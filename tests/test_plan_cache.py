@@ -31,6 +31,7 @@ from orchestrator.plan import Plan, PlanChanged, make_plan
 from orchestrator.spec import LoadedSpec, SweepSpec, load_spec
 from tasks import inputs
 from tasks.kinds import get_kind, kind_names
+from tests.test_code_fingerprint import _package
 
 REPO = Path(__file__).resolve().parent.parent
 SPECS = sorted((REPO / "sweeps").glob("*.toml"))
@@ -87,18 +88,6 @@ def test_every_kinds_example_plan_is_reused_as_it_was_expanded(cache: Path) -> N
         _same(again, first)
 
 
-KERNEL = '''
-from tasks.kernels.int8 import Int8CutlassOrder
-from {pkg}.helpers import FACTOR
-
-
-class Scaled(Int8CutlassOrder):
-    name = ""
-
-    def compute(self, ops):
-        return (super().compute(ops).float() * FACTOR).to(ops.out_dtype)
-'''
-
 SPEC = '''
 name = "{name}"
 question = "does an edited kernel make a new plan?"
@@ -117,17 +106,8 @@ out_dtype = "bf16"
 '''
 
 
-def _user_kernel(root: Path, pkg: str, factor: str) -> Path:
-    d = root / pkg
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "__init__.py").write_text("")
-    (d / "kernels.py").write_text(textwrap.dedent(KERNEL.format(pkg=pkg)))
-    (d / "helpers.py").write_text(f"FACTOR = {factor}\n")
-    return d
-
-
 def test_an_edited_users_kernel_makes_a_new_plan(tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    d = _user_kernel(tmp_path, "pc_pkg_a", "1.0")
+    d = _package(tmp_path, "pc_pkg_a")  # the user's kernel of the fingerprint tests (issue #36)
     monkeypatch.syspath_prepend(str(tmp_path))
     spec_path = tmp_path / "s.toml"
     spec_path.write_text(SPEC.format(name="edited", kernel="pc_pkg_a.kernels:Scaled"))
@@ -335,7 +315,7 @@ def test_the_cache_keeps_the_newest_plans(cache: Path, monkeypatch: pytest.Monke
 
 AUDIT = r'''
 import json, os, site, sys
-sys.path.insert(0, {tests!r})
+sys.path[:0] = [{tests!r}, {repo!r}]
 import test_plan_cache as t
 from orchestrator.plan import Plan
 from orchestrator.spec import load_spec
@@ -409,7 +389,7 @@ def test_no_expansion_reads_a_file_except_through_an_expansion_input(tmp_path: P
     """Expanding every shipped spec and kind example in a fresh process, with an audit hook on every
     open, directory listing and stat: outside an expansion input, only code is read (a read of a
     spec's file, a prompt, a model, anything under sweeps/, would make a reused plan blind to it)."""
-    script = AUDIT.format(tests=str(REPO / "tests"))
+    script = AUDIT.format(tests=str(REPO / "tests"), repo=str(REPO))
     env = {**os.environ, plan_cache.ENV: "off"}
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path,
                          timeout=300)

@@ -23,16 +23,23 @@ from tests.conftest import launch_in_process, tiny_spec_text
 SWEEP = "rc"
 
 
-@pytest.fixture
-def finished(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A finished sweep whose launch ended with a checkpoint, and a cache directory of the test's own."""
+def _launched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compact: bool) -> Path:
+    """A finished sweep whose launch ended with a checkpoint (and, ``compact``, compacted result
+    files), and a cache directory of the test's own."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setenv("SWAPCHECK_CHECKPOINT_FROM", "1")
+    monkeypatch.setenv("SWAPCHECK_COMPACT_FROM", "1" if compact else "0")
     root = tmp_path / "results"
     summary = launch_in_process(root, tiny_spec_text(SWEEP))
     assert summary.n_ok == summary.n_units > 4
     assert list((root / f"table=units/sweep={SWEEP}/_checkpoints").glob("*.parquet"))
+    assert bool(list((root / f"table=kdepth/sweep={SWEEP}").glob("c-*.parquet"))) == compact
     return root
+
+
+@pytest.fixture
+def finished(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    return _launched(tmp_path, monkeypatch, compact=False)
 
 
 def _read(root: Path) -> tuple[Any, Any]:
@@ -121,15 +128,7 @@ def test_a_relaunch_of_the_finished_sweep_reads_neither_record_again(finished: P
 
 @pytest.fixture
 def compacted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A finished sweep whose launch ended with a checkpoint and compacted result files."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.setenv("SWAPCHECK_CHECKPOINT_FROM", "1")
-    monkeypatch.setenv("SWAPCHECK_COMPACT_FROM", "1")
-    root = tmp_path / "results"
-    summary = launch_in_process(root, tiny_spec_text(SWEEP))
-    assert summary.n_ok == summary.n_units > 4
-    assert list((root / f"table=kdepth/sweep={SWEEP}").glob("c-*.parquet"))
-    return root
+    return _launched(tmp_path, monkeypatch, compact=True)
 
 
 def _answers(root: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, Any], int]:
