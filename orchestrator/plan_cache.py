@@ -59,12 +59,13 @@ _OWN = ("swapcheck_common", "orchestrator", "tasks", "storage", "reports", "swap
 
 def cache_dir() -> Path | None:
     """The cache directory, or None when ``SWAPCHECK_PLAN_CACHE=off``."""
-    value = os.environ.get(ENV)
-    if value is not None:
-        value = value.strip()
-        return None if value.lower() in ("", "off", "0", "no", "false") else Path(value).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "swapcheck" / "plans"
+    from storage.files import cache_dir as swapcheck_cache
+
+    value = (os.environ.get(ENV) or "").strip()  # unset or empty: the default directory
+    if value:
+        return None if value.lower() in ("off", "0", "no", "false") else Path(value).expanduser()
+    base = swapcheck_cache()  # $XDG_CACHE_HOME/swapcheck or ~/.cache/swapcheck, as every cache of swapcheck's
+    return base / "plans" if base is not None else None
 
 
 def code_digest() -> str:
