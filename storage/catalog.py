@@ -994,8 +994,10 @@ class _Binder:
             kept.put(cpw.rel, self.out.identity.get(cpw.rel), self._KEPT, pa.table({"n": [len(files)]}), {"files": files})
 
     def _units_of(self, w: _Want) -> tuple[str, ...]:
-        """The units whose ok rows name ``w`` (a compacted file whose binding was kept: decoded now,
-        to name them damaged)."""
+        """The units whose ok rows name ``w`` (a compacted file bound in Arrow: listed now; one whose
+        binding was kept: decoded from the checkpoint now), to name them damaged."""
+        if w.rel in self._compacted_members:
+            return tuple(self._compacted_members[w.rel][0].to_pylist())
         if w.members or w.rel not in self._kept:
             return w.members
         cpw, _stale = self._kept[w.rel]
@@ -1037,18 +1039,24 @@ class _Binder:
         if pc.any(pc.not_equal(keys.column("bytes_count_distinct"), 1)).as_py() or \
                 pc.any(pc.not_equal(keys.column("sha256_count_distinct"), 1)).as_py():
             return None  # a file recorded with other bytes by some unit: damage, named row by row
+        encoded = pc.dictionary_encode(paths)  # each record's file as a small integer: one hash per record
+        if len(encoded.dictionary) != keys.num_rows:
+            return None  # a path recorded under two tables: named row by row
+        code = {p: i for i, p in enumerate(encoded.dictionary.to_pylist())}
         wants = []
-        for key in keys.to_pylist():
+        for key in keys.select(["table", "path", "bytes_min", "sha256_min"]).to_pylist():
             try:
                 self.store.recorded(sweep, {"table": key["table"], "path": key["path"]})
             except PathEscape:
                 return None
-            mine = records.filter(pc.and_(pc.equal(records.column("table"), key["table"]),
-                                          pc.equal(records.column("path"), key["path"])))
             rel = str(key["path"])
-            self._compacted_members[rel] = (mine.column("unit").combine_chunks(), mine.column("rows").combine_chunks())
+            mine = pc.equal(encoded.indices, code[rel])
+            # Its units stay in Arrow (``members`` empty): checked against its footer in Arrow
+            # (:meth:`_members`), listed in Python only to name them damaged (:meth:`_units_of`).
+            self._compacted_members[rel] = (records.column("unit").filter(mine).combine_chunks(),
+                                            records.column("rows").filter(mine).combine_chunks())
             wants.append(_Want(rel, str(key["table"]), rel.split("/", 2)[1].removeprefix("sweep="), None, None,
-                               key["bytes_min"], key["sha256_min"] or None, tuple(mine.column("unit").to_pylist())))
+                               key["bytes_min"], key["sha256_min"] or None))
         return wants
 
     def _unmanaged(self, table: str, listing: dict[str, list[str]], specs: set[str]) -> None:
@@ -1090,7 +1098,7 @@ class _Binder:
                     self.out.stale[w.rel] = stale
                 out.append((w, t))
                 continue
-            if not w.members:
+            if not w.members and w.rel not in self._compacted_members:
                 out.append((w, t))
                 continue
             units, why = compacted_units(self.store, w.rel)
@@ -1108,9 +1116,10 @@ class _Binder:
                          if u not in units or recorded.get((w.rel, u)) not in (None, units[u])]
                 why = f"does not hold the rows its units' records say (e.g. unit {wrong[0]})" if wrong else ""
             if why:
-                for u in w.members:
+                members = self._units_of(w)
+                for u in members:
                     self.out.damaged.setdefault((w.sweep, u), f"{w.rel}: {why}")
-                self._warn(w.rel, why, f"skipped, its {len(w.members)} unit(s) of sweep {w.sweep} are marked damaged")
+                self._warn(w.rel, why, f"skipped, its {len(members)} unit(s) of sweep {w.sweep} are marked damaged")
                 continue
             assert units is not None
             if w.rel in self._compacted_members:
