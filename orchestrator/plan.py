@@ -34,6 +34,17 @@ class Profile:
     resources: Resources
     needs: tuple[str, ...]
 
+    def to_json(self) -> dict[str, Any]:
+        """As plain data (the plan cache keeps it: orchestrator.plan_cache)."""
+        return {"kind": self.kind, "stage": self.stage, "fresh_process": self.fresh_process,
+                "resources": self.resources.model_dump(mode="json"), "needs": list(self.needs)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Profile:
+        """:meth:`to_json` read back; ``KeyError``, ``TypeError`` or ``ValueError`` when it is not one."""
+        return cls(str(data["kind"]), int(data["stage"]), bool(data["fresh_process"]),
+                   Resources.model_validate(data["resources"], strict=False), tuple(data["needs"]))
+
 
 class PlanChanged(UsageError):
     """A spec's expansion gave other units the second time it was walked (an input it reads changed)."""
@@ -76,14 +87,15 @@ class Plan:
         self.sorted_ids: Any = None
 
     @classmethod
-    def from_parts(cls, sweep: str, spec_sha256: str, ids: Any, which: array[int], profiles: list[Profile],
-                   skip: set[int], expand: Callable[[], Iterable[Unit]], *, source: str) -> Plan:
-        """A plan whose ids (an Arrow string array) and profiles are known already
-        (orchestrator.plan_cache); its units are walked from ``expand`` when needed, and checked
-        against its ids as any plan's are."""
+    def from_parts(cls, sweep: str, spec_sha256: str, ids: Any, sorted_ids: Any, which: array[int],
+                   profiles: list[Profile], skip: set[int], expand: Callable[[], Iterable[Unit]], *,
+                   source: str) -> Plan:
+        """A plan whose ids (Arrow string arrays, in plan order and sorted) and profiles are known
+        already (orchestrator.plan_cache); its units are walked from ``expand`` when needed, and
+        checked against its ids as any plan's are."""
         plan = cls.__new__(cls)
         plan.sweep, plan.spec_sha256, plan._expand = sweep, spec_sha256, expand
-        plan._ids, plan._id_array, plan.sorted_ids = None, ids, None
+        plan._ids, plan._id_array, plan.sorted_ids = None, ids, sorted_ids
         plan.which, plan.profiles, plan._skip, plan.source = which, profiles, skip, source
         return plan
 
@@ -150,19 +162,13 @@ def make_plan(spec: LoadedSpec) -> Plan:
 
     cached, key = plan_cache.load(spec)
     if cached is not None:
-        from tasks.kinds.fields import Resources
-
         try:
-            profiles = [Profile(str(p["kind"]), int(p["stage"]), bool(p["fresh_process"]),
-                                Resources.model_validate(p["resources"], strict=False), tuple(p["needs"]))
-                        for p in cached.profiles]
+            profiles = [Profile.from_json(p) for p in cached.profiles]
         except (KeyError, TypeError, ValueError):  # a file that does not describe profiles: expand the spec
             profiles = None
         if profiles is not None:
-            plan = Plan.from_parts(spec.sweep.name, spec.sha256, cached.ids, cached.which, profiles, cached.skip,
-                                   expand, source="cache")
-            plan.sorted_ids = cached.sorted_ids
-            return plan
+            return Plan.from_parts(spec.sweep.name, spec.sha256, cached.ids, cached.sorted_ids, cached.which,
+                                   profiles, cached.skip, expand, source="cache")
     with recording() as rec:
         plan = Plan(spec.sweep.name, spec.sha256, expand=expand)
     if key is not None:

@@ -1,7 +1,7 @@
 """The plan cache: a spec's expansion kept on the launching machine, keyed by all it depends on.
 
-Expanding a spec costs about 7 µs a unit (each unit's content-addressed id is a hash of its canonical
-parameters): 0.7 s at 100,000 units, 7 s at a million, paid by every relaunch of a finished sweep to
+Expanding a spec costs about 7-10 µs a unit (each unit's content-addressed id is a hash of its canonical
+parameters): 1.0 s at 100,000 units, 10.5 s at a million (benchmarks/bench_growth.py), paid by every relaunch of a finished sweep to
 learn that nothing is left to run (issue #39). The expansion is a deterministic function of
 
 * the resolved spec: the sweep's name and every experiment's validated fields (paths made absolute);
@@ -42,7 +42,8 @@ from typing import Any
 import pyarrow as pa
 
 from orchestrator.spec import LoadedSpec
-from tasks.inputs import Recording, not_hermetic, replay
+from storage.files import write_cache_file
+from tasks.inputs import OWN, Recording, not_hermetic, replay
 
 __all__ = ["KEEP", "cache_dir", "code_digest", "load", "plan_key", "save"]
 
@@ -54,7 +55,6 @@ FORMAT = 2
 KEEP = 32
 ENV = "SWAPCHECK_PLAN_CACHE"
 _ID_LEN = 20
-_OWN = ("swapcheck_common", "orchestrator", "tasks", "storage", "reports", "swapcheck")
 
 
 def cache_dir() -> Path | None:
@@ -79,7 +79,7 @@ def code_digest() -> str:
     from tasks.fingerprint import _digest
 
     h = hashlib.sha256(f"python {sys.version}\npydantic {pydantic.VERSION}\n".encode())
-    for top in _OWN:
+    for top in sorted(OWN):
         found = importlib.util.find_spec(top)
         roots = list(found.submodule_search_locations or []) if found else []
         for root in roots:
@@ -110,14 +110,13 @@ def _path(directory: Path, key: str) -> Path:
 class Cached:
     """A kept plan (``orchestrator.plan.make_plan`` makes the ``Plan`` of it): its ids in plan order
     and sorted (Arrow string arrays over the file's bytes), each unit's profile index, the profiles
-    (``kind``, ``stage``, ``fresh_process``, ``resources``, ``needs``) and the merged duplicates."""
+    (``Profile.to_json``) and the merged duplicates."""
 
     ids: pa.Array
     sorted_ids: pa.Array
     which: array[int]
     profiles: list[dict[str, Any]]
     skip: set[int]
-    path: str
 
 
 def load(spec: LoadedSpec) -> tuple[Cached | None, str | None]:
@@ -133,7 +132,7 @@ def load(spec: LoadedSpec) -> tuple[Cached | None, str | None]:
         data = path.read_bytes()
     except OSError:
         return None, key
-    cached, why = _parse(data, key, str(path))
+    cached, why = _parse(data, key)
     if cached is None:
         log.info("plan cache: %s not reused (%s)", path, why)
         return None, key
@@ -145,7 +144,7 @@ def load(spec: LoadedSpec) -> tuple[Cached | None, str | None]:
     return cached, key
 
 
-def _parse(data: bytes, key: str, path: str) -> tuple[Cached | None, str]:
+def _parse(data: bytes, key: str) -> tuple[Cached | None, str]:
     import numpy as np
 
     cut = data.find(b"\n")
@@ -176,7 +175,7 @@ def _parse(data: bytes, key: str, path: str) -> tuple[Cached | None, str]:
         skip = {int(j) for j in header["skip"]}
     except (ValueError, KeyError, TypeError, UnicodeDecodeError, pa.ArrowException) as exc:
         return None, f"unreadable ({type(exc).__name__})"
-    return Cached(ids, in_order, which, profiles, skip, path), ""
+    return Cached(ids, in_order, which, profiles, skip), ""
 
 
 def _id_array(body: bytes | memoryview, n: int) -> pa.Array:
@@ -210,19 +209,12 @@ def save(key: str, plan: Any, rec: Recording) -> None:
     body = "".join(plan.ids).encode("ascii") + which.tobytes() + "".join(sorted(plan.ids)).encode("ascii")
     header = {"format": FORMAT, "key": key, "sweep": plan.sweep, "n": len(plan.ids),
               "skip": sorted(plan._skip), "inputs": rec.entries(), "body_sha256": hashlib.sha256(body).hexdigest(),
-              "profiles": [{"kind": p.kind, "stage": p.stage, "fresh_process": p.fresh_process,
-                            "resources": p.resources.model_dump(mode="json"), "needs": list(p.needs)}
-                           for p in plan.profiles]}
-    path = _path(directory, key)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        tmp.write_bytes(json.dumps(header, sort_keys=True, separators=(",", ":")).encode() + b"\n" + body)
-        os.replace(tmp, path)
+              "profiles": [p.to_json() for p in plan.profiles]}
+    if write_cache_file(_path(directory, key), json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+                        + b"\n" + body):
         _evict(directory)
-    except OSError as exc:
-        log.info("plan cache %s not written: %s", directory, exc)
-        tmp.unlink(missing_ok=True)
+    else:
+        log.info("plan cache %s not written", directory)
 
 
 def _evict(directory: Path) -> None:

@@ -547,7 +547,7 @@ def write_sweep_record(store: ResultStore, spec: LoadedSpec, plan: Plan) -> None
     if records.spec_table() is not None:  # claimed already (and the plan's ids need not become a list)
         return
     records.claim(spec_sha256=spec.sha256, question=spec.sweep.question, spec_path=spec.path,
-                                    spec_toml=spec.text, unit_ids=list(plan.ids))
+                  spec_toml=spec.text, unit_ids=list(plan.ids))
 
 
 def check_placeable(pending: Pending, nodes: list[dict[str, float]], conn: Any) -> None:
@@ -702,8 +702,8 @@ def _launch(spec: LoadedSpec, results: str | Path, address: str | None, num_cpus
                 ledger = store.read_ledger(plan.sweep)  # damaged entries: not done, recomputed, named
                 for line in ledger.warnings(str(results)):
                     emit("message", {"level": "warning", "line": line})
-                same = ledger.state() is not None and ledger.state() == first_read.state()
-                done = None if same else ledger.done_ids()  # the same files as before the lock: the same units done
+                state = ledger.state()
+                done = None if state is not None and state == first_read.state() else ledger.done_ids()  # the same files as before the lock: the same units done
             except OSError as exc:
                 raise StorageFailure(f"cannot write under {store.root}: {exc}. Nothing was run.") from None
             if done is not None:

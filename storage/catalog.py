@@ -75,7 +75,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from storage.errors import PathEscape, QueryError, StorageError
-from storage.files import REHASH_DEFAULT_S, REHASH_ENV, cache_dir
+from storage.files import REHASH_DEFAULT_S, REHASH_ENV, cache_dir, write_cache_file
 from storage.records import file_problem, is_compacted
 from storage.schemas import TABLES, UNITS, UNMANAGED_TABLES
 from storage.schemas import fingerprint as schemas_fingerprint
@@ -551,28 +551,12 @@ class VerifiedFiles:
     def save(self) -> None:
         """Keep what this open verified (files no longer bound are dropped); never raises."""
         import json
-        import os
-        import tempfile
 
         if self.path is None or self._new == self._old:
             return
-        tmp = None
-        try:
-            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump({"version": self.VERSION, "schemas": _SCHEMAS_KEY, "files": self._new}, fh,
-                          separators=(",", ":"))
-            os.replace(tmp, self.path)
-            tmp = None
-        except OSError:
-            pass  # an optimisation only: the next command hashes again
-        finally:
-            if tmp is not None:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
+        # an optimisation only: unwritten, the next command hashes again
+        write_cache_file(self.path, json.dumps({"version": self.VERSION, "schemas": _SCHEMAS_KEY, "files": self._new},
+                                               separators=(",", ":")).encode())
 
 
 #: The declared schemas the verified-files cache was checked against (a cache of other schemas is ignored).
@@ -902,19 +886,9 @@ class _Binder:
                 parts.append(rows)
             else:
                 parts.append(self._checkpoint_rows(cpw, superseded, columns[:-1]))
+        # The tail, and checkpoints that are not one compacted sweep's alone: row by row.
         ledger = pa.concat_tables(parts)
-        ledger = ledger.filter(pc.equal(ledger.column("status"), "ok"))
-        sweeps = pc.unique(ledger.column("sweep")).to_pylist()
-        slow: list[pa.Table] = []
-        for sweep in sweeps:
-            rows = ledger if len(sweeps) == 1 else ledger.filter(pc.equal(ledger.column("sweep"), sweep))
-            wants = self._compacted_wants(sweep, rows)
-            if wants is None:
-                slow.append(rows)
-                continue
-            for w in wants:
-                out[w.table].append(w)
-        for row in (pa.concat_tables(slow) if slow else ledger.slice(0, 0)).to_pylist():
+        for row in ledger.filter(pc.equal(ledger.column("status"), "ok")).to_pylist():
             unit = (row["sweep"], row["unit_id"])
             records = row["files"]
             if records is None:

@@ -285,3 +285,28 @@ def cache_dir() -> Path | None:
         return Path.home() / ".cache" / "swapcheck"
     except (RuntimeError, KeyError):
         return None
+
+
+def write_cache_file(path: Path, data: bytes) -> bool:
+    """Replace ``path`` (a file of one of this machine's caches) by ``data`` atomically: a private
+    temporary beside it, then ``os.replace``, its folder made owner-only if new. A cache is an
+    optimisation only: an ``OSError`` leaves no temporary and returns False; never raises."""
+    import tempfile
+
+    tmp = None
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+        tmp = None
+        return True
+    except OSError:
+        return False
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass

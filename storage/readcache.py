@@ -33,12 +33,13 @@ import json
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from storage.errors import StorageError
-from storage.files import REHASH_DEFAULT_S, REHASH_ENV, cache_dir
+from storage.files import REHASH_DEFAULT_S, REHASH_ENV, cache_dir, write_cache_file
 from swapcheck_common.env import seconds_from_env
 
 if TYPE_CHECKING:
@@ -62,10 +63,10 @@ class ReadCache:
         age_s = seconds_from_env(REHASH_ENV, REHASH_DEFAULT_S, 0.0, 10 * 365 * 86_400.0, StorageError)
         self._fresh_ns = time.time_ns() - int(age_s * 1e9)
 
-    def _path(self, rel: str, what: str) -> str:
+    def _path(self, rel: str, what: str) -> Path:
         assert self.folder is not None
         name = hashlib.sha256(f"{self._root}\0{rel}\0{what}".encode("utf-8", "surrogateescape")).hexdigest()[:40]
-        return str(self.folder / f"{name}.v{FORMAT}.arrows")
+        return self.folder / f"{name}.v{FORMAT}.arrows"
 
     def _mac(self, header: dict[str, Any]) -> str:
         assert self._key is not None
@@ -110,15 +111,5 @@ class ReadCache:
                                   "read_ns": time.time_ns(), "notes": notes or {},
                                   "body_sha256": hashlib.sha256(body).hexdigest()}
         header["mac"] = self._mac(header)
-        path = self._path(rel, what)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        try:
-            os.makedirs(self.folder, mode=0o700, exist_ok=True)
-            with open(tmp, "wb") as fh:
-                fh.write(json.dumps(header, sort_keys=True, separators=(",", ":")).encode() + b"\n" + body)
-            os.replace(tmp, path)
-        except OSError:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+        write_cache_file(self._path(rel, what),
+                         json.dumps(header, sort_keys=True, separators=(",", ":")).encode() + b"\n" + body)

@@ -388,19 +388,17 @@ class SweepRecords:
         checksum, the schema, one row per unit, the sweep its metadata names. Never raises for the
         file's content (a storage fault raises ``OSError``; a file gone, ``FileNotFoundError``)."""
         store = self.store
-        seen = store._ledger_seen
         path = store._p(cp.rel)
         ident = self._identity(path)
-        before = seen.get(path)
+        before: CheckpointRead | None = self._seen(path, ident)
+        if before is not None:
+            return before
         kept = store.read_cache
-        if ident is not None and before is not None and before[0] == ident and (kept is not None or not before[1].from_cache):
-            cached: CheckpointRead = before[1]
-            return cached
         hit = kept.get(cp.rel, ident, "checkpoint-keys") if kept is not None else None
         if hit is not None and ident is not None:  # read and checked whole before, unchanged since (storage.readcache)
             out = CheckpointRead(cp, identity=ident, keys=hit[0], created_by=str(hit[1].get("created_by", "")),
                                  from_cache=True, loader=lambda: self._checked_file(cp, path))
-            seen[path] = (ident, out)
+            self._remember(path, ident, out, kept=True)
             return out
         out = CheckpointRead(cp, identity=ident)
         data = store._read_bytes(path)
@@ -427,7 +425,7 @@ class SweepRecords:
             except Exception as exc:  # noqa: BLE001 - any decoding error (a page CRC too) means "damaged"
                 out.kind, out.why = "unreadable", f"not a readable Parquet file: {type(exc).__name__}: {str(exc).strip()[:160]}"
         if ident is not None:
-            seen[path] = (ident, out)
+            self._remember(path, ident, out, kept=False)
             if out.ok and kept is not None and out.keys is not None:
                 kept.put(cp.rel, ident, "checkpoint-keys", out.keys, {"created_by": out.created_by})
         return out
@@ -443,6 +441,22 @@ class SweepRecords:
                                f"records (SHA-256 {digest[:12]}…) though its identity is unchanged; run `swapcheck "
                                "sweep verify`, then `swapcheck sweep launch --repair`")
         return pq.ParquetFile(pa.BufferReader(data), page_checksum_verification=True)
+
+    def _seen(self, path: str, ident: list[Any] | None) -> Any:
+        """What this store read of ``path`` before, if its identity is still ``ident``; a read that came
+        from the read cache counts only while the store may use it (``sweep verify`` reads every byte)."""
+        store = self.store
+        before = store._ledger_seen.get(path)
+        if ident is None or before is None or before[0] != ident:
+            return None
+        if path in store._kept and store.read_cache is None:
+            return None
+        return before[1]
+
+    def _remember(self, path: str, ident: list[Any], value: Any, *, kept: bool) -> None:
+        """Remember ``value`` as what ``path`` held at identity ``ident`` (``kept``: from the read cache)."""
+        self.store._ledger_seen[path] = (ident, value)
+        (self.store._kept.add if kept else self.store._kept.discard)(path)
 
     def _identity(self, path: str) -> list[Any] | None:
         if self.store.local:
@@ -757,15 +771,13 @@ class SweepRecords:
         ident = self._identity(p)
         if ident is None if store.local else not store._is_file(p):
             return None
-        before = store._ledger_seen.get(p)  # read before by this store and unchanged since: not read again
+        before: pa.Table | None = self._seen(p, ident)  # read before by this store and unchanged since
+        if before is not None:
+            return before
         kept = store.read_cache
-        if ident is not None and before is not None and before[0] == ident and (kept is not None or p not in store._kept):
-            cached: pa.Table = before[1]
-            return cached
         hit = kept.get(rel, ident, "spec-record") if kept is not None else None
         if hit is not None and ident is not None:  # read and checked before, unchanged since (storage.readcache)
-            store._ledger_seen[p] = (ident, hit[0])
-            store._kept.add(p)
+            self._remember(p, ident, hit[0], kept=True)
             return hit[0]
         try:
             t = store.read_table(p)
@@ -776,8 +788,7 @@ class SweepRecords:
         if t.num_rows != 1:
             raise DamagedRecord(store._where(rel), f"{t.num_rows} rows, the spec record is one row")
         if ident is not None:
-            store._ledger_seen[p] = (ident, t)
-            store._kept.discard(p)
+            self._remember(p, ident, t, kept=False)
             if kept is not None:
                 kept.put(rel, ident, "spec-record", t)
         return t

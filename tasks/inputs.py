@@ -40,7 +40,7 @@ __all__ = ["Recording", "caller_module", "expansion_input", "not_hermetic", "rec
 F = TypeVar("F", bound=Callable[..., Any])
 
 #: swapcheck's own top-level packages (tasks.fingerprint.OWN and the public ``swapcheck``).
-_OWN = frozenset({"tasks", "orchestrator", "storage", "reports", "swapcheck_common", "swapcheck"})
+OWN = frozenset({"tasks", "orchestrator", "storage", "reports", "swapcheck_common", "swapcheck"})
 _MARK = "__swapcheck_expansion_input__"
 
 
@@ -155,7 +155,7 @@ def registered_at_runtime(what: str, entry: Any, caller: str) -> None:
     (orchestrator.plan_cache); anything else makes this process :func:`not_hermetic`."""
     if isinstance(entry, str):
         return
-    if caller.split(".")[0] not in _OWN:
+    if caller.split(".")[0] not in OWN:
         _RUNTIME.append(f"{what} {'unregistered' if entry is None else 'registered as an object'} by {caller or '?'}")
 
 

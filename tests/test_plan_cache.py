@@ -79,6 +79,28 @@ def test_a_shipped_specs_plan_is_reused_as_it_was_expanded(path: Path, cache: Pa
     assert [u.id for u in again.iter_units()] == first.ids  # its units, walked from the spec, are the planned ones
 
 
+def test_a_reused_plans_pending_units_are_the_ones_not_done(cache: Path) -> None:
+    """A plan from the cache knows its ids sorted: a ledger holding exactly them is one comparison
+    (nothing pending); any other done set, of the same size or not, is matched id by id."""
+    import pyarrow as pa
+
+    from orchestrator.runner import Pending
+
+    spec = load_spec(REPO / "sweeps" / "kdepth-demo.toml")
+    make_plan(spec)
+    plan = make_plan(spec)
+    assert plan.source == "cache" and plan.sorted_ids is not None
+    everything = plan.sorted_ids
+    assert len(Pending(plan, everything)) == 0
+    assert len(Pending(plan, set(plan.ids))) == 0
+    missing = everything.slice(1)
+    pending = Pending(plan, missing)
+    assert len(pending) == 1 and [u.id for u in pending.units()] == [everything[0].as_py()]
+    foreign = pa.concat_arrays([missing, pa.array(["f" * 20])])  # as many ids, one of them no unit of the plan
+    assert len(Pending(plan, foreign)) == 1
+    assert len(Pending(plan, pa.array([], pa.string()))) == len(plan)
+
+
 def test_every_kinds_example_plan_is_reused_as_it_was_expanded(cache: Path) -> None:
     examples = _example_specs()
     assert examples  # the kinds with an example of their own (the others are in the shipped specs)

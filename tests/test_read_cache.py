@@ -67,6 +67,8 @@ def test_verify_never_uses_it(finished: Path, monkeypatch: pytest.MonkeyPatch) -
     calls: list[str] = []
     real = readcache.ReadCache.get
     monkeypatch.setattr(readcache.ReadCache, "get", lambda self, *a: calls.append(a[0]) or real(self, *a))
+    assert _read(finished)[1].from_cache and calls  # a reader asks it (the spy sees it)
+    calls.clear()
     store = ResultStore(finished)
     assert [p for p in verify.verify(store, SWEEP) if p.damage] == []
     assert calls == [] and store.use_read_cache
